@@ -1,0 +1,1 @@
+"""The kopf operator for DurableAgent resources (built under the Kubernetes issue)."""

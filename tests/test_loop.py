@@ -1,0 +1,387 @@
+"""The agent loop's semantics on the in-memory runtime."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from helpers import BlockingProvider, FlakyProvider, RecordingProvider, calls, results_after
+from tether import Behavior, ToolContext, ToolDef, ToolSpec, create_agent, tool
+from tether.agent import AgentBusyError
+from tether.messages import tool_uses
+from tether.providers import Pricing, ProviderError, scripted
+from tether.session import create_session
+
+
+@tool(replay="safe", concurrency_safe=True)
+async def echo(text: str) -> str:
+    """Echo the text back."""
+    return text
+
+
+@tool
+async def boom() -> str:
+    """Always fails."""
+    raise RuntimeError("kaput")
+
+
+def every_call_has_one_result(turns: list[Any]) -> None:
+    for i, turn in enumerate(turns):
+        ids = [c["id"] for c in tool_uses(turn.content)] if turn.role == "assistant" else []
+        if ids:
+            answered = [
+                b["tool_use_id"] for b in turns[i + 1].content if b["type"] == "tool_result"
+            ]
+            assert answered == ids
+
+
+async def test_completed_run_returns_text_and_stats() -> None:
+    provider = scripted(
+        [
+            {"text": "let me echo", **calls("echo", echo={"text": "hi"}), "usage": {"input": 7}},
+            {"text": "said hi", "usage": {"input": 11, "output": 3}},
+        ]
+    )
+    agent = create_agent(provider=provider, tools=[echo], system="be brief")
+    stats = await agent.run("say hi")
+    assert stats.status == "completed"
+    assert stats.text == "said hi"
+    assert (stats.turns, stats.tool_calls) == (2, 1)
+    assert stats.input_tokens == 18
+    assert agent.session is not None
+    assert [t.role for t in agent.session.turns] == ["user", "assistant", "user", "assistant"]
+    assert results_after(agent.session.turns, 1)["call_0_0"]["content"] == "hi"
+    assert agent.session.runs[0].status == "completed"
+
+
+async def test_every_tool_call_gets_exactly_one_result() -> None:
+    async def gate(payload: dict[str, Any]) -> None:
+        if payload["name"] == "echo" and payload["input"].get("text") == "secret":
+            payload["block"], payload["reason"] = True, "no secrets"
+
+    provider = scripted(
+        [
+            {
+                "tool_calls": [
+                    {"name": "echo", "input": {"text": "ok"}},
+                    {"name": "echo", "input": {"text": "secret"}},
+                    {"name": "missing", "input": {}},
+                    {"name": "echo", "input": {"wrong": 1}},
+                    {"name": "boom", "input": {}},
+                ]
+            },
+            {"text": "done"},
+        ]
+    )
+    agent = create_agent(provider=provider, tools=[echo, boom], hooks={"tool:gate": gate})
+    stats = await agent.run("go")
+    assert stats.status == "completed" and stats.tool_calls == 5
+    assert agent.session is not None
+    results = list(results_after(agent.session.turns, 1).values())
+    assert results[0] == {"type": "tool_result", "tool_use_id": "call_0_0", "content": "ok"}
+    assert results[1]["content"] == "Blocked: no secrets" and results[1]["is_error"]
+    assert "Unknown tool 'missing'" in results[2]["content"] and results[2]["is_error"]
+    assert "Invalid input for tool 'echo'" in results[3]["content"]
+    assert results[4]["content"] == "Tool error: RuntimeError: kaput" and results[4]["is_error"]
+    every_call_has_one_result(agent.session.turns)
+
+
+async def test_concurrency_safe_tools_run_together_up_to_the_limit() -> None:
+    in_flight = 0
+    peak = 0
+    both_started = asyncio.Event()
+
+    @tool(concurrency_safe=True, replay="safe")
+    async def slow(n: int) -> str:
+        """Waits until a second call is running, then returns n."""
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if in_flight >= 2:
+            both_started.set()
+        await asyncio.wait_for(both_started.wait(), 5)
+        # Finish in reverse order to prove results keep call order.
+        await asyncio.sleep(0.01 * (4 - n))
+        in_flight -= 1
+        return str(n)
+
+    script = [{"tool_calls": [{"name": "slow", "input": {"n": i}} for i in range(4)]}, {}]
+    agent = create_agent(
+        provider=scripted(script), tools=[slow], behavior=Behavior(max_concurrent_tools=2)
+    )
+    await agent.run("go")
+    assert peak == 2
+    assert agent.session is not None
+    contents = [r["content"] for r in results_after(agent.session.turns, 1).values()]
+    assert contents == ["0", "1", "2", "3"]
+
+
+async def test_tools_that_are_not_concurrency_safe_run_one_at_a_time() -> None:
+    in_flight = 0
+    peak = 0
+
+    @tool
+    async def write(n: int) -> str:
+        """Writes."""
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0)
+        in_flight -= 1
+        return "ok"
+
+    script = [{"tool_calls": [{"name": "write", "input": {"n": i}} for i in range(3)]}, {}]
+    agent = create_agent(
+        provider=scripted(script), tools=[write], behavior=Behavior(max_concurrent_tools=4)
+    )
+    stats = await agent.run("go")
+    assert stats.tool_calls == 3 and peak == 1
+
+
+async def test_hooks_fire_in_order_with_turn_and_call_ids() -> None:
+    seen: list[tuple[str, Any]] = []
+
+    def record(name: str) -> Any:
+        return lambda payload: seen.append((name, payload.get("call_id", payload.get("turn"))))
+
+    names = ["turn:before", "turn:after", "tool:gate", "tool:before", "tool:transform"]
+    hooks: dict[str, Any] = {n: record(n) for n in names}
+
+    async def upper(payload: dict[str, Any]) -> None:
+        payload["result"] = str(payload["result"]).upper()
+
+    hooks["tool:transform"] = [record("tool:transform"), upper]
+    hooks["tool:after"] = record("tool:after")
+    hooks["agent:done"] = record("agent:done")
+    deltas: list[str] = []
+    hooks["stream:text"] = lambda p: deltas.append(p["delta"])
+    script = [{"text": "two words", **calls("echo", echo={"text": "quiet"})}, {"text": "end"}]
+    agent = create_agent(provider=scripted(script), tools=[echo], hooks=hooks)
+    await agent.run("go")
+    assert [name for name, _ in seen] == [
+        "turn:before",
+        "turn:after",
+        "tool:gate",
+        "tool:before",
+        "tool:transform",
+        "tool:after",
+        "turn:before",
+        "turn:after",
+        "agent:done",
+    ]
+    assert seen[2][1] == "call_0_0"
+    assert "".join(deltas) == "two wordsend"
+    assert agent.session is not None
+    assert results_after(agent.session.turns, 1)["call_0_0"]["content"] == "QUIET"
+
+
+def test_unknown_hook_names_are_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown hook 'tool:befor'"):
+        create_agent(provider=scripted([]), hooks={"tool:befor": lambda p: None})
+
+
+async def test_max_turns_stops_the_run() -> None:
+    script = [calls("echo", echo={"text": str(i)}) for i in range(10)]
+    agent = create_agent(provider=scripted(script), tools=[echo], behavior=Behavior(max_turns=3))
+    stats = await agent.run("loop")
+    assert stats.status == "max_turns" and stats.turns == 3
+
+
+async def test_cost_budget_stops_before_a_call_that_would_start_past_it() -> None:
+    # Each call costs 1M input tokens x $1 = $1; the budget allows two calls to start.
+    script = [{**calls("echo", echo={"text": "x"}), "usage": {"input": 1_000_000}}] * 5
+    provider = RecordingProvider(script, pricing=Pricing(input_per_mtok=1, output_per_mtok=0))
+    agent = create_agent(provider=provider, tools=[echo], behavior=Behavior(max_cost_usd=1.5))
+    stats = await agent.run("spend")
+    assert stats.status == "budget_exceeded"
+    assert len(provider.requests) == 2
+    assert stats.cost_usd == pytest.approx(2.0)
+
+
+async def test_token_budget_stops_the_run() -> None:
+    script = [{**calls("echo", echo={"text": "x"}), "usage": {"input": 60, "output": 40}}] * 5
+    agent = create_agent(provider=scripted(script), tools=[echo], behavior={"max_tokens": 250})
+    stats = await agent.run("spend")
+    assert stats.status == "budget_exceeded" and stats.turns == 3
+
+
+async def test_retryable_provider_errors_are_retried() -> None:
+    error = ProviderError(
+        "rate limited", provider="test", status=429, retryable=True, retry_after=0
+    )
+    provider = FlakyProvider([{"text": "finally"}], failures=2, error=error)
+    agent = create_agent(provider=provider)
+    stats = await agent.run("hi")
+    assert stats.status == "completed" and stats.text == "finally"
+    assert provider.attempts == 3
+    assert agent.durable.counters.live["sleep"] == 2
+
+
+async def test_retries_give_up_after_max_retries() -> None:
+    error = ProviderError("overloaded", provider="test", status=529, retryable=True, retry_after=0)
+    provider = FlakyProvider([{"text": "never"}], failures=10, error=error)
+    agent = create_agent(provider=provider, behavior=Behavior(max_retries=2))
+    stats = await agent.run("hi")
+    assert stats.status == "error" and "overloaded" in (stats.error or "")
+    assert provider.attempts == 3
+
+
+async def test_a_non_retryable_error_ends_the_run_with_a_clear_error() -> None:
+    error = ProviderError("invalid x-api-key", provider="anthropic", status=401)
+    provider = FlakyProvider([{"text": "never"}], failures=1, error=error)
+    agent = create_agent(provider=provider)
+    stats = await agent.run("hi")
+    assert stats.status == "error"
+    assert stats.error == "anthropic: invalid x-api-key"
+    assert provider.attempts == 1
+
+
+async def test_abort_during_a_model_call() -> None:
+    provider = BlockingProvider([{"text": "never"}])
+    agent = create_agent(provider=provider)
+    aborted: list[Any] = []
+    agent.hooks.on("agent:abort", aborted.append)
+    run = asyncio.create_task(agent.run("hi"))
+    await provider.entered.wait()
+    agent.abort()
+    stats = await asyncio.wait_for(run, 5)
+    assert stats.status == "aborted" and aborted
+
+
+async def test_an_external_signal_aborts_a_running_tool() -> None:
+    started = asyncio.Event()
+
+    @tool
+    async def wait_forever() -> str:
+        """Never returns."""
+        started.set()
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    signal = asyncio.Event()
+    agent = create_agent(provider=scripted([calls("wait_forever"), {}]), tools=[wait_forever])
+    run = asyncio.create_task(agent.run("hi", signal=signal))
+    await started.wait()
+    signal.set()
+    stats = await asyncio.wait_for(run, 5)
+    assert stats.status == "aborted"
+    assert agent.session is not None
+    result = results_after(agent.session.turns, 1)["call_0_0"]
+    assert result["is_error"] and "aborted" in str(result["content"])
+
+
+async def test_a_second_concurrent_run_is_rejected() -> None:
+    provider = BlockingProvider([{"text": "x"}])
+    agent = create_agent(provider=provider)
+    run = asyncio.create_task(agent.run("one"))
+    await provider.entered.wait()
+    with pytest.raises(AgentBusyError):
+        await agent.run("two")
+    provider.release.set()
+    assert (await run).status == "completed"
+
+
+async def test_prompt_is_optional_only_when_the_session_has_turns() -> None:
+    agent = create_agent(provider=scripted([{"text": "a"}, {"text": "b"}]))
+    with pytest.raises(ValueError, match="prompt is required"):
+        await agent.run()
+    await agent.run("first")
+    stats = await agent.run()
+    assert stats.text == "b"
+    assert agent.session is not None and len(agent.session.runs) == 2
+
+
+async def test_cache_and_thinking_reach_the_provider() -> None:
+    provider = RecordingProvider([{"text": "x"}])
+    agent = create_agent(
+        provider=provider, behavior=Behavior(cache=True, thinking_budget=2048), system="sys"
+    )
+    await agent.run("hi")
+    request = provider.requests[0]
+    assert request.cache and request.thinking_budget == 2048 and request.system == "sys"
+
+
+async def test_tail_compaction_keeps_the_request_under_the_window() -> None:
+    big = "x" * 4000  # about 1000 tokens per result
+    script = [calls("echo", echo={"text": big}) for _ in range(6)] + [{"text": "done"}]
+    provider = RecordingProvider(script, context_window=4000 + 4096)
+    agent = create_agent(
+        provider=provider, tools=[echo], behavior=Behavior(compact_strategy="tail")
+    )
+    stats = await agent.run("go")
+    assert stats.status == "completed"
+    last = provider.requests[-1].messages
+    assert len(last) < 13
+    assert "earlier messages were omitted" in last[0]["content"][0]["text"]
+    # No kept tool result may answer a call that was dropped.
+    kept_calls = {c["id"] for m in last for c in tool_uses(m["content"])}
+    kept_results = {
+        b["tool_use_id"] for m in last for b in m["content"] if b["type"] == "tool_result"
+    }
+    assert kept_results <= kept_calls
+    assert agent.session is not None and len(agent.session.turns) == 14  # the session keeps all
+
+
+async def test_context_transform_can_rewrite_the_request() -> None:
+    provider = RecordingProvider([{"text": "x"}])
+
+    def redact(payload: dict[str, Any]) -> None:
+        payload["messages"] = [
+            {"role": "user", "content": [{"type": "text", "text": "[redacted]"}]}
+        ]
+
+    agent = create_agent(provider=provider, hooks={"context:transform": redact})
+    await agent.run("my password is hunter2")
+    assert provider.requests[0].messages[0]["content"][0]["text"] == "[redacted]"
+
+
+async def test_tools_receive_their_context() -> None:
+    seen: list[ToolContext] = []
+
+    @tool
+    async def inspect_ctx(ctx: ToolContext) -> str:
+        """Records its context."""
+        seen.append(ctx)
+        return "ok"
+
+    session = await create_session(id="sess-1")
+    agent = create_agent(
+        provider=scripted([calls("inspect_ctx"), {}]), tools=[inspect_ctx], session=session
+    )
+    stats = await agent.run("go")
+    assert seen[0].call_id == "call_0_0" and seen[0].session_id == "sess-1"
+    assert seen[0].run_id == stats.run_id and seen[0].tool_name == "inspect_ctx"
+
+
+async def test_tool_defs_without_the_decorator() -> None:
+    async def execute(args: dict[str, Any], ctx: ToolContext) -> str:
+        return f"{args['a']}!"
+
+    shout = ToolDef(
+        spec=ToolSpec(
+            "shout",
+            "Shouts.",
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+        ),
+        execute=execute,
+    )
+    agent = create_agent(provider=scripted([calls("shout", shout={"a": "hey"}), {}]), tools=[shout])
+    await agent.run("go")
+    assert agent.session is not None
+    assert results_after(agent.session.turns, 1)["call_0_0"]["content"] == "hey!"
+
+
+def test_duplicate_tool_names_are_rejected() -> None:
+    with pytest.raises(ValueError, match="duplicate tool names: echo"):
+        create_agent(provider=scripted([]), tools=[echo, echo])
+
+
+def test_behavior_validates_its_fields() -> None:
+    with pytest.raises(ValueError, match="max_cost_usd must be positive"):
+        Behavior(max_cost_usd=0)
+    with pytest.raises(ValueError, match="compact_strategy"):
+        Behavior(compact_strategy="head")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown Behavior fields: max_turn"):
+        Behavior().override({"max_turn": 3})

@@ -1,0 +1,76 @@
+"""One SQLite file for journals, sessions and tool state (WAL mode)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+Synchronous = Literal["FULL", "NORMAL"]
+Params = Sequence[Any]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tether_runs (
+  run_id TEXT PRIMARY KEY, status TEXT NOT NULL, owner TEXT,
+  created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tether_steps (
+  run_id TEXT NOT NULL, scope TEXT NOT NULL, seq INTEGER NOT NULL,
+  kind TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL, at REAL NOT NULL,
+  PRIMARY KEY (run_id, scope, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tether_sessions (
+  id TEXT PRIMARY KEY, created_at REAL NOT NULL, metadata TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tether_turns (
+  session_id TEXT NOT NULL, position INTEGER NOT NULL, id TEXT NOT NULL, role TEXT NOT NULL,
+  content TEXT NOT NULL, usage TEXT, created_at REAL NOT NULL, run_id TEXT,
+  PRIMARY KEY (session_id, position)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tether_session_runs (
+  session_id TEXT NOT NULL, run_id TEXT NOT NULL, started_at REAL NOT NULL, data TEXT NOT NULL,
+  PRIMARY KEY (session_id, run_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tether_tool_state (
+  session_id TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+  PRIMARY KEY (session_id, tool, key)) WITHOUT ROWID;
+"""
+
+
+class Database:
+    """A connection with Tether's schema. Writes are either committed at once (`execute_commit`)
+    or staged to ride on the next commit, so a step result and the state it implies land in one
+    transaction."""
+
+    def __init__(self, path: str | Path, *, synchronous: Synchronous = "FULL") -> None:
+        self.path = str(path)
+        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute(f"PRAGMA synchronous={synchronous}")
+        self._conn.execute("PRAGMA busy_timeout=10000")
+        self._conn.executescript(SCHEMA)
+        self._staged: list[tuple[str, Params]] = []
+        self._lock = threading.Lock()
+
+    def query(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def stage(self, sql: str, params: Params) -> None:
+        self._staged.append((sql, params))
+
+    def execute_commit(self, writes: Sequence[tuple[str, Params]] = ()) -> None:
+        """Commit the staged writes and `writes` in one transaction."""
+        with self._lock:
+            batch, self._staged = [*self._staged, *writes], []
+            if not batch:
+                return
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in batch:
+                    self._conn.execute(sql, params)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

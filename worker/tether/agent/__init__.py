@@ -1,0 +1,17 @@
+"""The agent loop."""
+
+from .agent import Agent, AgentBusyError, create_agent
+from .behavior import Behavior
+from .hooks import HOOK_NAMES, Hooks
+from .stats import AgentStats, AgentStatus
+
+__all__ = [
+    "HOOK_NAMES",
+    "Agent",
+    "AgentBusyError",
+    "AgentStats",
+    "AgentStatus",
+    "Behavior",
+    "Hooks",
+    "create_agent",
+]

@@ -1,0 +1,137 @@
+"""`create_agent` and `Agent`: configuration plus the run entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+from ..durable.memory import memory_runtime
+from ..durable.protocol import DurableRuntime
+from ..providers.base import Provider
+from ..session.session import Session, create_session
+from ..session.store import memory_store
+from ..tools.base import ToolDef
+from .behavior import Behavior
+from .hooks import Hooks, HooksInit
+from .loop import AgentRun
+from .stats import AgentStats
+
+
+class AgentBusyError(RuntimeError):
+    """`run()` was called while the agent is already running."""
+
+
+class Agent:
+    """An agent: a provider, tools and a system prompt, run through a durable runtime."""
+
+    def __init__(
+        self,
+        *,
+        provider: Provider,
+        tools: Sequence[ToolDef] = (),
+        system: str | None = None,
+        durable: DurableRuntime | None = None,
+        session: Session | None = None,
+        behavior: Behavior | dict[str, Any] | None = None,
+        hooks: Hooks | HooksInit | None = None,
+        depth: int = 0,
+        tool_extras: dict[str, Any] | None = None,
+    ) -> None:
+        names = [t.name for t in tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate tool names: {', '.join(duplicates)}")
+        self.provider = provider
+        self.tools = list(tools)
+        self.system = system
+        self.durable: DurableRuntime = durable or memory_runtime()
+        self.session = session
+        self.behavior = Behavior().override(behavior)
+        self.hooks = hooks if isinstance(hooks, Hooks) else Hooks(hooks)
+        self.depth = depth
+        self.tool_extras = dict(tool_extras or {})
+        self._abort = asyncio.Event()
+        self._running = False
+        self.durable.on_live(self._replay_done)
+
+    async def _replay_done(self) -> None:
+        await self.hooks.call("replay:done", {})
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def abort(self) -> None:
+        """Stop the running run at its next step boundary (or its in-flight model or tool
+        call); the run ends with status `aborted`. A replaying run aborts at its first live
+        step, so the journal is never forked mid-replay."""
+        self._abort.set()
+
+    async def run(
+        self,
+        prompt: str | None = None,
+        *,
+        behavior: Behavior | dict[str, Any] | None = None,
+        signal: asyncio.Event | None = None,
+    ) -> AgentStats:
+        """Run the loop until the model stops calling tools, or a limit or abort stops it.
+
+        `prompt` may be omitted when the session already has turns (the run resumes from the
+        last one). `signal`, when set, aborts the run like `abort()`.
+        """
+        if self._running:
+            raise AgentBusyError("the agent is already running; await the current run first")
+        self._running = True
+        self._abort.clear()
+        watcher = asyncio.ensure_future(self._watch(signal)) if signal else None
+        try:
+            session = await self._session()
+            if prompt is None and not session.turns:
+                raise ValueError("prompt is required when the session has no turns")
+            run = AgentRun(self, session, self.behavior.override(behavior), self._abort)
+            stats = await run.execute(prompt)
+            if stats.status == "aborted":
+                await self.hooks.call("agent:abort", {"stats": stats})
+            await self.hooks.call("agent:done", {"stats": stats})
+            return stats
+        finally:
+            self._running = False
+            if watcher:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+    async def _watch(self, signal: asyncio.Event) -> None:
+        await signal.wait()
+        self._abort.set()
+
+    async def _session(self) -> Session:
+        if self.session is None:
+            store = self.durable.stores.session or memory_store()
+            self.session = await create_session(id=self.durable.uuid(), store=store)
+        return self.session
+
+
+def create_agent(
+    *,
+    provider: Provider,
+    tools: Sequence[ToolDef] = (),
+    system: str | None = None,
+    durable: DurableRuntime | None = None,
+    session: Session | None = None,
+    behavior: Behavior | dict[str, Any] | None = None,
+    hooks: Hooks | HooksInit | None = None,
+) -> Agent:
+    """Build an agent. `durable=None` runs on the in-memory runtime; `session=None` keeps the
+    conversation in a session of the runtime's store."""
+    return Agent(
+        provider=provider,
+        tools=tools,
+        system=system,
+        durable=durable,
+        session=session,
+        behavior=behavior,
+        hooks=hooks,
+    )

@@ -1,0 +1,63 @@
+"""`Behavior`: the knobs of one agent run."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+CompactStrategy = Literal["tail"]
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """How a run behaves. `run(behavior=...)` overrides the agent's: a `Behavior` replaces it,
+    a dict replaces only the fields it names."""
+
+    max_turns: int = 50
+    """Model calls per run before it stops with status `max_turns`."""
+    max_tokens: int | None = None
+    """Token budget of the run (input + output + cache, sub-agents included)."""
+    max_cost_usd: float | None = None
+    """Cost budget of the run in USD (sub-agents included); needs provider pricing."""
+    cache: bool = False
+    """Place prompt-cache breakpoints (Anthropic)."""
+    compact_strategy: CompactStrategy | None = None
+    """`"tail"` drops the oldest turns, at a tool-call boundary, to fit the context window."""
+    max_concurrent_tools: int = 1
+    """How many concurrency-safe tool calls of one turn may run at once."""
+    thinking_budget: int | None = None
+    """Extended-thinking token budget, where the provider has it."""
+    max_output_tokens: int = 4096
+    """Output tokens per model call."""
+    max_retries: int = 4
+    """Retries of a retryable provider error (429, 5xx), with journaled backoff."""
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_turns": self.max_turns,
+            "max_concurrent_tools": self.max_concurrent_tools,
+            "max_output_tokens": self.max_output_tokens,
+            "max_tokens": self.max_tokens,
+            "max_cost_usd": self.max_cost_usd,
+            "thinking_budget": self.thinking_budget,
+        }
+        for name, value in positive.items():
+            if value is not None and value <= 0:
+                raise ValueError(f"Behavior.{name} must be positive, got {value!r}")
+        if self.max_retries < 0:
+            raise ValueError(f"Behavior.max_retries must be >= 0, got {self.max_retries!r}")
+        if self.compact_strategy not in (None, "tail"):
+            raise ValueError(
+                f"Behavior.compact_strategy must be None or 'tail', got {self.compact_strategy!r}"
+            )
+
+    def override(self, other: Behavior | dict[str, Any] | None) -> Behavior:
+        if other is None:
+            return self
+        if isinstance(other, Behavior):
+            return other
+        unknown = set(other) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown Behavior fields: {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **other)

@@ -1,0 +1,249 @@
+"""One run of the agent loop.
+
+Per turn: a decision step (continue, or stop: aborted, max turns, budget), a model step, then
+the tool calls as tool steps. Everything that is not a pure function of the journal goes
+through the durable runtime, so a replay takes the same path and calls nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..durable.journal import now_ms
+from ..messages import JSON, Message, text_block, text_of, tool_uses
+from ..providers.base import ModelRequest, ProviderError
+from ..session.session import Session
+from ..session.types import SessionRun, SessionTurn
+from .abort import Aborted, race_abort
+from .compaction import compact_tail, estimate_tokens
+from .stats import AgentStats, AgentStatus
+from .tool_calls import ToolCallExecutor
+
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .behavior import Behavior
+
+BACKOFF_BASE_MS = 1000.0
+BACKOFF_MAX_MS = 30_000.0
+
+
+def backoff_ms(attempt: int, retry_after: float | None) -> float:
+    """Exponential backoff; a server's `retry-after` (seconds) wins."""
+    if retry_after is not None:
+        return max(0.0, retry_after * 1000)
+    return float(min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2**attempt))
+
+
+class AgentRun:
+    """The state of one `agent.run` call."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        session: Session,
+        behavior: Behavior,
+        abort_event: asyncio.Event,
+    ) -> None:
+        self.agent = agent
+        self.durable = agent.durable
+        self.session = session
+        self.behavior = behavior
+        self.abort_event = abort_event
+        self.stats = AgentStats()
+        self.run_id = ""
+        self.tools = ToolCallExecutor(self)
+
+    # The loop ------------------------------------------------------------------------------
+
+    async def execute(self, prompt: str | None) -> AgentStats:
+        durable = self.durable
+        self.run_id = self.stats.run_id = durable.uuid()
+        started = await durable.now()
+        self.stats.started_at = started
+        record = SessionRun(id=self.run_id, status="running", started_at=started, prompt=prompt)
+        await self.session.save_run(record)
+        if prompt is not None:
+            await self._append("user", [text_block(prompt)], created_at=started)
+        status, error = await self._turns()
+        self.stats.status = status
+        self.stats.error = error
+        ended: dict[str, Any] = await durable.step(
+            "decision", "run:end", lambda: self._value({"status": status})
+        )
+        self.stats.ended_at = ended["at"]
+        record.status = status
+        record.ended_at = self.stats.ended_at
+        record.stats = self.stats.to_json()
+        await self.session.save_run(record)
+        return self.stats
+
+    async def _turns(self) -> tuple[AgentStatus, str | None]:
+        turn = 0
+        while True:
+            decision: dict[str, Any] = await self.durable.step(
+                "decision", f"turn:{turn}", lambda: self._value({"action": self._decide()})
+            )
+            if decision["action"] != "continue":
+                return decision["action"], None
+            try:
+                response = await self._model_call(turn)
+            except ProviderError as error:
+                return "error", f"{error.provider}: {error}"
+            if response.get("aborted"):
+                return "aborted", None
+            content = response["content"]
+            self._count_model_call(response)
+            turn_id = await self._append(
+                "assistant", content, created_at=response["at"], usage=response["usage"]
+            )
+            self.stats.text = text_of(content) or self.stats.text
+            calls = tool_uses(content)
+            if not calls:
+                return "completed", None
+            results, finished_at = await self.tools.execute(calls, turn_id)
+            await self._append("user", list(results), created_at=finished_at)
+            turn += 1
+
+    def _decide(self) -> str:
+        behavior = self.behavior
+        if self.abort_event.is_set():
+            return "aborted"
+        if self.stats.turns >= behavior.max_turns:
+            return "max_turns"
+        spent = self.stats.total_cost_usd
+        if behavior.max_cost_usd is not None and spent >= behavior.max_cost_usd:
+            return "budget_exceeded"
+        if behavior.max_tokens is not None and self.stats.total_tokens >= behavior.max_tokens:
+            return "budget_exceeded"
+        return "continue"
+
+    @staticmethod
+    async def _value(value: dict[str, Any]) -> JSON:
+        return {**value, "at": now_ms()}
+
+    # Model calls ---------------------------------------------------------------------------
+
+    async def _model_call(self, turn: int) -> dict[str, Any]:
+        """One model step, retried with journaled backoff while the error is retryable."""
+        attempt = 0
+        while True:
+            result: dict[str, Any] = await self.durable.step(
+                "model", f"model:{turn}:{attempt}", self._model_fn(turn, attempt)
+            )
+            if "error" not in result:
+                return result
+            await self.durable.sleep(
+                backoff_ms(attempt, result.get("retry_after")), f"backoff:{turn}:{attempt}"
+            )
+            attempt += 1
+
+    def _model_fn(self, turn: int, attempt: int) -> Callable[[], Awaitable[JSON]]:
+        async def call() -> JSON:
+            if self.abort_event.is_set():
+                return {"aborted": True, "at": now_ms()}
+            request = await self._request(turn)
+            hooks = self.agent.hooks
+            streamed: list[str] = []
+
+            async def on_text(delta: str) -> None:
+                streamed.append(delta)
+                await hooks.call("stream:text", {"delta": delta, "text": "".join(streamed)})
+
+            started = now_ms()
+            try:
+                response = await race_abort(
+                    self.agent.provider.complete(request, on_text), self.abort_event
+                )
+            except Aborted:
+                return {"aborted": True, "at": now_ms()}
+            except ProviderError as error:
+                if not error.retryable or attempt >= self.behavior.max_retries:
+                    raise  # not journaled: resuming the run tries the call again
+                return {"error": str(error), "retry_after": error.retry_after, "at": now_ms()}
+            if streamed:
+                await hooks.call("stream:end", {"text": "".join(streamed)})
+            pricing = self.agent.provider.pricing
+            cost = pricing.cost(response.usage) if pricing else 0.0
+            value = {
+                "content": response.content,
+                "usage": response.usage,
+                "stop": response.stop_reason,
+                "cost": cost,
+                "latency_ms": now_ms() - started,
+                "at": now_ms(),
+            }
+            await hooks.call(
+                "turn:after",
+                {
+                    "turn": turn,
+                    "usage": response.usage,
+                    "cost": cost,
+                    "content": response.content,
+                    "latency_ms": value["latency_ms"],
+                },
+            )
+            return value
+
+        return call
+
+    async def _request(self, turn: int) -> ModelRequest:
+        agent = self.agent
+        messages: list[Message] = self.session.messages()
+        assistant_turns = sum(1 for m in messages if m["role"] == "assistant")
+        if self.behavior.compact_strategy == "tail":
+            budget = (
+                agent.provider.context_window
+                - self.behavior.max_output_tokens
+                - estimate_tokens(agent.system or "")
+                - estimate_tokens([t.spec.input_schema for t in agent.tools])
+            )
+            messages = compact_tail(messages, budget)
+        context = await agent.hooks.call("context:transform", {"messages": messages})
+        request = ModelRequest(
+            messages=context["messages"],
+            system=agent.system,
+            tools=[t.spec for t in agent.tools],
+            max_output_tokens=self.behavior.max_output_tokens,
+            thinking_budget=self.behavior.thinking_budget,
+            cache=self.behavior.cache,
+            assistant_turns=assistant_turns,
+        )
+        await agent.hooks.call("turn:before", {"turn": turn, "request": request})
+        return request
+
+    # Bookkeeping ---------------------------------------------------------------------------
+
+    def _count_model_call(self, response: dict[str, Any]) -> None:
+        usage = response["usage"]
+        stats = self.stats
+        stats.turns += 1
+        stats.input_tokens += usage.get("input", 0)
+        stats.output_tokens += usage.get("output", 0)
+        stats.cache_read_tokens += usage.get("cache_read", 0)
+        stats.cache_write_tokens += usage.get("cache_write", 0)
+        stats.cost_usd += response.get("cost", 0.0)
+
+    async def _append(
+        self,
+        role: Any,
+        content: list[Any],
+        *,
+        created_at: float,
+        usage: Any = None,
+    ) -> str:
+        turn_id = self.durable.uuid()
+        await self.session.append_turns(
+            [
+                SessionTurn(
+                    id=turn_id,
+                    role=role,
+                    content=content,
+                    created_at=created_at,
+                    usage=usage,
+                    run_id=self.run_id,
+                )
+            ]
+        )
+        return turn_id

@@ -1,0 +1,257 @@
+"""Executing one turn's tool calls as journaled steps.
+
+Every call gets exactly one result, in call order. Concurrency-safe calls next to each other
+run together (up to `max_concurrent_tools`); anything else runs alone. Before a group with a
+`replay="unsafe"` tool runs, an intent step is journaled: if a replay finds the intent but no
+result, the call was cut off by a crash and is reported as interrupted instead of run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..durable.journal import now_ms
+from ..durable.protocol import StepCall
+from ..messages import JSON, ToolResultBlock, ToolUseBlock, tool_result
+from ..session.session import INTERRUPTED_RESULT
+from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput
+from ..tools.validation import validation_error
+from .abort import Aborted, race_abort
+
+if TYPE_CHECKING:
+    from .loop import AgentRun
+
+ABORTED_RESULT = "Aborted: the run was aborted while this tool was running."
+
+
+def plan_groups(
+    calls: list[ToolUseBlock], tools: dict[str, ToolDef], max_concurrent: int
+) -> list[list[ToolUseBlock]]:
+    """Split a turn's calls into groups that run together, keeping call order."""
+    groups: list[list[ToolUseBlock]] = []
+    previous_parallel = False
+    for call in calls:
+        tool = tools.get(call["name"])
+        parallel = (
+            max_concurrent > 1
+            and tool is not None
+            and tool.is_concurrency_safe
+            and not tool.self_journaled
+        )
+        if parallel and previous_parallel:
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+        previous_parallel = parallel
+    return groups
+
+
+def _outcome(content: ToolOutput, *, outcome: str, is_error: bool) -> dict[str, Any]:
+    return {"content": content, "is_error": is_error, "outcome": outcome, "at": now_ms()}
+
+
+class ToolCallExecutor:
+    """Runs the tool calls of one run's turns through the run's durable runtime."""
+
+    def __init__(self, run: AgentRun) -> None:
+        self.run = run
+        self.tools = {t.name: t for t in run.agent.tools}
+
+    async def execute(
+        self, calls: list[ToolUseBlock], turn_id: str
+    ) -> tuple[list[ToolResultBlock], float]:
+        """The results in call order, and the journaled time the last one was recorded."""
+        limit = self.run.behavior.max_concurrent_tools
+        values: list[dict[str, Any]] = []
+        for group in plan_groups(calls, self.tools, limit):
+            values.extend(await self._run_group(group, turn_id, asyncio.Semaphore(limit)))
+        self.run.stats.tool_calls += len(values)
+        results = [
+            tool_result(call["id"], v["content"], is_error=bool(v["is_error"]))
+            for call, v in zip(calls, values, strict=True)
+        ]
+        return results, max(v["at"] for v in values)
+
+    async def _run_group(
+        self, group: list[ToolUseBlock], turn_id: str, limit: asyncio.Semaphore
+    ) -> list[dict[str, Any]]:
+        durable = self.run.durable
+        first = self.tools.get(group[0]["name"])
+        if first is not None and first.self_journaled:
+            return [await self._run_self_journaled(group[0], first, turn_id)]
+        started_live = False
+        if any(self._needs_intent(c) for c in group):
+
+            async def mark_started() -> JSON:
+                nonlocal started_live
+                started_live = True
+                return [c["id"] for c in group]
+
+            await durable.step("tool", f"tool-start:{group[0]['id']}", mark_started)
+
+        def interrupted() -> bool:
+            return not started_live
+
+        steps = [
+            StepCall("tool", f"tool:{c['id']}", self._call_fn(c, turn_id, limit, interrupted))
+            for c in group
+        ]
+        if len(steps) == 1:
+            step = steps[0]
+            values = [await durable.step(step.kind, step.name, step.fn)]
+        else:
+            values = await durable.all(steps)
+        return [dict(v) for v in values]
+
+    def _needs_intent(self, call: ToolUseBlock) -> bool:
+        tool = self.tools.get(call["name"])
+        return tool is not None and tool.replay == "unsafe"
+
+    def _context(self, call: ToolUseBlock, turn_id: str) -> ToolContext:
+        run = self.run
+        return ToolContext(
+            call_id=call["id"],
+            turn_id=turn_id,
+            tool_name=call["name"],
+            run_id=run.run_id,
+            session_id=run.session.id,
+            durable=run.durable.scope(f"tool:{call['id']}"),
+            signal=run.abort_event,
+            depth=run.agent.depth,
+            extras=run.agent.tool_extras,
+        )
+
+    def _call_fn(
+        self,
+        call: ToolUseBlock,
+        turn_id: str,
+        limit: asyncio.Semaphore,
+        interrupted: Callable[[], bool],
+    ) -> Callable[[], Any]:
+        async def fn() -> JSON:
+            if self._needs_intent(call) and interrupted():
+                return _outcome(INTERRUPTED_RESULT, outcome="interrupted", is_error=True)
+            async with limit:
+                return await self._invoke(call, turn_id)
+
+        return fn
+
+    async def _check(self, call: ToolUseBlock, turn_id: str) -> dict[str, Any] | None:
+        """Gate, lookup and validation: an error outcome, or None if the call may run."""
+        hooks = self.run.agent.hooks
+        name, arguments = call["name"], call["input"]
+        gate = await hooks.call(
+            "tool:gate",
+            {
+                "name": name,
+                "input": arguments,
+                "call_id": call["id"],
+                "turn_id": turn_id,
+                "block": False,
+                "reason": None,
+            },
+        )
+        if gate["block"]:
+            reason = gate["reason"] or "blocked by a tool:gate hook"
+            return _outcome(f"Blocked: {reason}", outcome="blocked", is_error=True)
+        tool = self.tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            message = f"Unknown tool {name!r}. Available tools: {known}."
+            await self._error_hook(call, turn_id, message)
+            return _outcome(message, outcome="unknown", is_error=True)
+        problem = validation_error(tool.spec.input_schema, arguments)
+        if problem is not None:
+            message = f"Invalid input for tool {name!r}: {problem}"
+            await self._error_hook(call, turn_id, message)
+            return _outcome(message, outcome="invalid", is_error=True)
+        return None
+
+    async def _invoke(self, call: ToolUseBlock, turn_id: str) -> dict[str, Any]:
+        checked = await self._check(call, turn_id)
+        if checked is not None:
+            return checked
+        tool = self.tools[call["name"]]
+        return await self._finish(call, turn_id, *await self._execute(tool, call, turn_id))
+
+    async def _execute(
+        self, tool: ToolDef, call: ToolUseBlock, turn_id: str
+    ) -> tuple[ToolOutput, str, float]:
+        """The output, its outcome and the seconds the body took."""
+        hooks = self.run.agent.hooks
+        base = {
+            "name": call["name"],
+            "input": call["input"],
+            "call_id": call["id"],
+            "turn_id": turn_id,
+        }
+        await hooks.call("tool:before", dict(base))
+        started = time.monotonic()
+        try:
+            output = await race_abort(
+                tool.execute(call["input"], self._context(call, turn_id)), self.run.abort_event
+            )
+            outcome = "ok"
+        except Aborted:
+            output, outcome = ABORTED_RESULT, "aborted"
+        except Exception as error:
+            if self.run.durable.is_control_error(error):
+                raise
+            output = (
+                f"Tool error: {error}"
+                if isinstance(error, ToolError)
+                else f"Tool error: {type(error).__name__}: {error}"
+            )
+            outcome = "error"
+            await self._error_hook(call, turn_id, output)
+        return output, outcome, time.monotonic() - started
+
+    async def _finish(
+        self, call: ToolUseBlock, turn_id: str, output: ToolOutput, outcome: str, duration: float
+    ) -> dict[str, Any]:
+        hooks = self.run.agent.hooks
+        payload = await hooks.call(
+            "tool:transform",
+            {
+                "name": call["name"],
+                "input": call["input"],
+                "call_id": call["id"],
+                "turn_id": turn_id,
+                "result": output,
+                "is_error": outcome != "ok",
+            },
+        )
+        await hooks.call("tool:after", dict(payload, outcome=outcome, duration_s=duration))
+        return _outcome(payload["result"], outcome=outcome, is_error=bool(payload["is_error"]))
+
+    async def _error_hook(self, call: ToolUseBlock, turn_id: str, message: str) -> None:
+        await self.run.agent.hooks.call(
+            "tool:error",
+            {
+                "name": call["name"],
+                "input": call["input"],
+                "call_id": call["id"],
+                "turn_id": turn_id,
+                "error": message,
+            },
+        )
+
+    async def _run_self_journaled(
+        self, call: ToolUseBlock, tool: ToolDef, turn_id: str
+    ) -> dict[str, Any]:
+        """A tool that journals its own steps: the checks are one decision step, the body runs
+        outside any step so it can park or spawn through `ctx.durable`."""
+        durable = self.run.durable
+
+        async def check() -> JSON:
+            return await self._check(call, turn_id) or {"allowed": True}
+
+        checked: dict[str, Any] = await durable.step("decision", f"tool-check:{call['id']}", check)
+        if not checked.get("allowed"):
+            return checked
+        result = await self._finish(call, turn_id, *await self._execute(tool, call, turn_id))
+        result["at"] = await durable.now()
+        return result

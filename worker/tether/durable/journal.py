@@ -1,0 +1,169 @@
+"""The journal-backed runtime shared by the memory and SQLite backends.
+
+A journal maps `(scope, position)` to a recorded step. Positions are assigned in call order,
+so concurrent steps keep deterministic positions however they complete; a step found at its
+position under another name is a journal mismatch, never a silent divergence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..messages import JSON
+from .errors import DurableControlError, JournalMismatchError
+from .ids import IdSequence
+from .protocol import LiveCallback, RuntimeStores, StepCall, StepCounters, StepFn, StepKind
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    kind: str
+    name: str
+    value: str
+    """The step result, JSON-encoded."""
+
+
+class Journal(Protocol):
+    """Storage of recorded steps for one run."""
+
+    def get(self, scope: str, seq: int) -> JournalEntry | None: ...
+
+    def last_seq(self, scope: str) -> int:
+        """The highest recorded position in `scope`, or -1."""
+        ...
+
+    def record(self, scope: str, seq: int, entry: JournalEntry) -> None:
+        """Persist one step before the loop moves on."""
+        ...
+
+
+class ReplayTracker:
+    """Notices the replay-to-live transition of a run (shared by all scopes of a runtime)."""
+
+    def __init__(self, counters: StepCounters) -> None:
+        self._counters = counters
+        self._live = False
+        self._callbacks: list[LiveCallback] = []
+
+    def on_live(self, callback: LiveCallback) -> None:
+        self._callbacks.append(callback)
+
+    async def mark_live(self) -> None:
+        if self._live:
+            return
+        self._live = True
+        if not self._counters.replayed.total():
+            return  # a fresh run: nothing was replayed, so there is no transition to report
+        for callback in self._callbacks:
+            result = callback()
+            if inspect.isawaitable(result):
+                await result
+
+
+def now_ms() -> float:
+    return time.time() * 1000
+
+
+class JournalRuntime:
+    """A `DurableRuntime` over a `Journal`."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        backend: str,
+        run_id: str,
+        seed: str,
+        stores: RuntimeStores,
+        scope: str = "",
+        counters: StepCounters | None = None,
+        tracker: ReplayTracker | None = None,
+    ) -> None:
+        self.backend = backend
+        self.run_id = run_id
+        self.stores = stores
+        self.counters = counters or StepCounters()
+        self._journal = journal
+        self._scope = scope
+        self._seed = seed
+        self._seq = 0
+        self._clock_reads = 0
+        self._ids = IdSequence(f"{seed}{scope}")
+        self._tracker = tracker or ReplayTracker(self.counters)
+
+    async def step(self, kind: StepKind, name: str, fn: StepFn) -> JSON:
+        seq = self._seq
+        self._seq += 1
+        return await self._run_at(seq, kind, name, fn)
+
+    async def all(self, calls: Sequence[StepCall]) -> list[JSON]:
+        start = self._seq
+        self._seq += len(calls)
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(self._run_at(start + i, call.kind, call.name, call.fn))
+                for i, call in enumerate(calls)
+            ]
+        return [task.result() for task in tasks]
+
+    async def _run_at(self, seq: int, kind: StepKind, name: str, fn: StepFn) -> JSON:
+        entry = self._journal.get(self._scope, seq)
+        if entry is not None:
+            if entry.name != name:
+                raise JournalMismatchError(self.run_id, self._scope, seq, name, entry.name)
+            self.counters.replayed[kind] += 1
+            return json.loads(entry.value)
+        await self._tracker.mark_live()
+        encoded = json.dumps(await fn(), separators=(",", ":"))
+        self._journal.record(self._scope, seq, JournalEntry(kind, name, encoded))
+        self.counters.live[kind] += 1
+        # Live callers get the decoded copy too, so a live run and its replay see equal values.
+        return json.loads(encoded)
+
+    def uuid(self) -> str:
+        return self._ids.next()
+
+    async def now(self) -> float:
+        self._clock_reads += 1
+
+        async def read() -> float:
+            return now_ms()
+
+        value: float = await self.step("clock", f"clock:{self._clock_reads}", read)
+        return value
+
+    async def sleep(self, ms: float, name: str) -> None:
+        async def wake_at() -> float:
+            return now_ms() + ms
+
+        deadline: float = await self.step("sleep", name, wake_at)
+        remaining = deadline - now_ms()
+        if remaining > 0:
+            await asyncio.sleep(remaining / 1000)
+
+    def is_control_error(self, error: BaseException) -> bool:
+        return isinstance(error, DurableControlError)
+
+    def is_replaying(self) -> bool:
+        return self._seq <= self._journal.last_seq(self._scope)
+
+    def on_live(self, callback: LiveCallback) -> None:
+        self._tracker.on_live(callback)
+
+    def scope(self, name: str) -> JournalRuntime:
+        return JournalRuntime(
+            self._journal,
+            backend=self.backend,
+            run_id=self.run_id,
+            seed=self._seed,
+            stores=self.stores,
+            scope=f"{self._scope}/{name}",
+            counters=self.counters,
+            tracker=self._tracker,
+        )

@@ -1,0 +1,98 @@
+"""The contract between the agent loop and a durable backend.
+
+The loop calls only these members for anything that is not a pure function of its inputs and of
+earlier step results. Every backend (memory, SQLite, Restate) keeps the same rules: a step runs
+its function once and returns the journaled value ever after; ids and clock reads are
+replay-stable; control errors escape the loop.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
+
+from ..messages import JSON
+
+if TYPE_CHECKING:
+    from ..session.store import SessionStore, ToolStateStore
+
+StepKind = Literal["model", "tool", "decision", "sleep", "state", "clock"]
+StepFn = Callable[[], Awaitable[JSON]]
+
+
+class StepCall(NamedTuple):
+    """One step of a concurrent batch (`DurableRuntime.all`)."""
+
+    kind: StepKind
+    name: str
+    fn: StepFn
+
+
+@dataclass
+class RuntimeStores:
+    """The stores that live with the runtime (for Restate: in the virtual object's state)."""
+
+    session: SessionStore | None = None
+    tool_state: ToolStateStore | None = None
+
+
+@dataclass
+class StepCounters:
+    """How many steps ran live and how many were answered from the journal, by kind."""
+
+    live: Counter[str] = field(default_factory=Counter)
+    replayed: Counter[str] = field(default_factory=Counter)
+
+
+LiveCallback = Callable[[], Awaitable[None] | None]
+
+
+@runtime_checkable
+class DurableRuntime(Protocol):
+    """What the agent loop needs from a durable backend."""
+
+    backend: str
+    """`"memory"`, `"sqlite"` or `"restate"`."""
+    run_id: str
+    stores: RuntimeStores
+    counters: StepCounters
+
+    async def step(self, kind: StepKind, name: str, fn: StepFn) -> JSON:
+        """Run `fn` once and journal its JSON result under `name`; replay the result after.
+
+        Step names are unique within a scope. `fn` must not use the runtime itself."""
+        ...
+
+    async def all(self, calls: Sequence[StepCall]) -> list[JSON]:
+        """Run several steps concurrently; journal positions and results keep call order."""
+        ...
+
+    def uuid(self) -> str:
+        """A replay-stable id (hashed from the runtime's seed and a counter)."""
+        ...
+
+    async def now(self) -> float:
+        """A journaled clock read, epoch milliseconds."""
+        ...
+
+    async def sleep(self, ms: float, name: str) -> None:
+        """A durable wait: a replay does not wait again for time already slept."""
+        ...
+
+    def is_control_error(self, error: BaseException) -> bool:
+        """True for errors that must escape the loop unchanged (suspension, cancellation...)."""
+        ...
+
+    def is_replaying(self) -> bool:
+        """True while steps are still being answered from the journal."""
+        ...
+
+    def on_live(self, callback: LiveCallback) -> None:
+        """Call `callback` once, when the first step runs live after at least one replayed."""
+        ...
+
+    def scope(self, name: str) -> DurableRuntime:
+        """A runtime over a sub-journal (an in-process sub-agent): own ids and step positions."""
+        ...

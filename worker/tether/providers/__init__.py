@@ -1,0 +1,52 @@
+"""Model providers: Anthropic, OpenAI (and any OpenAI-compatible server), scripted.
+
+The SDK-backed providers are imported on first use, so scripted runs and the CLI start fast.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from .base import (
+    ContextWindowExceededError,
+    ModelRequest,
+    ModelResponse,
+    Pricing,
+    Provider,
+    ProviderError,
+)
+from .scripted import ScriptedProvider, ScriptExhaustedError, scripted
+
+if TYPE_CHECKING:
+    from .anthropic import AnthropicProvider, anthropic
+    from .openai import OpenAIProvider, openai
+
+_LAZY = {
+    "anthropic": ".anthropic",
+    "AnthropicProvider": ".anthropic",
+    "openai": ".openai",
+    "OpenAIProvider": ".openai",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "AnthropicProvider",
+    "ContextWindowExceededError",
+    "ModelRequest",
+    "ModelResponse",
+    "OpenAIProvider",
+    "Pricing",
+    "Provider",
+    "ProviderError",
+    "ScriptExhaustedError",
+    "ScriptedProvider",
+    "anthropic",
+    "openai",
+    "scripted",
+]

@@ -1,0 +1,141 @@
+"""`Session`: a conversation that outlives runs, kept in a `SessionStore`."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from ..durable.ids import deterministic_uuid
+from ..messages import ContentBlock, Message, tool_result, tool_uses
+from .store import Clock, SessionStore, memory_store
+from .types import RunStatus, SessionRecord, SessionRun, SessionTurn
+
+INTERRUPTED_RESULT = (
+    "Tool call interrupted: the run stopped before this call recorded a result, so its outcome "
+    "is unknown. Check its effects before calling it again."
+)
+
+
+async def _wall_clock() -> float:
+    return time.time() * 1000
+
+
+class Session:
+    """Identity, history (`turns`) and run records (`runs`) of a conversation."""
+
+    def __init__(self, record: SessionRecord, store: SessionStore, clock: Clock) -> None:
+        self.id = record.id
+        self.created_at = record.created_at
+        self.metadata = record.metadata
+        self.turns: list[SessionTurn] = record.turns
+        self.runs: list[SessionRun] = record.runs
+        self.store = store
+        self.clock = clock
+
+    def messages(self) -> list[Message]:
+        """The turns as provider messages."""
+        return [{"role": t.role, "content": t.content} for t in self.turns]
+
+    async def append_turns(self, turns: Sequence[SessionTurn]) -> None:
+        start = len(self.turns)
+        self.turns.extend(turns)
+        await self.store.write_turns(self.id, start, turns)
+
+    async def save_run(self, run: SessionRun) -> None:
+        for i, existing in enumerate(self.runs):
+            if existing.id == run.id:
+                self.runs[i] = run
+                break
+        else:
+            self.runs.append(run)
+        await self.store.write_run(self.id, run)
+
+    def run(self, run_id: str) -> SessionRun | None:
+        return next((r for r in self.runs if r.id == run_id), None)
+
+    async def heal_interrupted_tool_calls(self) -> int:
+        """Give every tool call without a result an error result saying it was interrupted.
+
+        A process that died between a model answer and its tool results leaves tool calls that
+        providers reject. Call this in the session's single writer before resuming. Returns the
+        number of calls healed; runs still marked `running` become `interrupted`.
+        """
+        healed = 0
+        position = 0
+        first_changed: int | None = None
+        while position < len(self.turns):
+            turn = self.turns[position]
+            calls = tool_uses(turn.content) if turn.role == "assistant" else []
+            if not calls:
+                position += 1
+                continue
+            nxt = self.turns[position + 1] if position + 1 < len(self.turns) else None
+            answered = {
+                b["tool_use_id"] for b in (nxt.content if nxt else []) if b["type"] == "tool_result"
+            }
+            missing: list[ContentBlock] = [
+                tool_result(c["id"], INTERRUPTED_RESULT, is_error=True)
+                for c in calls
+                if c["id"] not in answered
+            ]
+            if missing:
+                healed += len(missing)
+                now = await self.clock()
+                if nxt is not None and answered:
+                    nxt.content = [*nxt.content, *missing]
+                else:
+                    self.turns.insert(
+                        position + 1,
+                        SessionTurn(
+                            id=deterministic_uuid(f"{self.id}:healed:{turn.id}"),
+                            role="user",
+                            content=missing,
+                            created_at=now,
+                            run_id=turn.run_id,
+                        ),
+                    )
+                first_changed = position + 1 if first_changed is None else first_changed
+            position += 2
+        if first_changed is not None:
+            await self.store.write_turns(self.id, first_changed, self.turns[first_changed:])
+        for run in self.runs:
+            if run.status == "running":
+                run.status = "interrupted"
+                run.ended_at = await self.clock()
+                await self.store.write_run(self.id, run)
+        return healed
+
+
+async def create_session(
+    *,
+    id: str | None = None,
+    store: SessionStore | None = None,
+    metadata: dict[str, Any] | None = None,
+    clock: Clock | None = None,
+) -> Session:
+    """Create a session (or open it, if the store already has this id).
+
+    Pass `id` inside a durable run: a generated id is not replay-stable."""
+    store = store or memory_store()
+    clock = clock or store.clock or _wall_clock
+    existing = await store.load(id) if id else None
+    if existing is not None:
+        return Session(existing, store, clock)
+    record = SessionRecord(
+        id=id or str(uuid.uuid4()), created_at=await clock(), metadata=dict(metadata or {})
+    )
+    await store.create(record)
+    return Session(record, store, clock)
+
+
+async def load_session(store: SessionStore, id: str, clock: Clock | None = None) -> Session | None:
+    """The session `id` from `store`, or None when the store has no such session."""
+    record = await store.load(id)
+    if record is None:
+        return None
+    return Session(record, store, clock or store.clock or _wall_clock)
+
+
+RunStatusT = RunStatus

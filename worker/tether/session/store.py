@@ -1,0 +1,117 @@
+"""Where sessions and tool state live: the store protocols and the in-memory stores."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .types import SessionRecord, SessionRun, SessionTurn
+
+Clock = Callable[[], Awaitable[float]]
+"""An async clock in epoch milliseconds (a durable runtime's `now`)."""
+
+DEFAULT_MAX_VALUE_BYTES = 64 * 1024
+
+
+@runtime_checkable
+class SessionStore(Protocol):
+    """Persistence for sessions. Writes are idempotent: a replay that writes the same turn at
+    the same position, or the same run record, changes nothing."""
+
+    clock: Clock | None
+    """The store's replay-stable clock, when it is bound to a durable runtime."""
+
+    async def load(self, session_id: str) -> SessionRecord | None: ...
+
+    async def create(self, record: SessionRecord) -> None: ...
+
+    async def write_turns(self, session_id: str, start: int, turns: Sequence[SessionTurn]) -> None:
+        """Store `turns` at positions `start`, `start + 1`, ... (replacing what is there)."""
+        ...
+
+    async def write_run(self, session_id: str, run: SessionRun) -> None:
+        """Insert or replace the run record with `run.id`."""
+        ...
+
+
+@runtime_checkable
+class ToolStateStore(Protocol):
+    """Per-session key-value state for tools, namespaced by tool name."""
+
+    async def get(self, tool: str, key: str) -> Any: ...
+
+    async def set(self, tool: str, key: str, value: Any) -> None: ...
+
+    async def delete(self, tool: str, key: str) -> None: ...
+
+
+class ToolStateTooLargeError(ValueError):
+    """A tool-state value over the per-value budget (it would become a poison pill later)."""
+
+
+def check_value_size(tool: str, key: str, value: Any, limit: int) -> str:
+    encoded = json.dumps(value, separators=(",", ":"))
+    if len(encoded.encode()) > limit:
+        raise ToolStateTooLargeError(
+            f"tool state {tool}/{key} is {len(encoded.encode())} bytes, over the {limit}-byte "
+            "budget; store a reference to the data instead of the data"
+        )
+    return encoded
+
+
+class MemorySessionStore:
+    """Sessions in a dict (copies in and out, so callers cannot alias stored state)."""
+
+    clock: Clock | None = None
+
+    def __init__(self) -> None:
+        self._records: dict[str, SessionRecord] = {}
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        record = self._records.get(session_id)
+        return copy.deepcopy(record) if record else None
+
+    async def create(self, record: SessionRecord) -> None:
+        self._records.setdefault(record.id, copy.deepcopy(record))
+
+    async def write_turns(self, session_id: str, start: int, turns: Sequence[SessionTurn]) -> None:
+        stored = self._records[session_id].turns
+        for offset, turn in enumerate(turns):
+            position = start + offset
+            if position < len(stored):
+                stored[position] = copy.deepcopy(turn)
+            else:
+                stored.append(copy.deepcopy(turn))
+
+    async def write_run(self, session_id: str, run: SessionRun) -> None:
+        runs = self._records[session_id].runs
+        for i, existing in enumerate(runs):
+            if existing.id == run.id:
+                runs[i] = copy.deepcopy(run)
+                return
+        runs.append(copy.deepcopy(run))
+
+
+class MemoryToolStateStore:
+    """Tool state in a dict, with the same size budget as the durable stores."""
+
+    def __init__(self, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+        self._values: dict[tuple[str, str], str] = {}
+        self._limit = max_value_bytes
+
+    async def get(self, tool: str, key: str) -> Any:
+        encoded = self._values.get((tool, key))
+        return None if encoded is None else json.loads(encoded)
+
+    async def set(self, tool: str, key: str, value: Any) -> None:
+        self._values[(tool, key)] = check_value_size(tool, key, value, self._limit)
+
+    async def delete(self, tool: str, key: str) -> None:
+        self._values.pop((tool, key), None)
+
+
+def memory_store() -> MemorySessionStore:
+    """A session store in process memory."""
+    return MemorySessionStore()

@@ -1,0 +1,65 @@
+"""Session records: turns (the conversation) and runs (one `agent.run` each)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from ..messages import ContentBlock, Role, Usage
+
+RunStatus = Literal[
+    "running", "completed", "aborted", "max_turns", "budget_exceeded", "error", "interrupted"
+]
+
+
+@dataclass
+class SessionTurn:
+    """One message of the conversation, with the id and time it was recorded."""
+
+    id: str
+    role: Role
+    content: list[ContentBlock]
+    created_at: float
+    """Epoch milliseconds on the run's journaled clock."""
+    usage: Usage | None = None
+    run_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionTurn:
+        return cls(**data)
+
+
+@dataclass
+class SessionRun:
+    """The record of one run over the session."""
+
+    id: str
+    status: RunStatus
+    started_at: float
+    ended_at: float | None = None
+    prompt: str | None = None
+    stats: dict[str, Any] | None = None
+    parent_run_id: str | None = None
+    """Set on a sub-agent's run merged into its parent's session."""
+    parent_call_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionRun:
+        return cls(**data)
+
+
+@dataclass
+class SessionRecord:
+    """Everything a store holds about one session."""
+
+    id: str
+    created_at: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+    turns: list[SessionTurn] = field(default_factory=list)
+    runs: list[SessionRun] = field(default_factory=list)

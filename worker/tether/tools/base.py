@@ -1,0 +1,73 @@
+"""Tool definitions: what the model sees (`ToolSpec`) and what runs (`ToolDef.execute`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..messages import ImageBlock, TextBlock
+
+if TYPE_CHECKING:
+    from ..durable.protocol import DurableRuntime
+
+ToolOutput = str | list[TextBlock | ImageBlock]
+ReplayPolicy = Literal["unsafe", "safe"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """The model-facing declaration of a tool."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+
+@dataclass
+class ToolContext:
+    """What a running tool knows about the call and the run that made it."""
+
+    call_id: str
+    turn_id: str
+    tool_name: str
+    run_id: str
+    session_id: str | None
+    durable: DurableRuntime
+    signal: asyncio.Event
+    """Set when the run is aborted; long tools should watch it."""
+    depth: int = 0
+    """Sub-agent depth of the running agent (0 for the top level)."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Host-provided values (the provider, a spawner, a tool-state store...)."""
+
+
+ToolExecute = Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutput]]
+
+
+@dataclass
+class ToolDef:
+    """A tool the agent can call.
+
+    `replay="unsafe"` (the default) means a call that a crash cut off is reported to the model as
+    interrupted instead of being run again; `"safe"` tools (idempotent reads) simply run again.
+    `self_journaled` tools (awakeable waits, spawned sub-agents) journal their own steps through
+    `ctx.durable`; the loop must not wrap them in a step of its own.
+    """
+
+    spec: ToolSpec
+    execute: ToolExecute
+    is_concurrency_safe: bool = False
+    replay: ReplayPolicy = "unsafe"
+    self_journaled: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+class ToolError(Exception):
+    """Raise from a tool to return an error result to the model without a traceback."""
