@@ -133,7 +133,7 @@ class ToolCallExecutor:
     ) -> Callable[[], Any]:
         async def fn() -> JSON:
             if self._needs_intent(call) and interrupted():
-                return _outcome(INTERRUPTED_RESULT, outcome="interrupted", is_error=True)
+                return await self._finish(call, turn_id, INTERRUPTED_RESULT, "interrupted", 0.0)
             async with limit:
                 return await self._invoke(call, turn_id)
 

@@ -1,6 +1,8 @@
 """Model providers: Anthropic, OpenAI (and any OpenAI-compatible server), scripted.
 
-The SDK-backed providers are imported on first use, so scripted runs and the CLI start fast.
+The SDK-backed providers are imported on first use, so scripted runs and the CLI start fast
+(their modules are named `*_provider` so that the factory functions `anthropic` and `openai`
+are not shadowed by submodules of the same name).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -16,14 +18,14 @@ from .base import (
 from .scripted import ScriptedProvider, ScriptExhaustedError, scripted
 
 if TYPE_CHECKING:
-    from .anthropic import AnthropicProvider, anthropic
-    from .openai import OpenAIProvider, openai
+    from .anthropic_provider import AnthropicProvider, anthropic
+    from .openai_provider import OpenAIProvider, openai
 
 _LAZY = {
-    "anthropic": ".anthropic",
-    "AnthropicProvider": ".anthropic",
-    "openai": ".openai",
-    "OpenAIProvider": ".openai",
+    "anthropic": ".anthropic_provider",
+    "AnthropicProvider": ".anthropic_provider",
+    "openai": ".openai_provider",
+    "OpenAIProvider": ".openai_provider",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, get_type_hints, overload
+from typing import Any, get_args, get_type_hints, overload
 
 import pydantic
 
@@ -22,6 +22,11 @@ def _description(fn: ToolFunction, given: str | None) -> str:
     return doc
 
 
+def _is_context(hint: Any) -> bool:
+    """`ToolContext`, or an optional `ToolContext`."""
+    return hint is ToolContext or ToolContext in get_args(hint)
+
+
 def build_tool(
     fn: ToolFunction,
     *,
@@ -33,12 +38,12 @@ def build_tool(
     """Build a ToolDef from `fn`; see `tool`."""
     if not inspect.iscoroutinefunction(fn):
         raise TypeError(f"tool {fn.__name__!r} must be an async function")
-    hints = get_type_hints(fn)
+    hints = get_type_hints(fn, include_extras=True)
     fields: dict[str, Any] = {}
     context_param: str | None = None
     for param in inspect.signature(fn).parameters.values():
         hint = hints.get(param.name, Any)
-        if hint is ToolContext:
+        if _is_context(hint):
             context_param = param.name
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -1,0 +1,1 @@
+"""Fakes of external services that tests run against over real sockets."""

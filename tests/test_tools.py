@@ -1,0 +1,58 @@
+"""`@tool` schemas and validation."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import pytest
+from pydantic import Field
+
+from tether import ToolContext, tool
+from tether.tools.validation import validation_error
+
+
+def test_the_schema_comes_from_the_signature() -> None:
+    @tool(name="search", replay="safe", concurrency_safe=True)
+    async def find(
+        query: Annotated[str, Field(description="What to look for")],
+        limit: int = 10,
+        mode: Literal["fast", "deep"] = "fast",
+        ctx: ToolContext | None = None,
+    ) -> str:
+        """Searches the index."""
+        return query
+
+    assert find.spec.name == "search"
+    assert find.spec.description == "Searches the index."
+    assert find.replay == "safe" and find.is_concurrency_safe
+    schema = find.spec.input_schema
+    assert schema["required"] == ["query"]
+    assert schema["properties"]["query"]["description"] == "What to look for"
+    assert schema["properties"]["limit"] == {"default": 10, "title": "Limit", "type": "integer"}
+    assert schema["properties"]["mode"]["enum"] == ["fast", "deep"]
+
+
+def test_a_tool_needs_a_description_and_an_async_function() -> None:
+    with pytest.raises(TypeError, match="needs a description"):
+
+        @tool
+        async def undocumented() -> str:
+            return ""
+
+    with pytest.raises(TypeError, match="must be an async function"):
+        tool(lambda: "x")  # type: ignore[arg-type,return-value]
+
+
+def test_validation_errors_name_the_field() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["n"],
+    }
+    assert validation_error(schema, {"n": 1}) is None
+    assert validation_error(schema, {}) == "input: 'n' is a required property"
+    assert validation_error(schema, {"n": "x"}) == "n: 'x' is not of type 'integer'"
+    assert validation_error(schema, {"n": 1, "tags": [1]}) == "tags/0: 1 is not of type 'string'"
