@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
 from pydantic import Field
 
 from tether import ToolContext, tool
+from tether.tools import ToolError
 from tether.tools.validation import validation_error
 
 
@@ -56,3 +58,23 @@ def test_validation_errors_name_the_field() -> None:
     assert validation_error(schema, {}) == "input: 'n' is a required property"
     assert validation_error(schema, {"n": "x"}) == "n: 'x' is not of type 'integer'"
     assert validation_error(schema, {"n": 1, "tags": [1]}) == "tags/0: 1 is not of type 'string'"
+
+
+async def test_file_tools_stay_inside_the_workspace(tmp_path: Path) -> None:
+    from tether.tools.builtin import file_tools
+
+    read, write, append, listing = file_tools(tmp_path)
+    ctx = None  # the file tools take no context
+    assert await write.execute({"path": "a/b.txt", "content": "hi"}, ctx) == (  # type: ignore[arg-type]
+        "wrote 2 bytes to a/b.txt"
+    )
+    await append.execute({"path": "a/b.txt", "content": "!"}, ctx)  # type: ignore[arg-type]
+    assert await read.execute({"path": "a/b.txt"}, ctx) == "hi!"  # type: ignore[arg-type]
+    (tmp_path / ".hidden").write_text("x")
+    assert await listing.execute({}, ctx) == "a/b.txt"  # type: ignore[arg-type]
+    for escape in ("../outside.txt", "/etc/passwd", "a/../../x"):
+        with pytest.raises(ToolError, match="outside the workspace"):
+            await read.execute({"path": escape}, ctx)  # type: ignore[arg-type]
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await read.execute({"path": "link/passwd"}, ctx)  # type: ignore[arg-type]

@@ -14,21 +14,33 @@ class Aborted(Exception):
     """The run was aborted while the awaited work was in flight."""
 
 
-async def race_abort(work: Awaitable[T], abort: asyncio.Event) -> T:
-    """Await `work`, or cancel it and raise `Aborted` as soon as `abort` is set."""
-    if abort.is_set():
-        if asyncio.iscoroutine(work):
-            work.close()
+class AbortSignal:
+    """The abort state of one run: an event for tools to watch, and a future to race work
+    against without a waiter task per call."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self._future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def set(self) -> None:
+        self.event.set()
+        if not self._future.done():
+            self._future.set_result(None)
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+    async def race(self, work: Awaitable[T]) -> T:
+        """Await `work`, or cancel it and raise `Aborted` as soon as the run is aborted."""
+        if self._future.done():
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise Aborted
+        task = asyncio.ensure_future(work)
+        await asyncio.wait((task, self._future), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
         raise Aborted
-    task = asyncio.ensure_future(work)
-    waiter = asyncio.ensure_future(abort.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    raise Aborted

@@ -13,6 +13,7 @@ from ..providers.base import Provider
 from ..session.session import Session, create_session
 from ..session.store import memory_store
 from ..tools.base import ToolDef
+from .abort import AbortSignal
 from .behavior import Behavior
 from .hooks import Hooks, HooksInit
 from .loop import AgentRun
@@ -52,7 +53,7 @@ class Agent:
         self.hooks = hooks if isinstance(hooks, Hooks) else Hooks(hooks)
         self.depth = depth
         self.tool_extras = dict(tool_extras or {})
-        self._abort = asyncio.Event()
+        self._abort: AbortSignal | None = None
         self._running = False
         self.durable.on_live(self._replay_done)
 
@@ -67,7 +68,8 @@ class Agent:
         """Stop the running run at its next step boundary (or its in-flight model or tool
         call); the run ends with status `aborted`. A replaying run aborts at its first live
         step, so the journal is never forked mid-replay."""
-        self._abort.set()
+        if self._abort is not None:
+            self._abort.set()
 
     async def run(
         self,
@@ -84,7 +86,7 @@ class Agent:
         if self._running:
             raise AgentBusyError("the agent is already running; await the current run first")
         self._running = True
-        self._abort.clear()
+        self._abort = AbortSignal()
         watcher = asyncio.ensure_future(self._watch(signal)) if signal else None
         try:
             session = await self._session()
@@ -105,7 +107,7 @@ class Agent:
 
     async def _watch(self, signal: asyncio.Event) -> None:
         await signal.wait()
-        self._abort.set()
+        self.abort()
 
     async def _session(self) -> Session:
         if self.session is None:

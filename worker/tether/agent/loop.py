@@ -7,7 +7,6 @@ through the durable runtime, so a replay takes the same path and calls nothing t
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ from ..messages import JSON, Message, text_block, text_of, tool_uses
 from ..providers.base import ModelRequest, ProviderError
 from ..session.session import Session
 from ..session.types import SessionRun, SessionTurn
-from .abort import Aborted, race_abort
+from .abort import Aborted, AbortSignal
 from .compaction import compact_tail, estimate_tokens
 from .stats import AgentStats, AgentStatus
 from .tool_calls import ToolCallExecutor
@@ -44,13 +43,13 @@ class AgentRun:
         agent: Agent,
         session: Session,
         behavior: Behavior,
-        abort_event: asyncio.Event,
+        abort: AbortSignal,
     ) -> None:
         self.agent = agent
         self.durable = agent.durable
         self.session = session
         self.behavior = behavior
-        self.abort_event = abort_event
+        self.abort = abort
         self.stats = AgentStats()
         self.run_id = ""
         self.tools = ToolCallExecutor(self)
@@ -108,7 +107,7 @@ class AgentRun:
 
     def _decide(self) -> str:
         behavior = self.behavior
-        if self.abort_event.is_set():
+        if self.abort.is_set():
             return "aborted"
         if self.stats.turns >= behavior.max_turns:
             return "max_turns"
@@ -141,7 +140,7 @@ class AgentRun:
 
     def _model_fn(self, turn: int, attempt: int) -> Callable[[], Awaitable[JSON]]:
         async def call() -> JSON:
-            if self.abort_event.is_set():
+            if self.abort.is_set():
                 return {"aborted": True, "at": now_ms()}
             request = await self._request(turn)
             hooks = self.agent.hooks
@@ -153,9 +152,7 @@ class AgentRun:
 
             started = now_ms()
             try:
-                response = await race_abort(
-                    self.agent.provider.complete(request, on_text), self.abort_event
-                )
+                response = await self.abort.race(self.agent.provider.complete(request, on_text))
             except Aborted:
                 return {"aborted": True, "at": now_ms()}
             except ProviderError as error:

@@ -18,8 +18,8 @@ from ..durable.protocol import StepCall
 from ..messages import JSON, ToolResultBlock, ToolUseBlock, tool_result
 from ..session.session import INTERRUPTED_RESULT
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput
-from ..tools.validation import validation_error
-from .abort import Aborted, race_abort
+from ..tools.validation import validation_error, validator_for
+from .abort import Aborted
 
 if TYPE_CHECKING:
     from .loop import AgentRun
@@ -59,6 +59,7 @@ class ToolCallExecutor:
     def __init__(self, run: AgentRun) -> None:
         self.run = run
         self.tools = {t.name: t for t in run.agent.tools}
+        self.validators = {t.name: validator_for(t.spec.input_schema) for t in run.agent.tools}
 
     async def execute(
         self, calls: list[ToolUseBlock], turn_id: str
@@ -119,7 +120,7 @@ class ToolCallExecutor:
             run_id=run.run_id,
             session_id=run.session.id,
             durable=run.durable.scope(f"tool:{call['id']}"),
-            signal=run.abort_event,
+            signal=run.abort.event,
             depth=run.agent.depth,
             extras=run.agent.tool_extras,
         )
@@ -163,7 +164,7 @@ class ToolCallExecutor:
             message = f"Unknown tool {name!r}. Available tools: {known}."
             await self._error_hook(call, turn_id, message)
             return _outcome(message, outcome="unknown", is_error=True)
-        problem = validation_error(tool.spec.input_schema, arguments)
+        problem = validation_error(self.validators[name], arguments)
         if problem is not None:
             message = f"Invalid input for tool {name!r}: {problem}"
             await self._error_hook(call, turn_id, message)
@@ -191,8 +192,8 @@ class ToolCallExecutor:
         await hooks.call("tool:before", dict(base))
         started = time.monotonic()
         try:
-            output = await race_abort(
-                tool.execute(call["input"], self._context(call, turn_id)), self.run.abort_event
+            output = await self.run.abort.race(
+                tool.execute(call["input"], self._context(call, turn_id))
             )
             outcome = "ok"
         except Aborted:

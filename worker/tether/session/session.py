@@ -33,14 +33,19 @@ class Session:
         self.runs: list[SessionRun] = record.runs
         self.store = store
         self.clock = clock
+        self._messages: list[Message] = []
 
     def messages(self) -> list[Message]:
-        """The turns as provider messages."""
-        return [{"role": t.role, "content": t.content} for t in self.turns]
+        """The turns as provider messages (a new list; the blocks are shared, not copied)."""
+        if len(self._messages) != len(self.turns):
+            self._messages = [{"role": t.role, "content": t.content} for t in self.turns]
+        return list(self._messages)
 
     async def append_turns(self, turns: Sequence[SessionTurn]) -> None:
         start = len(self.turns)
         self.turns.extend(turns)
+        if len(self._messages) == start:
+            self._messages.extend({"role": t.role, "content": t.content} for t in turns)
         await self.store.write_turns(self.id, start, turns)
 
     async def save_run(self, run: SessionRun) -> None:
@@ -99,6 +104,7 @@ class Session:
                 first_changed = position + 1 if first_changed is None else first_changed
             position += 2
         if first_changed is not None:
+            self._messages = []
             await self.store.write_turns(self.id, first_changed, self.turns[first_changed:])
         for run in self.runs:
             if run.status == "running":

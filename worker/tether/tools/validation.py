@@ -16,9 +16,16 @@ def _validator(schema_json: str) -> Validator:
     return jsonschema.validators.validator_for(schema)(schema)
 
 
-def validation_error(schema: dict[str, Any], value: dict[str, Any]) -> str | None:
+def validator_for(schema: dict[str, Any]) -> Validator:
+    """A (cached) validator of `schema`."""
+    return _validator(json.dumps(schema, sort_keys=True))
+
+
+def validation_error(schema: dict[str, Any] | Validator, value: dict[str, Any]) -> str | None:
     """A one-line description of why `value` does not match `schema`, or None if it does."""
-    validator = _validator(json.dumps(schema, sort_keys=True))
+    validator = validator_for(schema) if isinstance(schema, dict) else schema
+    if validator.is_valid(value):
+        return None
     error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     if error is None:
         return None

@@ -69,11 +69,12 @@ def append_file_tool(workspace: Workspace, name: str = "append_file") -> ToolDef
 def list_files_tool(workspace: Workspace, name: str = "list_files") -> ToolDef:
     @tool(name=name, replay="safe", concurrency_safe=True)
     async def list_files(path: RelativePath = ".") -> str:
-        """List the files under a workspace directory."""
+        """List the files under a workspace directory (hidden files and folders left out)."""
         base = workspace.resolve(path)
         if not base.is_dir():
             raise ToolError(f"no such directory: {path}")
-        files = sorted(str(p.relative_to(workspace.root)) for p in base.rglob("*") if p.is_file())
+        relative = (p.relative_to(workspace.root) for p in base.rglob("*") if p.is_file())
+        files = sorted(str(r) for r in relative if not any(x.startswith(".") for x in r.parts))
         return "\n".join(files) or "(empty)"
 
     return list_files
