@@ -122,6 +122,8 @@ class ToolCallExecutor:
             durable=run.durable.scope(f"tool:{call['id']}"),
             signal=run.abort.event,
             depth=run.agent.depth,
+            agent=run.agent,
+            run_stats=run.stats,
             extras=run.agent.tool_extras,
         )
 
@@ -179,7 +181,7 @@ class ToolCallExecutor:
         return await self._finish(call, turn_id, *await self._execute(tool, call, turn_id))
 
     async def _execute(
-        self, tool: ToolDef, call: ToolUseBlock, turn_id: str
+        self, tool: ToolDef, call: ToolUseBlock, turn_id: str, ctx: ToolContext | None = None
     ) -> tuple[ToolOutput, str, float]:
         """The output, its outcome and the seconds the body took."""
         hooks = self.run.agent.hooks
@@ -193,7 +195,7 @@ class ToolCallExecutor:
         started = time.monotonic()
         try:
             output = await self.run.abort.race(
-                tool.execute(call["input"], self._context(call, turn_id))
+                tool.execute(call["input"], ctx or self._context(call, turn_id))
             )
             outcome = "ok"
         except Aborted:
@@ -253,6 +255,7 @@ class ToolCallExecutor:
         checked: dict[str, Any] = await durable.step("decision", f"tool-check:{call['id']}", check)
         if not checked.get("allowed"):
             return checked
-        result = await self._finish(call, turn_id, *await self._execute(tool, call, turn_id))
-        result["at"] = await durable.now()
+        ctx = self._context(call, turn_id)
+        result = await self._finish(call, turn_id, *await self._execute(tool, call, turn_id, ctx))
+        result["at"] = await ctx.durable.now()  # the tool's own scope: its positions continue
         return result

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..messages import ImageBlock, TextBlock
 
 if TYPE_CHECKING:
+    from ..agent.agent import Agent
+    from ..agent.stats import AgentStats
     from ..durable.protocol import DurableRuntime
 
 ToolOutput = str | list[TextBlock | ImageBlock]
@@ -41,8 +43,12 @@ class ToolContext:
     """Set when the run is aborted; long tools should watch it."""
     depth: int = 0
     """Sub-agent depth of the running agent (0 for the top level)."""
+    agent: Agent | None = None
+    """The running agent (what a spawn tool builds a child from)."""
+    run_stats: AgentStats | None = None
+    """The running run's stats so far; a sub-agent's stats join its `children`."""
     extras: dict[str, Any] = field(default_factory=dict)
-    """Host-provided values (the provider, a spawner, a tool-state store...)."""
+    """Host-provided values (a tool-state store, clients...)."""
 
 
 ToolExecute = Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutput]]

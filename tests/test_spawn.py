@@ -1,0 +1,122 @@
+"""In-process sub-agents journaled in their own scopes."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import RecordingProvider, calls, results_after
+from tether import create_agent, tool
+from tether.durable import MemoryJournal, memory_runtime
+from tether.providers import Pricing
+from tether.session import INTERRUPTED_RESULT
+from tether.tools import spawn_tool
+
+PRICE = Pricing(input_per_mtok=1, output_per_mtok=0)
+
+
+class SimulatedCrash(BaseException):
+    pass
+
+
+async def test_a_child_runs_the_task_and_its_stats_join_the_parent() -> None:
+    executed: list[str] = []
+
+    @tool
+    async def work(item: str) -> str:
+        """Works on an item."""
+        executed.append(item)
+        return f"{item} done"
+
+    child = RecordingProvider(
+        [calls("work", work={"item": "a"}), {"text": "a is done", "usage": {"input": 500_000}}],
+        pricing=PRICE,
+    )
+    parent = RecordingProvider(
+        [calls("spawn", spawn={"task": "do a"}), {"text": "the child did a"}], pricing=PRICE
+    )
+    agent = create_agent(provider=parent, tools=[work, spawn_tool(provider=child)])
+    stats = await agent.run("delegate a")
+    assert stats.status == "completed"
+    assert executed == ["a"]
+    assert len(stats.children) == 1 and stats.children[0].text == "a is done"
+    assert stats.children[0].tool_calls == 1
+    assert stats.total_cost_usd == pytest.approx(stats.cost_usd + 0.5 + 0.00001)
+    assert agent.session is not None
+    assert results_after(agent.session.turns, 1)["call_0_0"]["content"] == "a is done"
+
+
+async def test_a_replay_replays_the_child_and_interrupts_its_cut_off_call() -> None:
+    executed: list[str] = []
+    crash = True
+
+    @tool
+    async def pay(amount: int) -> str:
+        """Pays."""
+        executed.append(f"pay {amount}")
+        if crash and amount == 2:
+            raise SimulatedCrash
+        return "paid"
+
+    def child() -> RecordingProvider:
+        return RecordingProvider(
+            [calls("pay", pay={"amount": 1}), calls("pay", pay={"amount": 2}), {"text": "paid"}]
+        )
+
+    def parent() -> RecordingProvider:
+        return RecordingProvider([calls("spawn", spawn={"task": "pay"}), {"text": "ok"}])
+
+    journal = MemoryJournal()
+
+    def agent(child_provider: RecordingProvider, parent_provider: RecordingProvider) -> object:
+        return create_agent(
+            provider=parent_provider,
+            tools=[pay, spawn_tool(provider=child_provider)],
+            durable=memory_runtime(journal=journal, run_id="r"),
+        )
+
+    with pytest.raises(SimulatedCrash):
+        await agent(child(), parent()).run("go")  # type: ignore[attr-defined]
+    crash = False
+    child_provider, parent_provider = child(), parent()
+    resumed = agent(child_provider, parent_provider)
+    stats = await resumed.run("go")  # type: ignore[attr-defined]
+    assert stats.status == "completed"
+    assert executed == ["pay 1", "pay 2"]  # neither payment ran twice
+    assert len(child_provider.requests) == 1  # only the child's last answer was live
+    last = child_provider.requests[0].messages[-1]["content"][0]
+    assert last["type"] == "tool_result" and last["content"] == INTERRUPTED_RESULT
+    assert len(parent_provider.requests) == 1
+    child_turns = stats.children[0]
+    assert child_turns.tool_calls == 2
+
+
+async def test_children_may_not_nest_deeper_than_max_depth() -> None:
+    # Every agent level gets the same script: spawn once, then answer.
+    script = [calls("spawn", spawn={"task": "go deeper"}), {"text": "ok"}]
+    provider = RecordingProvider(script)
+    agent = create_agent(provider=provider, tools=[spawn_tool(provider=provider, max_depth=1)])
+    stats = await agent.run("nest")
+    assert stats.status == "completed"
+    child = stats.children[0]
+    assert child.status == "completed" and child.tool_calls == 1
+    assert child.children == []  # the grandchild was refused
+
+
+async def test_a_child_gets_what_is_left_of_the_cost_budget() -> None:
+    child = RecordingProvider(
+        [{**calls("spawn"), "usage": {"input": 1_000_000}}] * 5, pricing=PRICE
+    )
+    parent = RecordingProvider(
+        [{**calls("spawn", spawn={"task": "spend"}), "usage": {"input": 1_000_000}}, {"text": "x"}],
+        pricing=PRICE,
+    )
+    agent = create_agent(
+        provider=parent,
+        tools=[spawn_tool(provider=child, max_depth=1)],
+        behavior={"max_cost_usd": 2.5},
+    )
+    stats = await agent.run("spend")
+    # The parent spent $1, so the child may spend $1.5: it starts two calls, then stops.
+    assert stats.children[0].status == "budget_exceeded"
+    assert len(child.requests) == 2
+    assert stats.status == "budget_exceeded"

@@ -1,0 +1,92 @@
+"""In-process sub-agents: a `spawn` tool whose children journal into their own scopes.
+
+A child runs in the parent's process and durable runtime, in the sub-journal of the call that
+spawned it, so a replay of the parent replays the child too (no model or tool call repeated).
+Its stats join the parent's (`AgentStats.children`) and count against the parent's budgets;
+a child gets what is left of the parent's cost budget as its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
+
+if TYPE_CHECKING:
+    from ..agent.behavior import Behavior
+    from ..providers.base import Provider
+
+SPAWN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task": {"type": "string", "description": "What the sub-agent should do."},
+        "system": {"type": "string", "description": "Optional system prompt for it."},
+    },
+    "required": ["task"],
+}
+
+
+def spawn_tool(
+    *,
+    name: str = "spawn",
+    provider: Provider | None = None,
+    tools: Sequence[ToolDef] | None = None,
+    system: str | None = None,
+    behavior: Behavior | dict[str, Any] | None = None,
+    max_depth: int = 2,
+) -> ToolDef:
+    """A tool that runs a task in a sub-agent and returns its final answer.
+
+    By default the child has the parent's provider, tools (this one included, so children may
+    spawn until `max_depth`) and system prompt.
+    """
+    from ..agent.agent import Agent
+    from ..session.session import create_session
+
+    async def execute(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        parent = ctx.agent
+        if parent is None:
+            raise ToolError("spawn needs the running agent in its context")
+        if ctx.depth + 1 > max_depth:
+            raise ToolError(f"sub-agents may nest at most {max_depth} deep; do the task yourself")
+        child_behavior = parent.behavior.override(behavior)
+        remaining = _remaining_budget(parent.behavior.max_cost_usd, ctx)
+        if remaining is not None:
+            child_behavior = child_behavior.override({"max_cost_usd": remaining})
+        session = await create_session(id=ctx.durable.uuid(), clock=ctx.durable.now)
+        child = Agent(
+            provider=provider or parent.provider,
+            tools=parent.tools if tools is None else tools,
+            system=arguments.get("system") or system or parent.system,
+            durable=ctx.durable,
+            session=session,
+            behavior=child_behavior,
+            depth=ctx.depth + 1,
+            tool_extras=parent.tool_extras,
+        )
+        live_before = ctx.durable.counters.live.total()
+        stats = await child.run(arguments["task"])
+        if ctx.run_stats is not None:
+            ctx.run_stats.children.append(stats)
+        if ctx.durable.counters.live.total() > live_before:
+            await parent.hooks.call("spawn:complete", {"call_id": ctx.call_id, "stats": stats})
+        if stats.status != "completed":
+            raise ToolError(f"the sub-agent stopped ({stats.status}): {stats.error or stats.text}")
+        return stats.text or "(the sub-agent gave no answer)"
+
+    return ToolDef(
+        spec=ToolSpec(
+            name=name,
+            description="Hand a self-contained task to a sub-agent and get its final answer.",
+            input_schema=SPAWN_SCHEMA,
+        ),
+        execute=execute,
+        self_journaled=True,
+    )
+
+
+def _remaining_budget(limit: float | None, ctx: ToolContext) -> float | None:
+    if limit is None or ctx.run_stats is None:
+        return None
+    return max(limit - ctx.run_stats.total_cost_usd, 1e-9)
