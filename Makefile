@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit venv bench clean
+.PHONY: demo test lint typecheck unit venv bench restate-server clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# The real restate-server binary from npm (cached outside the repo), for the Restate tests.
+restate-server:
+	bash scripts/install-restate.sh >/dev/null
+
+unit: $(STAMP) restate-server
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
