@@ -385,3 +385,21 @@ def test_behavior_validates_its_fields() -> None:
         Behavior(compact_strategy="head")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown Behavior fields: max_turn"):
         Behavior().override({"max_turn": 3})
+
+
+async def test_large_tool_results_keep_their_head_and_tail() -> None:
+    @tool
+    async def dump() -> str:
+        """Dumps a lot."""
+        return "A" * 5000 + "B" * 5000
+
+    agent = create_agent(
+        provider=scripted([calls("dump"), {}]),
+        tools=[dump],
+        behavior=Behavior(max_tool_result_bytes=1000),
+    )
+    await agent.run("go")
+    assert agent.session is not None
+    content = results_after(agent.session.turns, 1)["call_0_0"]["content"]
+    assert content.startswith("A" * 500) and content.endswith("B" * 500)
+    assert "[... 9000 bytes omitted ...]" in content

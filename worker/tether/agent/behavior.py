@@ -32,6 +32,9 @@ class Behavior:
     """Output tokens per model call."""
     max_retries: int = 4
     """Retries of a retryable provider error (429, 5xx), with journaled backoff."""
+    max_tool_result_bytes: int | None = 32 * 1024
+    """Tool results longer than this keep their head and tail around an omission marker, so
+    one large result cannot bloat the journal, the session or the context window."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -41,6 +44,7 @@ class Behavior:
             "max_tokens": self.max_tokens,
             "max_cost_usd": self.max_cost_usd,
             "thinking_budget": self.thinking_budget,
+            "max_tool_result_bytes": self.max_tool_result_bytes,
         }
         for name, value in positive.items():
             if value is not None and value <= 0:

@@ -86,10 +86,9 @@ class AgentRun:
             )
             if decision["action"] != "continue":
                 return decision["action"], None
-            try:
-                response = await self._model_call(turn)
-            except ProviderError as error:
-                return "error", f"{error.provider}: {error}"
+            response = await self._model_call(turn)
+            if "error" in response:
+                return "error", response["error"]
             if response.get("aborted"):
                 return "aborted", None
             content = response["content"]
@@ -125,13 +124,14 @@ class AgentRun:
     # Model calls ---------------------------------------------------------------------------
 
     async def _model_call(self, turn: int) -> dict[str, Any]:
-        """One model step, retried with journaled backoff while the error is retryable."""
+        """One model step, retried with journaled backoff while the error is retryable. A
+        final error comes back as `{"error": ...}`."""
         attempt = 0
         while True:
             result: dict[str, Any] = await self.durable.step(
                 "model", f"model:{turn}:{attempt}", self._model_fn(turn, attempt)
             )
-            if "error" not in result:
+            if "error" not in result or not result["retry"]:
                 return result
             await self.durable.sleep(
                 backoff_ms(attempt, result.get("retry_after")), f"backoff:{turn}:{attempt}"
@@ -156,9 +156,13 @@ class AgentRun:
             except Aborted:
                 return {"aborted": True, "at": now_ms()}
             except ProviderError as error:
-                if not error.retryable or attempt >= self.behavior.max_retries:
-                    raise  # not journaled: resuming the run tries the call again
-                return {"error": str(error), "retry_after": error.retry_after, "at": now_ms()}
+                # Journaled like a success: a replay takes the same retry (or stop) decision.
+                return {
+                    "error": f"{error.provider}: {error}",
+                    "retry": error.retryable and attempt < self.behavior.max_retries,
+                    "retry_after": error.retry_after,
+                    "at": now_ms(),
+                }
             if streamed:
                 await hooks.call("stream:end", {"text": "".join(streamed)})
             pricing = self.agent.provider.pricing

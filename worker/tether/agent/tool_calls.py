@@ -49,6 +49,29 @@ def plan_groups(
     return groups
 
 
+def cap_text(text: str, limit: int) -> str:
+    """`text` if it fits `limit` bytes, else its head and tail around an omission marker."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    half = limit // 2
+    omitted = len(data) - 2 * half
+    head = data[:half].decode(errors="ignore")
+    tail = data[-half:].decode(errors="ignore")
+    return f"{head}\n[... {omitted} bytes omitted ...]\n{tail}"
+
+
+def cap_output(output: ToolOutput, limit: int | None) -> ToolOutput:
+    if limit is None:
+        return output
+    if isinstance(output, str):
+        return cap_text(output, limit)
+    return [
+        {"type": "text", "text": cap_text(b["text"], limit)} if b["type"] == "text" else b
+        for b in output
+    ]
+
+
 def _outcome(content: ToolOutput, *, outcome: str, is_error: bool) -> dict[str, Any]:
     return {"content": content, "is_error": is_error, "outcome": outcome, "at": now_ms()}
 
@@ -227,8 +250,11 @@ class ToolCallExecutor:
                 "is_error": outcome != "ok",
             },
         )
-        await hooks.call("tool:after", dict(payload, outcome=outcome, duration_s=duration))
-        return _outcome(payload["result"], outcome=outcome, is_error=bool(payload["is_error"]))
+        result = cap_output(payload["result"], self.run.behavior.max_tool_result_bytes)
+        await hooks.call(
+            "tool:after", dict(payload, result=result, outcome=outcome, duration_s=duration)
+        )
+        return _outcome(result, outcome=outcome, is_error=bool(payload["is_error"]))
 
     async def _error_hook(self, call: ToolUseBlock, turn_id: str, message: str) -> None:
         await self.run.agent.hooks.call(
