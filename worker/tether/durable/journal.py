@@ -8,7 +8,6 @@ position under another name is a journal mismatch, never a silent divergence.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import time
 from collections.abc import Sequence
@@ -18,7 +17,8 @@ from typing import Protocol
 from ..messages import JSON
 from .errors import DurableControlError, JournalMismatchError
 from .ids import IdSequence
-from .protocol import LiveCallback, RuntimeStores, StepCall, StepCounters, StepFn, StepKind
+from .protocol import RuntimeStores, StepCall, StepCounters, StepFn, StepKind
+from .replay import LiveCallback, ReplayTracker
 
 
 @dataclass(frozen=True)
@@ -41,29 +41,6 @@ class Journal(Protocol):
     def record(self, scope: str, seq: int, entry: JournalEntry) -> None:
         """Persist one step before the loop moves on."""
         ...
-
-
-class ReplayTracker:
-    """Notices the replay-to-live transition of a run (shared by all scopes of a runtime)."""
-
-    def __init__(self, counters: StepCounters) -> None:
-        self._counters = counters
-        self._live = False
-        self._callbacks: list[LiveCallback] = []
-
-    def on_live(self, callback: LiveCallback) -> None:
-        self._callbacks.append(callback)
-
-    async def mark_live(self) -> None:
-        if self._live:
-            return
-        self._live = True
-        if not self._counters.replayed.total():
-            return  # a fresh run: nothing was replayed, so there is no transition to report
-        for callback in self._callbacks:
-            result = callback()
-            if inspect.isawaitable(result):
-                await result
 
 
 def now_ms() -> float:
@@ -95,7 +72,7 @@ class JournalRuntime:
         self._seq = 0
         self._clock_reads = 0
         self._ids = IdSequence(f"{seed}{scope}")
-        self._tracker = tracker or ReplayTracker(self.counters)
+        self._tracker = tracker or ReplayTracker()
 
     async def step(self, kind: StepKind, name: str, fn: StepFn) -> JSON:
         seq = self._seq
@@ -118,6 +95,7 @@ class JournalRuntime:
             if entry.name != name:
                 raise JournalMismatchError(self.run_id, self._scope, seq, name, entry.name)
             self.counters.replayed[kind] += 1
+            self._tracker.note_replayed()
             return json.loads(entry.value)
         await self._tracker.mark_live()
         encoded = json.dumps(await fn(), separators=(",", ":"))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ..messages import JSON
+from .replay import LiveCallback
 
 if TYPE_CHECKING:
     from ..session.store import SessionStore, ToolStateStore
@@ -44,9 +45,6 @@ class StepCounters:
 
     live: Counter[str] = field(default_factory=Counter)
     replayed: Counter[str] = field(default_factory=Counter)
-
-
-LiveCallback = Callable[[], Awaitable[None] | None]
 
 
 @runtime_checkable
