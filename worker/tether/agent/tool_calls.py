@@ -106,26 +106,20 @@ class ToolCallExecutor:
         first = self.tools.get(group[0]["name"])
         if first is not None and first.self_journaled:
             return [await self._run_self_journaled(group[0], first, turn_id)]
-        started_live = False
+        steps = [
+            StepCall("tool", f"tool:{c['id']}", self._call_fn(c, turn_id, limit)) for c in group
+        ]
         if any(self._needs_intent(c) for c in group):
 
-            async def mark_started() -> JSON:
-                nonlocal started_live
-                started_live = True
-                return [c["id"] for c in group]
+            async def interrupted(index: int) -> JSON:
+                call = group[index]
+                if not self._needs_intent(call):
+                    return await steps[index].fn()  # replay="safe": simply run it again
+                return await self._finish(call, turn_id, INTERRUPTED_RESULT, "interrupted", 0.0)
 
-            await durable.step("tool", f"tool-start:{group[0]['id']}", mark_started)
-
-        def interrupted() -> bool:
-            return not started_live
-
-        steps = [
-            StepCall("tool", f"tool:{c['id']}", self._call_fn(c, turn_id, limit, interrupted))
-            for c in group
-        ]
-        if len(steps) == 1:
-            step = steps[0]
-            values = [await durable.step(step.kind, step.name, step.fn)]
+            values = await durable.guarded(f"tool-start:{group[0]['id']}", steps, interrupted)
+        elif len(steps) == 1:
+            values = [await durable.step(steps[0].kind, steps[0].name, steps[0].fn)]
         else:
             values = await durable.all(steps)
         return [dict(v) for v in values]
@@ -151,15 +145,9 @@ class ToolCallExecutor:
         )
 
     def _call_fn(
-        self,
-        call: ToolUseBlock,
-        turn_id: str,
-        limit: asyncio.Semaphore,
-        interrupted: Callable[[], bool],
+        self, call: ToolUseBlock, turn_id: str, limit: asyncio.Semaphore
     ) -> Callable[[], Any]:
         async def fn() -> JSON:
-            if self._needs_intent(call) and interrupted():
-                return await self._finish(call, turn_id, INTERRUPTED_RESULT, "interrupted", 0.0)
             async with limit:
                 return await self._invoke(call, turn_id)
 

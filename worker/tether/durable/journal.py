@@ -17,7 +17,7 @@ from typing import Protocol
 from ..messages import JSON
 from .errors import DurableControlError, JournalMismatchError
 from .ids import IdSequence
-from .protocol import RuntimeStores, StepCall, StepCounters, StepFn, StepKind
+from .protocol import InterruptedFn, RuntimeStores, StepCall, StepCounters, StepFn, StepKind
 from .replay import LiveCallback, ReplayTracker
 
 
@@ -88,6 +88,30 @@ class JournalRuntime:
                 for i, call in enumerate(calls)
             ]
         return [task.result() for task in tasks]
+
+    async def guarded(
+        self, intent: str, calls: Sequence[StepCall], interrupted: InterruptedFn
+    ) -> list[JSON]:
+        # Nothing here suspends: an intent found without a result means the process died.
+        started_live = False
+
+        async def mark() -> JSON:
+            nonlocal started_live
+            started_live = True
+            return [c.name for c in calls]
+
+        await self.step("tool", intent, mark)
+
+        def body(index: int, call: StepCall) -> StepCall:
+            async def fn() -> JSON:
+                return await (call.fn() if started_live else interrupted(index))
+
+            return call._replace(fn=fn)
+
+        guarded = [body(i, c) for i, c in enumerate(calls)]
+        if len(guarded) == 1:
+            return [await self.step(guarded[0].kind, guarded[0].name, guarded[0].fn)]
+        return await self.all(guarded)
 
     async def _run_at(self, seq: int, kind: StepKind, name: str, fn: StepFn) -> JSON:
         entry = self._journal.get(self._scope, seq)

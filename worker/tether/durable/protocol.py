@@ -23,6 +23,9 @@ StepKind = Literal["model", "tool", "decision", "sleep", "state", "clock"]
 StepFn = Callable[[], Awaitable[JSON]]
 
 
+InterruptedFn = Callable[[int], Awaitable[JSON]]
+
+
 class StepCall(NamedTuple):
     """One step of a concurrent batch (`DurableRuntime.all`)."""
 
@@ -65,6 +68,16 @@ class DurableRuntime(Protocol):
 
     async def all(self, calls: Sequence[StepCall]) -> list[JSON]:
         """Run several steps concurrently; journal positions and results keep call order."""
+        ...
+
+    async def guarded(
+        self, intent: str, calls: Sequence[StepCall], interrupted: InterruptedFn
+    ) -> list[JSON]:
+        """Run side effects at most once: journal the intent `intent`, then the calls
+        (concurrently when there are several). When a replay finds the intent but not a call's
+        result, the process died while that call could have been running: its value is
+        `interrupted(index)` instead of a second run of its body. Backends keep the intent and
+        the bodies in one attempt, so a mere suspension never looks like a crash."""
         ...
 
     def uuid(self) -> str:

@@ -1,0 +1,86 @@
+"""The Restate runtime: model calls, tool calls and loop decisions journaled in a Restate
+invocation, sessions in a virtual object's state, awakeable waits that suspend.
+
+    durable = restate_runtime(ctx, id_seed=ctx.key())
+    store = durable.stores.session
+    session = await load_session(store, ctx.key()) or await create_session(
+        id=ctx.key(), store=store)
+    agent = create_agent(provider=anthropic(), durable=durable, session=session)
+"""
+
+from ..durable.ids import deterministic_uuid
+from ..durable.replay import ReplayDoneHooks, ReplayTracker
+from .awakeable import awakeable_with_timeout, race_with_timeout
+from .errors import is_restate_cancellation, is_restate_control_error, restate_control_error
+from .replay import create_replay_tracker, replay_aware_abort
+from .runtime import RestateRuntime, restate_runtime
+from .session import RestateSessionStore, restate_session_store
+from .tool_state import DEFAULT_TOOL_STATE_KEY, RestateToolStateStore, restate_tool_state_store
+from .types import (
+    AwakeableOutcome,
+    AwakeableToolCombinators,
+    AwakeableWithTimeoutOptions,
+    ChildRunRequest,
+    ChildRunResult,
+    InFlightChild,
+    MergedChild,
+    ReplayTrackerOptions,
+    RestateAwakeable,
+    RestateAwakeableToolOptions,
+    RestateCombinators,
+    RestateContextLike,
+    RestateDurableStart,
+    RestateDurableWait,
+    RestateObjectContextLike,
+    RestatePromiseRaceLike,
+    RestateRunOptions,
+    RestateRuntimeOptions,
+    RestateSessionStoreOptions,
+    RestateSpawnToolOptions,
+    RestateToolOptions,
+    RestateToolStateStoreOptions,
+    RestateWaitBackgroundOptions,
+)
+
+__all__ = [
+    "DEFAULT_TOOL_STATE_KEY",
+    "AwakeableOutcome",
+    "AwakeableToolCombinators",
+    "AwakeableWithTimeoutOptions",
+    "ChildRunRequest",
+    "ChildRunResult",
+    "InFlightChild",
+    "MergedChild",
+    "ReplayDoneHooks",
+    "ReplayTracker",
+    "ReplayTrackerOptions",
+    "RestateAwakeable",
+    "RestateAwakeableToolOptions",
+    "RestateCombinators",
+    "RestateContextLike",
+    "RestateDurableStart",
+    "RestateDurableWait",
+    "RestateObjectContextLike",
+    "RestatePromiseRaceLike",
+    "RestateRunOptions",
+    "RestateRuntime",
+    "RestateRuntimeOptions",
+    "RestateSessionStore",
+    "RestateSessionStoreOptions",
+    "RestateSpawnToolOptions",
+    "RestateToolOptions",
+    "RestateToolStateStore",
+    "RestateToolStateStoreOptions",
+    "RestateWaitBackgroundOptions",
+    "awakeable_with_timeout",
+    "create_replay_tracker",
+    "deterministic_uuid",
+    "is_restate_cancellation",
+    "is_restate_control_error",
+    "race_with_timeout",
+    "replay_aware_abort",
+    "restate_control_error",
+    "restate_runtime",
+    "restate_session_store",
+    "restate_tool_state_store",
+]

@@ -1,0 +1,235 @@
+"""`restate_runtime`: the durable runtime of one Restate invocation.
+
+Each step is one `ctx.run_typed` entry. Concurrent steps are created in call order (which fixes
+their journal positions) and awaited through the SDK's `gather`, never as free-running asyncio
+tasks that each touch the context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import restate
+from restate import RunOptions
+from restate.serde import JsonSerde
+
+from ..durable.ids import IdSequence
+from ..durable.protocol import (
+    DurableRuntime,
+    InterruptedFn,
+    RuntimeStores,
+    StepCall,
+    StepCounters,
+    StepFn,
+    StepKind,
+)
+from ..durable.replay import LiveCallback, ReplayTracker
+from ..messages import JSON
+from ..session.store import MemoryToolStateStore, memory_store
+from .clock import DEFAULT_REANCHOR_EVERY, CoalescedClock
+from .errors import is_restate_control_error
+from .session import restate_session_store
+from .tool_state import restate_tool_state_store
+from .types import RestateCombinators, RestateContextLike, RestateRuntimeOptions
+
+JSON_SERDE: JsonSerde[Any] = JsonSerde()
+
+
+def default_run_options() -> RunOptions[Any]:
+    """One attempt: a failing step is recorded, not retried blindly (retries are the loop's)."""
+    return RunOptions(serde=JSON_SERDE, max_attempts=1)
+
+
+def _has_state(ctx: object) -> bool:
+    return all(callable(getattr(ctx, name, None)) for name in ("key", "get", "set", "clear"))
+
+
+class _Started:
+    """A step whose journal entry exists; `executed` tells whether its body ran here."""
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+        self.executed = False
+
+
+class RestateRuntime:
+    """A `DurableRuntime` over a Restate context (see `restate_runtime`)."""
+
+    backend = "restate"
+
+    def __init__(
+        self,
+        ctx: RestateContextLike,
+        options: RestateRuntimeOptions,
+        *,
+        scope: str = "",
+        shared: tuple[StepCounters, ReplayTracker, RuntimeStores, CoalescedClock] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.options = options
+        self.promises: RestateCombinators | None = (
+            restate if options.promises == "sdk" else options.promises
+        )
+        self.run_id = str(ctx.request().id)
+        self._scope = scope
+        self._seed = options.id_seed or str(ctx.uuid())
+        self._ids = IdSequence(self._seed + scope)
+        if shared is None:
+            every = options.coalesce
+            reanchor = (DEFAULT_REANCHOR_EVERY if every is True else int(every)) if every else None
+            self._clock = CoalescedClock(ctx, reanchor)
+            self.counters = StepCounters()
+            self.tracker = options.replay_tracker or ReplayTracker()
+            self.stores = self._default_stores()
+        else:
+            self.counters, self.tracker, self.stores, self._clock = shared
+
+    def _default_stores(self) -> RuntimeStores:
+        if self.options.session_store is not None:
+            return RuntimeStores(session=self.options.session_store)
+        if _has_state(self.ctx):
+            return RuntimeStores(
+                session=restate_session_store(self.ctx, clock=self.now),  # type: ignore[arg-type]
+                tool_state=restate_tool_state_store(self.ctx),  # type: ignore[arg-type]
+            )
+        return RuntimeStores(session=memory_store(), tool_state=MemoryToolStateStore())
+
+    # Steps --------------------------------------------------------------------------------
+
+    def _start(self, kind: StepKind, name: str, fn: StepFn) -> _Started:
+        options = self.options.run_options.get(kind)
+        if options is None:
+            options = default_run_options()
+        elif not isinstance(options.serde, JsonSerde):
+            options = dataclasses.replace(options, serde=JSON_SERDE)
+
+        async def action() -> Any:
+            started.executed = True
+            await self.tracker.mark_live()
+            return await fn()
+
+        started = _Started(None)
+        entry = f"{self._scope}/{name}" if self._scope else name
+        started.future = self.ctx.run_typed(entry, action, options)
+        return started
+
+    def _finish(self, kind: StepKind, started: _Started, value: Any) -> JSON:
+        if started.executed:
+            self.counters.live[kind] += 1
+            # Live callers get what a replay would: the value after a JSON round trip.
+            return json.loads(json.dumps(value))
+        self.counters.replayed[kind] += 1
+        self.tracker.note_replayed()
+        return value
+
+    async def step(self, kind: StepKind, name: str, fn: StepFn) -> JSON:
+        started = self._start(kind, name, fn)
+        return self._finish(kind, started, await started.future)
+
+    async def all(self, calls: Sequence[StepCall]) -> list[JSON]:
+        if self.promises is None or len(calls) < 2:
+            return [await self.step(c.kind, c.name, c.fn) for c in calls]
+        started = [self._start(c.kind, c.name, c.fn) for c in calls]
+        await self.promises.gather(*(s.future for s in started))
+        return [
+            self._finish(call.kind, s, await s.future)
+            for call, s in zip(calls, started, strict=True)
+        ]
+
+    async def guarded(
+        self, intent: str, calls: Sequence[StepCall], interrupted: InterruptedFn
+    ) -> list[JSON]:
+        # The intent and the bodies are started together and awaited with one `gather`, so the
+        # bodies run in the attempt that journals the intent: awaiting the intent's ack first
+        # could suspend in between, and a resumed attempt would mistake that for a crash.
+        intent_ran = asyncio.Event()
+
+        async def mark() -> JSON:
+            intent_ran.set()
+            return [c.name for c in calls]
+
+        marker = self._start("tool", intent, mark)
+        # A journaled intent is complete as soon as its entry is replayed.
+        replayed_intent = bool(marker.future.is_completed())
+
+        def body(index: int, call: StepCall) -> StepFn:
+            async def fn() -> JSON:
+                if replayed_intent:
+                    return await interrupted(index)
+                await intent_ran.wait()
+                return await call.fn()
+
+            return fn
+
+        if self.promises is None:
+            # One at a time: a suspension between intent and body reads as an interruption.
+            await marker.future
+            self._finish("tool", marker, None)
+            return [await self.step(c.kind, c.name, body(i, c)) for i, c in enumerate(calls)]
+        started = [self._start(c.kind, c.name, body(i, c)) for i, c in enumerate(calls)]
+        await self.promises.gather(marker.future, *(s.future for s in started))
+        self._finish("tool", marker, await marker.future)
+        return [
+            self._finish(c.kind, s, await s.future) for c, s in zip(calls, started, strict=True)
+        ]
+
+    # Ids, clock, timers -------------------------------------------------------------------
+
+    def uuid(self) -> str:
+        return self._ids.next()
+
+    async def now(self) -> float:
+        return await self._clock.now()
+
+    async def sleep(self, ms: float, name: str) -> None:
+        await self.ctx.sleep(timedelta(milliseconds=max(0.0, ms)), name=name)
+
+    # Replay and control -------------------------------------------------------------------
+
+    def is_control_error(self, error: BaseException) -> bool:
+        return is_restate_control_error(error)
+
+    def is_replaying(self) -> bool:
+        return self.tracker.is_replaying()
+
+    def on_live(self, callback: LiveCallback) -> None:
+        self.tracker.on_live(callback)
+
+    def scope(self, name: str) -> RestateRuntime:
+        """Steps under a name prefix with their own id sequence. Restate's journal is one
+        sequence per invocation, so scopes must run one after another, never concurrently."""
+        return RestateRuntime(
+            self.ctx,
+            dataclasses.replace(self.options, id_seed=self._seed),
+            scope=f"{self._scope}/{name}",
+            shared=(self.counters, self.tracker, self.stores, self._clock),
+        )
+
+
+def restate_runtime(
+    ctx: RestateContextLike, options: RestateRuntimeOptions | None = None, **settings: Any
+) -> RestateRuntime:
+    """The durable runtime of one Restate invocation. Build it inside the handler, once per
+    invocation, and hand it to the agent:
+
+        durable = restate_runtime(ctx, id_seed=ctx.key())
+        store = durable.stores.session
+        session = await load_session(store, ctx.key()) or await create_session(
+            id=ctx.key(), store=store)
+        agent = create_agent(provider=provider, tools=tools, durable=durable, session=session)
+
+    Model requests, tool calls and loop decisions become one journal entry each; a replay
+    reuses them. Settings are the fields of `RestateRuntimeOptions`, as keywords or an object.
+    """
+    if options is not None and settings:
+        raise TypeError("pass either RestateRuntimeOptions or keyword settings, not both")
+    return RestateRuntime(ctx, options or RestateRuntimeOptions(**settings))
+
+
+def _implements_the_protocol(runtime: RestateRuntime) -> DurableRuntime:
+    return runtime  # mypy checks RestateRuntime against DurableRuntime here
