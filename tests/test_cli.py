@@ -124,7 +124,7 @@ INVALID = [
         {
             "spec": {
                 "model": {"provider": "anthropic", "name": "c"},
-                "tools": [{"name": "a", "builtin": "read_file", "timeout": 0}],
+                "tools": [{"name": "a", "builtin": "read_file", "timeout": "0s"}],
             }
         },
         "spec.tools[0].timeout",

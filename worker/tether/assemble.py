@@ -13,7 +13,7 @@ import yaml
 from .agent.behavior import Behavior
 from .providers.base import Pricing, Provider
 from .providers.scripted import scripted
-from .spec import DurableAgentSpec, SpecError, ToolSpecEntry
+from .spec import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
 from .tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .tools.builtin import BUILTINS, Workspace
 from .tools.decorator import build_tool
@@ -117,13 +117,16 @@ def tools_from_spec(spec: DurableAgentSpec, workspace: str | Path) -> list[ToolD
     root = Workspace(workspace)
     tools = []
     for entry in spec.tools:
-        if entry.require_approval:
+        if entry.require_approval or entry.builtin == "ask_human":
             raise SpecError(
-                f"tools[{entry.name}].requireApproval: approvals park on a Restate awakeable; "
+                f"tools[{entry.name}]: approvals and ask_human park on a Restate awakeable; "
                 "serve this agent with `tether worker` (the embedded runtime cannot park)"
             )
         if entry.builtin is not None:
-            tool = BUILTINS[entry.builtin](root, entry.name)
+            try:
+                tool = BUILTINS[entry.builtin](entry.name, entry.config, root)
+            except ValueError as error:  # pydantic's ValidationError included
+                raise SpecError(f"tools[{entry.name}].config: {error}") from None
         else:
             tool = _import_tool(entry)
         spec_ = ToolSpec(
@@ -135,5 +138,5 @@ def tools_from_spec(spec: DurableAgentSpec, workspace: str | Path) -> list[ToolD
         if entry.replay is not None:
             changes["replay"] = entry.replay
         tool = dataclasses.replace(tool, **changes)
-        tools.append(with_timeout(tool, entry.timeout) if entry.timeout else tool)
+        tools.append(with_timeout(tool, parse_duration(entry.timeout)) if entry.timeout else tool)
     return tools

@@ -8,17 +8,41 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "tether.dev/v1alpha1"
+DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration such as `90s`, `5m` or `1h30m`."""
+    if not re.fullmatch(DURATION, text):
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m or 1h30m")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+
+
+Duration = Annotated[
+    str, Field(pattern=DURATION, description="A duration such as 30s, 5m or 1h30m.")
+]
 KIND = "DurableAgent"
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
-BUILTIN_TOOLS = ("read_file", "write_file", "append_file", "list_files")
+BuiltinTool = Literal[
+    "read_file", "write_file", "append_file", "list_files", "http_request", "shell", "ask_human"
+]
 
 
 class SpecError(ValueError):
@@ -84,8 +108,11 @@ class ToolSpecEntry(_Model):
     """One tool: a built-in, or a Python function by import path."""
 
     name: str = Field(pattern=TOOL_NAME, description="Name the model calls the tool by.")
-    builtin: Literal["read_file", "write_file", "append_file", "list_files"] | None = Field(
-        default=None, description="A built-in tool."
+    builtin: BuiltinTool | None = Field(
+        default=None,
+        description="A built-in tool: read_file, write_file, append_file, list_files (confined "
+        "to the workspace), http_request (config.allowHosts), shell (config.timeout, "
+        "config.maxOutputBytes), ask_human (parks until a person answers).",
     )
     python: str | None = Field(
         default=None,
@@ -98,14 +125,23 @@ class ToolSpecEntry(_Model):
         default=None,
         description="safe: may run again after a crash; unsafe: reported as interrupted.",
     )
-    require_approval: bool = Field(default=False, description="Park for a human's approval.")
-    timeout: float | None = Field(default=None, gt=0, description="Seconds before the call fails.")
+    require_approval: bool = Field(
+        default=False, description="Park each call until a person approves or denies it."
+    )
+    timeout: Duration | None = Field(default=None, description="Time before the call fails.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ToolSpecEntry:
         if (self.builtin is None) == (self.python is None):
             raise ValueError("set exactly one of `builtin` or `python`")
         return self
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive_timeout(cls, value: str | None) -> str | None:
+        if value is not None and parse_duration(value) <= 0:
+            raise ValueError("must be longer than zero")
+        return value
 
 
 class Limits(_Model):
@@ -129,14 +165,85 @@ class BehaviorSpec(_Model):
     thinking_budget: int | None = Field(default=None, gt=0, description="Thinking tokens.")
 
 
+class ApprovalNotify(_Model):
+    """Where to announce a call that waits for approval."""
+
+    url: str = Field(
+        pattern=r"^https?://", description="URL that receives a signed POST per parked call."
+    )
+
+
+class Approvals(_Model):
+    """How calls that need a person's approval wait."""
+
+    timeout: Duration = Field(default="1h", description="How long a call waits for a decision.")
+    on_timeout: Literal["deny", "approve"] = Field(
+        default="deny", description="deny: report a denied call to the model; approve: run it."
+    )
+    notify: ApprovalNotify | None = Field(default=None, description="Announce parked calls.")
+
+
+class Subagents(_Model):
+    """Sub-agents started by the spawn tool."""
+
+    max_depth: int = Field(default=2, ge=0, le=8, description="How deep sub-agents may nest.")
+    max_concurrent: int = Field(default=3, gt=0, description="Children running at once per call.")
+
+
+class EnvVar(_Model):
+    """An environment variable of the worker container (plain values only; secrets come from
+    the referenced Secrets)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
+    value: str = Field(default="", description="Value.")
+
+
+class Resources(_Model):
+    """Compute resources of the worker container (Kubernetes quantities)."""
+
+    requests: dict[str, str] = Field(default_factory=dict, description="e.g. {cpu: 100m}.")
+    limits: dict[str, str] = Field(default_factory=dict, description="e.g. {memory: 512Mi}.")
+
+
+class WorkerSpec(_Model):
+    """The worker pods of each version."""
+
+    image: str | None = Field(default=None, description="Worker image (default: operator's).")
+    replicas: int = Field(default=1, ge=0, le=100, description="Worker pods per version.")
+    resources: Resources = Field(default_factory=Resources)
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+
+
+class WebhookSpec(_Model):
+    """The secret that signs approval links and authenticates webhook resolutions."""
+
+    secret_ref: SecretKeyRef = Field(description="Secret holding the webhook HMAC key.")
+
+
+class DrainSpec(_Model):
+    """How an old version is retired after a change."""
+
+    delay: Duration = Field(default="5m", description="Wait at least this long before removal.")
+    timeout: Duration = Field(
+        default="24h", description="Remove the version after this long even with runs pinned."
+    )
+
+
 class DurableAgentSpec(_Model):
-    """The agent: model, prompt, tools and limits."""
+    """The agent: model, prompt, tools, limits and how it is deployed."""
 
     model: ModelSpec
     system: str | None = Field(default=None, description="System prompt.")
     tools: list[ToolSpecEntry] = Field(default_factory=list, description="Tools the agent has.")
+    approvals: Approvals = Field(default_factory=Approvals)
+    subagents: Subagents | None = Field(
+        default=None, description="Enables the spawn tool for sub-agents."
+    )
     limits: Limits = Field(default_factory=Limits)
     behavior: BehaviorSpec = Field(default_factory=BehaviorSpec)
+    worker: WorkerSpec = Field(default_factory=WorkerSpec)
+    webhook: WebhookSpec | None = Field(default=None, description="Webhook signing secret.")
+    drain: DrainSpec = Field(default_factory=DrainSpec)
 
     @model_validator(mode="after")
     def _unique_tool_names(self) -> DurableAgentSpec:
@@ -145,6 +252,42 @@ class DurableAgentSpec(_Model):
         if duplicates:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
         return self
+
+
+ConditionType = Literal["Ready", "Registered", "Progressing", "Draining"]
+
+
+class Condition(_Model):
+    """A Kubernetes status condition."""
+
+    type: str = Field(description="Ready, Registered, Progressing or Draining.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="What happened, for people.")
+    last_transition_time: str = Field(description="RFC 3339 time of the last status change.")
+    observed_generation: int | None = Field(default=None, description="Generation it refers to.")
+
+
+class VersionStatus(_Model):
+    """One deployed version of the agent."""
+
+    hash: str = Field(description="Hash of the agent spec and pod template.")
+    state: Literal["Pending", "Active", "Draining", "Removed"]
+    restate_deployment_id: str | None = Field(default=None, description="Restate deployment.")
+    in_flight: int = Field(default=0, ge=0, description="Invocations still pinned to it.")
+    created_at: str | None = Field(default=None, description="When the version was created.")
+
+
+class DurableAgentStatus(_Model):
+    """What the operator observed and did."""
+
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Deleting"] = "Pending"
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    versions: list[VersionStatus] = Field(default_factory=list)
+    endpoint: str | None = Field(default=None, description="Ingress path that starts runs.")
+    webhook_url: str | None = Field(default=None, description="Base URL of the approval hooks.")
+    parked_calls: int = Field(default=0, ge=0, description="Calls waiting for a person.")
 
 
 class Metadata(BaseModel):
