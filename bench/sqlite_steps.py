@@ -84,8 +84,12 @@ def floor(path: Path, steps: int, value: str, synchronous: Synchronous) -> float
 
 async def memory_steps_per_second(turns: int) -> float:
     durable = memory_runtime()
-    agent = create_agent(provider=scripted(script(turns)), tools=[lookup], durable=durable,
-                         behavior={"max_turns": turns + 1})
+    agent = create_agent(
+        provider=scripted(script(turns)),
+        tools=[lookup],
+        durable=durable,
+        behavior={"max_turns": turns + 1},
+    )
     started = time.perf_counter()
     await agent.run("go")
     elapsed = time.perf_counter() - started
