@@ -1,0 +1,29 @@
+"""The record of calls parked on an awakeable, shared by the worker (writer) and the sidecar.
+
+The worker keeps one map `{awakeable id: ParkedCall}` per session in the agent object's state
+under `PARKED_STATE_KEY`, written by the exclusive `run` handler when a call parks and removed
+when it resumes. It lives in Restate, so it stays true when a worker restarts; the sidecar reads
+it through the admin API's SQL (`state` table) and the object's shared `pending` handler.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NotRequired, TypedDict
+
+PARKED_STATE_KEY = "tether:parked"
+ParkedKind = Literal["approval", "ask_human"]
+
+
+class ParkedCall(TypedDict):
+    awakeable_id: str
+    kind: ParkedKind
+    agent: str
+    session: str
+    tool: str
+    call_id: str
+    input_summary: str
+    """The call's input as JSON, cut to a few hundred characters."""
+    created_at: float
+    """Epoch milliseconds (journaled clock)."""
+    expires_at: NotRequired[float]
+    """When the park times out, if it has a deadline."""
