@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit venv bench restate-server clean
+.PHONY: demo test lint typecheck unit venv bench restate-server kube-bins clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,12 @@ typecheck: $(STAMP)
 restate-server:
 	bash scripts/install-restate.sh >/dev/null
 
-unit: $(STAMP) restate-server
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kwok for the
+# Kubernetes tests, built from the Go module proxy into ~/.cache/tether (minutes once, then ms).
+kube-bins:
+	bash scripts/build-control-plane.sh >/dev/null
+
+unit: $(STAMP) restate-server kube-bins
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
