@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -167,8 +167,11 @@ class HypercornWorker:
         env: Mapping[str, str] | None = None,
         log_dir: Path | None = None,
         startup_timeout: float = 60.0,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.app = app
+        self._command = list(command) if command else None
+        """Run this instead (`{port}` is replaced), e.g. the `tether worker` CLI."""
         self.port = port if port is not None else free_port()
         self._env = dict(env or {})
         self._tmp = Path(tempfile.mkdtemp(prefix="tether-worker-")) if log_dir is None else None
@@ -211,8 +214,10 @@ class HypercornWorker:
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== start {self.starts} at {time.ctime()} ===\n".encode())
             log.flush()
+            default = [sys.executable, "-m", "hypercorn", "--config", str(config), self.app]
+            command = [c.format(port=self.port) for c in self._command or []] or default
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "hypercorn", "--config", str(config), self.app],
+                command,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

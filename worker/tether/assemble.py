@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,16 +113,29 @@ def with_timeout(tool: ToolDef, seconds: float) -> ToolDef:
     return dataclasses.replace(tool, execute=execute)
 
 
-def tools_from_spec(spec: DurableAgentSpec, workspace: str | Path) -> list[ToolDef]:
-    """The spec's tools; built-in file tools are confined to `workspace`."""
+ParkingTool = Callable[[ToolSpecEntry, ToolDef | None], ToolDef]
+"""Builds the tool for an entry that waits for a person: `ask_human` (no inner tool) or an
+approval gate around the inner tool."""
+
+
+def tools_from_spec(
+    spec: DurableAgentSpec, workspace: str | Path, parking: ParkingTool | None = None
+) -> list[ToolDef]:
+    """The spec's tools; built-in file tools are confined to `workspace`. Entries that wait for
+    a person (`requireApproval`, `ask_human`) need `parking`, which only a runtime that can park
+    (Restate) provides."""
     root = Workspace(workspace)
     tools = []
     for entry in spec.tools:
-        if entry.require_approval or entry.builtin == "ask_human":
+        if (entry.require_approval or entry.builtin == "ask_human") and parking is None:
             raise SpecError(
                 f"tools[{entry.name}]: approvals and ask_human park on a Restate awakeable; "
                 "serve this agent with `tether worker` (the embedded runtime cannot park)"
             )
+        if entry.builtin == "ask_human":
+            assert parking is not None
+            tools.append(parking(entry, None))
+            continue
         if entry.builtin is not None:
             try:
                 tool = BUILTINS[entry.builtin](entry.name, entry.config, root)
@@ -138,5 +152,10 @@ def tools_from_spec(spec: DurableAgentSpec, workspace: str | Path) -> list[ToolD
         if entry.replay is not None:
             changes["replay"] = entry.replay
         tool = dataclasses.replace(tool, **changes)
-        tools.append(with_timeout(tool, parse_duration(entry.timeout)) if entry.timeout else tool)
+        if entry.timeout:
+            tool = with_timeout(tool, parse_duration(entry.timeout))
+        if entry.require_approval:
+            assert parking is not None
+            tool = parking(entry, tool)
+        tools.append(tool)
     return tools

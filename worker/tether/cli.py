@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from .durable.errors import DurableControlError
@@ -31,11 +32,43 @@ def _run_parser(commands: Any) -> None:
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
 
+def _worker_parser(commands: Any) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="serve a DurableAgent on Restate (hypercorn, HTTP/2 cleartext)",
+        description="Serve the agent of a DurableAgent manifest as a Restate virtual object "
+        "named after the agent (key = session id). API keys and the webhook secret come from "
+        "the environment (the operator maps them in from Secrets).",
+    )
+    worker.add_argument("--spec", required=True, help="DurableAgent manifest (YAML)")
+    worker.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
+    worker.add_argument("--port", type=int, default=9080, help="port (default: %(default)s)")
+    worker.add_argument("--processes", type=int, default=1, help="hypercorn worker processes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="Durable AI agents.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(commands)
+    _worker_parser(commands)
     return parser
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    """Check the manifest and settings here (clear errors), then become the hypercorn CLI."""
+    from .worker.agent_object import build_provider
+    from .worker.settings import settings_from_env
+
+    env = {
+        **os.environ,
+        "TETHER_SPEC": str(Path(args.spec).resolve()),
+        "TETHER_WORKER_BIND": f"{args.host}:{args.port}",
+        "TETHER_WORKER_PROCESSES": str(args.processes),
+    }
+    build_provider(settings_from_env(env))
+    command = [sys.executable, "-m", "hypercorn", "--config"]
+    command += ["python:tether.worker.hypercorn_config", "tether.worker.asgi:app"]
+    os.execvpe(sys.executable, command, env)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
             from .run_command import run_command
 
             code = run_command(args, dict(os.environ))
+        elif args.command == "worker":
+            code = worker_command(args)
         else:  # pragma: no cover - argparse rejects unknown commands
             code = 2
     except USER_ERRORS as error:

@@ -37,7 +37,7 @@ class RestateSessionStore:
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     ) -> None:
         self._ctx = ctx
-        self.clock = clock or self._context_clock
+        self.clock: Clock | None = clock or self._context_clock
         self._read_only = read_only
         self._limit = max_value_bytes
         self._meta: dict[str, Any] | None = None

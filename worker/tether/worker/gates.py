@@ -1,0 +1,113 @@
+"""Tools that wait for a person: the approval gate around a tool, and `ask_human`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import restate
+from restate.exceptions import TerminalError
+
+from ..durable.protocol import StepCall
+from ..messages import JSON
+from ..restate.errors import is_restate_cancellation
+from ..session.session import INTERRUPTED_RESULT
+from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
+from .parking import ParkSettings, park
+
+ASK_HUMAN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"question": {"type": "string", "description": "What to ask the person."}},
+    "required": ["question"],
+}
+
+
+def _approved(value: Any) -> tuple[bool, str | None]:
+    """A resolution is `true`/`false` or `{"approved": bool, "reason": str?}`."""
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, dict):
+        return bool(value.get("approved")), value.get("reason")
+    return False, "the resolution was not an approval"
+
+
+async def _run_approved(inner: ToolDef, arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+    """The approved call, journaled like any tool call (at most once unless replay-safe)."""
+
+    async def body() -> JSON:
+        try:
+            return {"content": await inner.execute(arguments, ctx), "is_error": False}
+        except Exception as error:
+            if ctx.durable.is_control_error(error):
+                raise
+            return {"content": f"{type(error).__name__}: {error}", "is_error": True}
+
+    async def interrupted(_: int) -> JSON:
+        if inner.replay == "safe":
+            return await body()
+        return {"content": INTERRUPTED_RESULT, "is_error": True}
+
+    step = StepCall("tool", f"approved:{ctx.call_id}", body)
+    [value] = await ctx.durable.guarded(f"approved-start:{ctx.call_id}", [step], interrupted)
+    if value["is_error"]:
+        raise ToolError(value["content"])
+    output: ToolOutput = value["content"]
+    return output
+
+
+def approval_gate(
+    inner: ToolDef,
+    ctx: restate.ObjectContext,
+    settings: ParkSettings,
+    on_timeout: Literal["deny", "approve"],
+) -> ToolDef:
+    """`inner`, parked for a person's approval before every call. The approval carries the
+    tool's name and input; without a decision in time `on_timeout` applies."""
+
+    async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
+        try:
+            outcome = await park(ctx, tool_ctx, settings, kind="approval", arguments=arguments)
+        except TerminalError as error:
+            if is_restate_cancellation(error):
+                raise
+            raise ToolError(f"Denied: the approval was rejected ({error.message}).") from None
+        reason: str | None
+        if outcome.timed_out:
+            approved, reason = on_timeout == "approve", "no decision in time"
+        else:
+            approved, reason = _approved(outcome.value)
+        if not approved:
+            raise ToolError(f"Denied: {reason or 'a person denied it'}. The call was not run.")
+        return await _run_approved(inner, arguments, tool_ctx)
+
+    return ToolDef(
+        spec=inner.spec,
+        execute=execute,
+        is_concurrency_safe=False,
+        replay=inner.replay,
+        self_journaled=True,
+    )
+
+
+def ask_human_tool(name: str, ctx: restate.ObjectContext, settings: ParkSettings) -> ToolDef:
+    """A tool that asks a person a question and waits (suspended) for the answer."""
+
+    async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
+        try:
+            outcome = await park(ctx, tool_ctx, settings, kind="ask_human", arguments=arguments)
+        except TerminalError as error:
+            if is_restate_cancellation(error):
+                raise
+            raise ToolError(f"The person declined to answer ({error.message}).") from None
+        if outcome.timed_out:
+            raise ToolError("No answer in time.")
+        value = outcome.value
+        if isinstance(value, dict) and "answer" in value:
+            value = value["answer"]
+        return value if isinstance(value, str) else json.dumps(value)
+
+    return ToolDef(
+        spec=ToolSpec(name, "Ask a person a question and wait for the answer.", ASK_HUMAN_SCHEMA),
+        execute=execute,
+        self_journaled=True,
+    )

@@ -1,0 +1,120 @@
+"""Parking a tool call on an awakeable until a person answers: approvals and `ask_human`.
+
+The park is recorded in the object's state (`tether:parked`, read by the sidecar and the
+`pending` handler), announced once through a journaled notification step, and raced against a
+durable timer when it has a deadline. The invocation suspends while it waits: no worker holds it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import restate
+from restate.exceptions import TerminalError
+
+from ..parked import PARKED_STATE_KEY, ParkedCall, ParkedKind
+from ..restate.awakeable import race_with_timeout
+from ..restate.runtime import default_run_options
+from ..restate.types import AwakeableOutcome, AwakeableWithTimeoutOptions
+from ..tools.base import ToolContext
+from ..webhooks import LinkAction, sign_request, signed_link
+
+log = logging.getLogger("tether.worker")
+SUMMARY_CHARS = 300
+
+
+@dataclass(frozen=True)
+class ParkSettings:
+    agent: str
+    timeout_seconds: float | None
+    notify_url: str | None
+    webhook_secret: bytes | None
+    webhook_base_url: str | None
+
+
+def summarize(value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 3] + "..."
+
+
+async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
+    """POST the parked call to `notify_url`, signed; never fails the run."""
+    payload: dict[str, Any] = dict(record)
+    expires = int(record.get("expires_at", record["created_at"] + 86_400_000) / 1000)
+    if settings.webhook_secret and settings.webhook_base_url:
+        actions: tuple[LinkAction, ...] = ("approve", "deny")
+        for action in actions:
+            payload[f"{action}_url"] = signed_link(
+                settings.webhook_base_url,
+                settings.webhook_secret,
+                action,
+                record["awakeable_id"],
+                expires,
+            )
+    body = json.dumps(payload).encode()
+    headers = {"content-type": "application/json"}
+    if settings.webhook_secret:
+        headers.update(sign_request(settings.webhook_secret, body))
+    assert settings.notify_url is not None
+    try:
+        async with httpx2.AsyncClient(timeout=10) as client:
+            response = await client.post(settings.notify_url, content=body, headers=headers)
+        return {"delivered": response.is_success, "status": response.status_code}
+    except httpx2.HTTPError as error:
+        log.warning("approval notification to %s failed: %s", settings.notify_url, error)
+        return {"delivered": False, "error": type(error).__name__}
+
+
+async def park(
+    ctx: restate.ObjectContext,
+    tool_ctx: ToolContext,
+    settings: ParkSettings,
+    *,
+    kind: ParkedKind,
+    arguments: dict[str, Any],
+) -> AwakeableOutcome[Any]:
+    """Park the call until the awakeable is resolved (or the deadline passes)."""
+    future: Any
+    awakeable_id, future = ctx.awakeable()
+    created = await tool_ctx.durable.now()
+    record: ParkedCall = {
+        "awakeable_id": awakeable_id,
+        "kind": kind,
+        "agent": settings.agent,
+        "session": ctx.key(),
+        "tool": tool_ctx.tool_name,
+        "call_id": tool_ctx.call_id,
+        "input_summary": summarize(arguments),
+        "created_at": created,
+    }
+    if settings.timeout_seconds:
+        record["expires_at"] = created + settings.timeout_seconds * 1000
+    parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
+    parked[awakeable_id] = record
+    ctx.set(PARKED_STATE_KEY, parked)
+    if settings.notify_url:
+
+        async def notify() -> dict[str, Any]:
+            return await _notify(settings, record)
+
+        await ctx.run_typed(f"notify:{tool_ctx.call_id}", notify, default_run_options())
+    timeout_ms = settings.timeout_seconds * 1000 if settings.timeout_seconds else None
+    try:
+        outcome = await race_with_timeout(
+            ctx, future, AwakeableWithTimeoutOptions(timeout_ms=timeout_ms, promises=restate)
+        )
+    except TerminalError:  # rejected, or the invocation was cancelled: no longer parked
+        await _unpark(ctx, awakeable_id)
+        raise
+    await _unpark(ctx, awakeable_id)
+    return outcome
+
+
+async def _unpark(ctx: restate.ObjectContext, awakeable_id: str) -> None:
+    parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
+    parked.pop(awakeable_id, None)
+    ctx.set(PARKED_STATE_KEY, parked)
