@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -214,3 +216,27 @@ def test_ask_human_returns_the_answer(restate_server: RestateServer, agent_worke
     assert result_of(restate_server, invocation)["status"] == "completed"
     session = http("POST", f"{restate_server.ingress_url}/{agent}/s1/session").json()
     assert session["turns"][2]["content"][0]["content"] == "eu-west-1"
+
+
+def test_a_sigtermed_worker_exits_and_its_run_resumes_elsewhere(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path
+) -> None:
+    agent = name()
+    script = [
+        {"tool_calls": [{"name": "shell", "input": {"command": "echo started > marker; sleep 2"}}]},
+        {"text": "done"},
+    ]
+    document = manifest(agent, script)
+    document["spec"]["tools"] = [{"name": "shell", "builtin": "shell"}]
+    worker = agent_worker(document)
+    invocation = send_run(restate_server, agent, "s1", "work")
+    wait_until(lambda: (tmp_path / "marker").exists(), what="the tool to start")
+    assert worker.pid is not None
+    os.kill(worker.pid, signal.SIGTERM)  # what Kubernetes sends the container on a rollout
+    started = time.monotonic()
+    wait_until(lambda: worker.returncode() is not None, timeout=30, what="the worker to exit")
+    assert time.monotonic() - started < 25  # inside the grace period
+    worker.kill(signal.SIGKILL)  # reap the group (nothing should be left)
+    worker.restart()  # "elsewhere": a new worker behind the same URL
+    result = result_of(restate_server, invocation)
+    assert result["status"] == "completed" and result["text"] == "done"
