@@ -7,12 +7,9 @@ turning every SDK failure into a `ProviderError` the loop can decide on (retry o
 
 from __future__ import annotations
 
-import email.utils
 import json
 import os
 import re
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,15 +38,14 @@ from .base import (
     ProviderError,
     TextCallback,
 )
+from .http_errors import is_retryable_status, retry_after_seconds, without_key
 
 PROVIDER = "anthropic"
 DEFAULT_MODEL = "claude-sonnet-4-5"
 DEFAULT_CONTEXT_WINDOW = 200_000
 
-MIN_SECRET_LENGTH = 8  # shorter "keys" (tests, local servers) are not searched for in errors
 
 # Statuses worth retrying: rate limits, timeouts, lock conflicts and server-side failures.
-RETRYABLE_STATUSES = frozenset({408, 409, 429})
 # Error types that can arrive inside a 200 stream as an `error` event and are transient.
 RETRYABLE_ERROR_TYPES = frozenset({"api_error", "overloaded_error", "rate_limit_error"})
 CONTEXT_ERROR_CODES = frozenset({"prompt_too_long", "model_context_window_exceeded"})
@@ -136,11 +132,11 @@ class AnthropicProvider:
         try:
             return await self._stream(params, on_text)
         except anthropic_sdk.APIError as exc:
-            error, cause = self._without_key(error_from_sdk(exc), exc)
+            error, cause = without_key(self._api_key, error_from_sdk(exc), exc)
             raise error from cause
         except httpx2.TransportError as exc:
             # The SDK wraps transport errors of the initial request, not of the stream body.
-            error, cause = self._without_key(stream_cut_error(exc), exc)
+            error, cause = without_key(self._api_key, stream_cut_error(exc), exc)
             raise error from cause
 
     async def _stream(self, params: dict[str, Any], on_text: TextCallback | None) -> ModelResponse:
@@ -159,16 +155,6 @@ class AnthropicProvider:
                 retryable=True,
             )
         return assembly.response()
-
-    def _without_key(
-        self, error: ProviderError, cause: Exception
-    ) -> tuple[ProviderError, Exception | None]:
-        """A server may echo the credential in an error body: it must reach neither the message
-        nor, through the SDK exception chained as the cause, a logged traceback."""
-        if len(self._api_key) < MIN_SECRET_LENGTH or self._api_key not in f"{error} {cause}":
-            return error, cause
-        error.args = (str(error).replace(self._api_key, "[redacted]"),)
-        return error, None
 
 
 def anthropic(
@@ -443,7 +429,7 @@ def _status_error(exc: anthropic_sdk.APIStatusError) -> ProviderError:
         provider=PROVIDER,
         status=status,
         code=code,
-        retryable=status in RETRYABLE_STATUSES or status >= 500,
+        retryable=is_retryable_status(status),
         retry_after=retry_after_seconds(exc.response.headers),
     )
 
@@ -461,25 +447,3 @@ def stream_cut_error(exc: httpx2.TransportError) -> ProviderError:
         code="stream_incomplete",
         retryable=True,
     )
-
-
-def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
-    """The server's requested wait: `retry-after-ms`, or `retry-after` in seconds or as a date."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            return max(float(millis) / 1000, 0.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(when.timestamp() - time.time(), 0.0)

@@ -7,11 +7,9 @@ messages to chat messages and the streamed chunks back to neutral blocks.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import os
 import re
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +37,7 @@ from .base import (
     ProviderError,
     TextCallback,
 )
+from .http_errors import is_retryable_status, retry_after_seconds, without_key
 
 PROVIDER = "openai"
 DEFAULT_MODEL = "gpt-4o"
@@ -47,8 +46,6 @@ DEFAULT_CONTEXT_WINDOW = 128_000
 KEYLESS_PLACEHOLDER = "unused"
 RAW_ARGUMENTS = "_raw_arguments"
 
-MIN_SECRET_LENGTH = 8  # shorter "keys" (placeholder, tests) are not searched for in errors
-RETRYABLE_STATUSES = frozenset({408, 409, 429})
 STOP_REASONS = {
     "stop": "end_turn",
     "tool_calls": "tool_use",
@@ -136,18 +133,8 @@ class OpenAIProvider:
         try:
             return await self._stream(request, on_text)
         except openai_sdk.APIError as exc:
-            error, cause = self._without_key(error_from_sdk(exc), exc)
+            error, cause = without_key(self._api_key, error_from_sdk(exc), exc)
             raise error from cause
-
-    def _without_key(
-        self, error: ProviderError, cause: Exception
-    ) -> tuple[ProviderError, Exception | None]:
-        """A server may echo the credential in an error body: it must reach neither the message
-        nor, through the SDK exception chained as the cause, a logged traceback."""
-        if len(self._api_key) < MIN_SECRET_LENGTH or self._api_key not in f"{error} {cause}":
-            return error, cause
-        error.args = (str(error).replace(self._api_key, "[redacted]"),)
-        return error, None
 
     async def _stream(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
         limit = request.max_output_tokens
@@ -430,7 +417,7 @@ def _status_error(exc: openai_sdk.APIStatusError) -> ProviderError:
         provider=PROVIDER,
         status=status,
         code=code,
-        retryable=status in RETRYABLE_STATUSES or status >= 500,
+        retryable=is_retryable_status(status),
         retry_after=retry_after_seconds(exc.response.headers),
     )
 
@@ -458,25 +445,3 @@ def _api_message(exc: openai_sdk.APIStatusError) -> str:
 def _is_context_overflow(code: str | None, detail: str) -> bool:
     # vLLM and OpenRouter send no code, only OpenAI's wording.
     return code == "context_length_exceeded" or "maximum context length" in detail.lower()
-
-
-def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
-    """The server's requested wait: `retry-after-ms`, or `retry-after` in seconds or as a date."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            return max(float(millis) / 1000, 0.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(when.timestamp() - time.time(), 0.0)
