@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -46,12 +47,98 @@ def _worker_parser(commands: Any) -> None:
     worker.add_argument("--processes", type=int, default=1, help="hypercorn worker processes")
 
 
+def _sidecar_parser(commands: Any) -> None:
+    sidecar = commands.add_parser(
+        "sidecar",
+        help="serve the webhooks, approvals and metrics of a worker pod (FastAPI, uvicorn)",
+        description="Settings come from the environment: RESTATE_INGRESS_URL, RESTATE_ADMIN_URL, "
+        "TETHER_AGENT, TETHER_WEBHOOK_SECRET, PROMETHEUS_MULTIPROC_DIR.",
+    )
+    sidecar.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
+    sidecar.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+
+
+def _dev_parser(commands: Any) -> None:
+    dev = commands.add_parser(
+        "dev",
+        help="run an agent on a local stack: restate-server, worker and sidecar",
+        description="Start a real restate-server (installed from npm if missing), the worker and "
+        "the sidecar for a manifest, register the worker, print the URLs; Ctrl-C stops it all.",
+    )
+    dev.add_argument("--spec", required=True, help="DurableAgent manifest (YAML)")
+    dev.add_argument("--data-dir", default=".tether/dev", help="logs, secret and metrics")
+
+
+def _resolve_parser(commands: Any) -> None:
+    resolve = commands.add_parser(
+        "resolve",
+        help="resolve (or reject) a parked call through the sidecar, signed",
+        description="Signs with TETHER_WEBHOOK_SECRET (or the secret `tether dev` keeps in its "
+        "data dir) and posts to the sidecar.",
+    )
+    resolve.add_argument("awakeable_id", help="the parked call's awakeable id")
+    resolve.add_argument("--sidecar", default="http://127.0.0.1:8000", help="sidecar base URL")
+    resolve.add_argument("--value", default='{"approved": true}', help="JSON value to resolve with")
+    resolve.add_argument("--reject", action="store_true", help="reject instead of resolving")
+    resolve.add_argument("--reason", default="rejected", help="reason given with --reject")
+    resolve.add_argument(
+        "--data-dir", default=".tether/dev", help="where `tether dev` keeps its secret"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="Durable AI agents.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(commands)
     _worker_parser(commands)
+    _sidecar_parser(commands)
+    _dev_parser(commands)
+    _resolve_parser(commands)
     return parser
+
+
+def sidecar_command(args: argparse.Namespace) -> int:
+    from .sidecar import serve, settings_from_env
+
+    serve(settings_from_env(), host=args.host, port=args.port)
+    return 0
+
+
+def dev_command(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from .dev import DevStack
+
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with DevStack(args.spec, args.data_dir) as stack:
+        print(stack.describe(), flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stopped.wait()
+        print("stopping the stack...", flush=True)
+    return 0
+
+
+def resolve_command(args: argparse.Namespace) -> int:
+    import json
+
+    import httpx2
+
+    from .dev import webhook_secret
+    from .webhooks import sign_request
+
+    secret = webhook_secret(Path(args.data_dir)).encode()
+    if args.reject:
+        action, value = "reject", {"reason": args.reason}
+    else:
+        action, value = "resolve", json.loads(args.value)
+    body = json.dumps(value).encode()
+    headers = {"content-type": "application/json", **sign_request(secret, body)}
+    url = f"{args.sidecar.rstrip('/')}/v1/awakeables/{args.awakeable_id}/{action}"
+    response = httpx2.post(url, content=body, headers=headers, timeout=30)
+    print(f"{response.status_code} {response.text}".strip())
+    return 0 if response.is_success else 1
 
 
 def worker_command(args: argparse.Namespace) -> int:
@@ -80,6 +167,12 @@ def main(argv: list[str] | None = None) -> None:
             code = run_command(args, dict(os.environ))
         elif args.command == "worker":
             code = worker_command(args)
+        elif args.command == "sidecar":
+            code = sidecar_command(args)
+        elif args.command == "dev":
+            code = dev_command(args)
+        elif args.command == "resolve":
+            code = resolve_command(args)
         else:  # pragma: no cover - argparse rejects unknown commands
             code = 2
     except USER_ERRORS as error:

@@ -4,9 +4,14 @@ Settings come from the environment (`TETHER_SPEC` and the Secrets the operator m
 
 from __future__ import annotations
 
+import sys
+
 import restate
 
 from .agent_object import agent_object
 from .settings import settings_from_env
 
-app = restate.app([agent_object(settings_from_env())])
+settings = settings_from_env()
+# `python:` tools of a manifest may sit next to it (an example); images install them instead.
+sys.path.insert(0, str(settings.spec_path.parent))
+app = restate.app([agent_object(settings)])

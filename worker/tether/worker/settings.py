@@ -13,6 +13,7 @@ from ..spec import DurableAgent, SpecError, load_agent
 @dataclass(frozen=True)
 class WorkerSettings:
     manifest: DurableAgent
+    spec_path: Path
     webhook_secret: bytes | None
     """Signs approval links; from the Secret of `spec.webhook.secretRef`."""
     webhook_base_url: str | None
@@ -33,6 +34,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
     secret = env.get("TETHER_WEBHOOK_SECRET")
     return WorkerSettings(
         manifest=load_agent(spec_path),
+        spec_path=Path(spec_path).resolve(),
         webhook_secret=secret.encode() if secret else None,
         webhook_base_url=env.get("TETHER_WEBHOOK_BASE_URL") or None,
         workspace=Path(env.get("TETHER_WORKSPACE", "/tmp")),
