@@ -116,6 +116,11 @@ def parked(server: RestateServer, agent: str, key: str) -> list[dict[str, Any]]:
     return calls
 
 
+def journaled(server: RestateServer, invocation: str, prefix: str) -> bool:
+    rows = server.query(f"SELECT name FROM sys_journal WHERE id = '{invocation}'")
+    return any((row.get("name") or "").startswith(prefix) for row in rows)
+
+
 def resolve(server: RestateServer, awakeable: str, value: Any) -> None:
     url = f"{server.ingress_url}/restate/awakeables/{awakeable}/resolve"
     assert http("POST", url, value).status in (200, 202)
@@ -194,6 +199,9 @@ def test_a_worker_killed_while_parked_is_replaced(
     )
     invocation = send_run(restate_server, agent, "s1", "write it")
     [call] = wait_until(lambda: parked(restate_server, agent, "s1"), what="a parked call")
+    # A notification whose step a crash cut off is sent again (at least once, with the
+    # awakeable id to dedupe by); once the step is journaled, a replay never re-sends it.
+    wait_until(lambda: journaled(restate_server, invocation, "notify:"), what="the notify step")
     worker.kill(signal.SIGKILL)
     worker.restart()
     resolve(restate_server, call["awakeable_id"], True)

@@ -56,7 +56,8 @@ async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
                 expires,
             )
     body = json.dumps(payload).encode()
-    headers = {"content-type": "application/json"}
+    # Delivery is at least once (a crash mid-step re-sends); receivers dedupe by this key.
+    headers = {"content-type": "application/json", "idempotency-key": record["awakeable_id"]}
     if settings.webhook_secret:
         headers.update(sign_request(settings.webhook_secret, body))
     assert settings.notify_url is not None
