@@ -1,0 +1,22 @@
+# One image for every process of Tether: the worker (`tether worker`), its sidecar
+# (`tether sidecar`) and the operator (`tether-operator`). Non-root, no shell tools needed at
+# run time; mount the manifest at /etc/tether/agent.yaml and writable emptyDirs at /tmp,
+# /workspace and /var/run/tether/metrics (the root filesystem can stay read-only).
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY worker worker
+COPY operator operator
+RUN pip install --no-cache-dir --prefix=/install ".[restate,sidecar,operator]"
+
+FROM python:3.11-slim
+RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin tether
+COPY --from=build /install /usr/local
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    TETHER_WORKSPACE=/workspace
+USER 10001:10001
+EXPOSE 9080 8000
+ENTRYPOINT ["tether"]
+CMD ["worker", "--spec", "/etc/tether/agent.yaml"]
