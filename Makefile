@@ -9,13 +9,14 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,restate]'
+	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) restate-server
 	$(BIN)/python examples/crash_demo.py
+	$(BIN)/python examples/restate_demo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check worker operator tests bench examples
