@@ -98,9 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def sidecar_command(args: argparse.Namespace) -> int:
-    from .sidecar import serve, settings_from_env
+    from .sidecar import SidecarConfigError, serve, settings_from_env
 
-    serve(settings_from_env(), host=args.host, port=args.port)
+    try:
+        settings = settings_from_env()
+    except SidecarConfigError as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return 2
+    serve(settings, host=args.host, port=args.port)
     return 0
 
 

@@ -27,6 +27,11 @@ class SignatureError(ValueError):
     """Why a request or link was refused (never includes the secret)."""
 
 
+def _equal(expected: str, given: str) -> bool:
+    """Constant-time comparison that refuses (instead of raising on) non-ASCII input."""
+    return given.isascii() and hmac.compare_digest(expected, given)
+
+
 def _digest(secret: bytes, message: bytes) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
@@ -45,7 +50,7 @@ def verify_request(
     stamp, signature = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
     if not stamp or not signature:
         raise SignatureError("missing signature headers")
-    if not stamp.isdigit():
+    if not (stamp.isascii() and stamp.isdigit()):
         raise SignatureError("malformed timestamp")
     current = time.time() if now is None else now
     if abs(current - int(stamp)) > TOLERANCE_SECONDS:
@@ -53,7 +58,7 @@ def verify_request(
     if not signature.startswith("v1="):
         raise SignatureError("unknown signature version")
     expected = _digest(secret, f"{stamp}.".encode() + body)
-    if not hmac.compare_digest(expected, signature.removeprefix("v1=")):
+    if not _equal(expected, signature.removeprefix("v1=")):
         raise SignatureError("signature does not match")
     return signature
 
@@ -80,10 +85,10 @@ def verify_link(
     signature: str,
     now: float | None = None,
 ) -> None:
-    if not expires.isdigit():
+    if not (expires.isascii() and expires.isdigit()):
         raise SignatureError("malformed expiry")
     if (time.time() if now is None else now) > int(expires):
         raise SignatureError("link expired")
     expected = link_signature(secret, action, awakeable_id, int(expires))
-    if not hmac.compare_digest(expected, signature):
+    if not _equal(expected, signature):
         raise SignatureError("signature does not match")

@@ -11,8 +11,9 @@ from typing import Any
 import restate
 from pydantic import BaseModel, Field
 
-from ..agent import AgentStats, Hooks, create_agent
+from ..agent import AgentStats, create_agent
 from ..assemble import api_key_for, behavior_from_spec, provider_from_spec, tools_from_spec
+from ..metrics import agent_hooks
 from ..parked import PARKED_STATE_KEY, ParkedCall
 from ..providers.base import Provider
 from ..restate import restate_runtime, restate_session_store
@@ -69,7 +70,7 @@ def build_provider(settings: WorkerSettings) -> Provider:
     return provider_from_spec(spec, key or "")
 
 
-def agent_object(settings: WorkerSettings, hooks: Hooks | None = None) -> restate.VirtualObject:
+def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
     """The agent's virtual object, named after the agent."""
     manifest = settings.manifest
     spec = manifest.spec
@@ -108,7 +109,12 @@ def agent_object(settings: WorkerSettings, hooks: Hooks | None = None) -> restat
             durable=durable,
             session=session,
             behavior=behavior,
-            hooks=hooks,
+            hooks=agent_hooks(
+                manifest.metadata.name,
+                provider=provider.name,
+                model=provider.model,
+                durable=durable,
+            ),
         )
         return RunResult.of(await agent.run(request.prompt))
 

@@ -1,0 +1,644 @@
+"""The sidecar app against a fake Restate (an httpx2 mock transport that counts every call), and
+the worker-side metric hooks. The real-server version is `tests/restate/test_sidecar_restate.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import calls
+from tether import create_agent, tool
+from tether.durable.memory import MemoryJournal, memory_runtime
+from tether.metrics import agent_hooks
+from tether.parked import ParkedCall
+from tether.providers import Pricing, scripted
+from tether.providers.base import ModelRequest, ModelResponse, TextCallback
+from tether.providers.scripted import ScriptedProvider
+from tether.sidecar import SidecarConfigError, SidecarSettings, create_app, settings_from_env
+from tether.sidecar.parked_calls import parked_calls_query
+from tether.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, signed_link
+
+SECRET = "s3cret-for-the-sidecar-tests"
+AGENT = "triage"
+INGRESS = "http://ingress.test"
+ADMIN = "http://admin.test"
+ID_A = "sign_1gqTN3y9Wu3RzrA0hk07IPzadRDUONRZgAAAAEQ"
+ID_B = "sign_1gqTN3y9Wu3T4gKaIN_iHuhD7oazR7WB-AAAAEQ"
+UNKNOWN_ID = "sign_1zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"
+LIMIT = 1024
+
+
+def record(awakeable_id: str, session: str, kind: str = "approval") -> ParkedCall:
+    return {
+        "awakeable_id": awakeable_id,
+        "kind": kind,  # type: ignore[typeddict-item]
+        "agent": AGENT,
+        "session": session,
+        "tool": "restart_service",
+        "call_id": f"call-{session}",
+        "input_summary": '{"service":"api"}',
+        "created_at": 1_700_000_000_000.0,
+    }
+
+
+@dataclass
+class FakeRestate:
+    """Restate's ingress and admin API as the sidecar sees them; every request is kept."""
+
+    sessions: dict[str, dict[str, ParkedCall]] = field(default_factory=dict)
+    requests: list[httpx2.Request] = field(default_factory=list)
+    ingress_status: int = 202
+    healthy: bool = True
+    reachable: bool = True
+    queries: int = 0
+
+    def park(self, awakeable_id: str, session: str, kind: str = "approval") -> None:
+        self.sessions.setdefault(session, {})[awakeable_id] = record(awakeable_id, session, kind)
+
+    @property
+    def completions(self) -> list[httpx2.Request]:
+        return [r for r in self.requests if r.url.path.startswith("/restate/awakeables/")]
+
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        self.requests.append(request)
+        if not self.reachable:
+            raise httpx2.ConnectError("connection refused", request=request)
+        url = str(request.url)
+        if url.startswith(ADMIN) and request.url.path == "/query":
+            self.queries += 1
+            assert request.headers["accept"] == "application/json"
+            assert json.loads(request.content) == {"query": parked_calls_query(AGENT)}
+            rows = [
+                {"service_key": key, "value_utf8": json.dumps(records)}
+                for key, records in self.sessions.items()
+            ]
+            return httpx2.Response(200, json={"rows": rows})
+        if url.startswith(INGRESS) and request.url.path == "/restate/health":
+            return httpx2.Response(200 if self.healthy else 503)
+        if url.startswith(INGRESS) and request.url.path.startswith("/restate/awakeables/"):
+            return httpx2.Response(self.ingress_status)
+        return httpx2.Response(404)
+
+
+def settings(**overrides: Any) -> SidecarSettings:
+    values: dict[str, Any] = {
+        "restate_ingress_url": INGRESS,
+        "restate_admin_url": ADMIN,
+        "agent": AGENT,
+        "webhook_secret": SECRET,
+        "max_body_bytes": LIMIT,
+        "parked_cache_seconds": 60.0,
+        **overrides,
+    }
+    return SidecarSettings(**values)
+
+
+@dataclass
+class Sidecar:
+    client: httpx2.AsyncClient
+    restate: FakeRestate
+
+    async def post(
+        self,
+        awakeable_id: str,
+        value: Any,
+        *,
+        verb: str = "resolve",
+        secret: str = SECRET,
+        timestamp: int | None = None,
+        content_type: str | None = "application/json",
+        raw: bytes | None = None,
+        signed_body: bytes | None = None,
+        headers: dict[str, str | bytes] | None = None,
+    ) -> httpx2.Response:
+        body = raw if raw is not None else json.dumps(value).encode()
+        signed = sign_request(
+            secret.encode(), body if signed_body is None else signed_body, timestamp
+        )
+        all_headers: dict[str, str | bytes] = {
+            **signed,
+            **({"content-type": content_type} if content_type else {}),
+        }
+        all_headers.update(headers or {})
+        raw_headers = [
+            (name.encode(), value if isinstance(value, bytes) else value.encode())
+            for name, value in all_headers.items()
+        ]
+        return await self.client.post(
+            f"/v1/awakeables/{awakeable_id}/{verb}", content=body, headers=raw_headers
+        )
+
+    async def metric(self, name: str, **labels: str) -> float | None:
+        text = (await self.client.get("/metrics")).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return float(sample.value)
+        return None
+
+
+@pytest.fixture
+async def sidecar() -> AsyncIterator[Sidecar]:
+    restate = FakeRestate()
+    restate.park(ID_A, "session-1")
+    restate.park(ID_B, "session-2", kind="ask_human")
+    app = create_app(settings(), transport=httpx2.MockTransport(restate.handle))
+    async with httpx2.AsyncClient(
+        transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"
+    ) as client:
+        yield Sidecar(client, restate)
+
+
+def link(action: str, awakeable_id: str = ID_A, expires: int | None = None) -> str:
+    exp = int(time.time()) + 600 if expires is None else expires
+    url = signed_link("http://sidecar.test", SECRET.encode(), action, awakeable_id, exp)  # type: ignore[arg-type]
+    return url.removeprefix("http://sidecar.test")
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+
+
+def test_settings_from_env_reads_every_variable(tmp_path: Path) -> None:
+    env = {
+        "RESTATE_INGRESS_URL": "http://restate:8080/",
+        "RESTATE_ADMIN_URL": "http://restate:9070",
+        "TETHER_AGENT": "triage",
+        "TETHER_WEBHOOK_SECRET": SECRET,
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        "TETHER_SIDECAR_MAX_BODY_BYTES": "2048",
+        "TETHER_SIDECAR_PARKED_CACHE_SECONDS": "0.5",
+    }
+    loaded = settings_from_env(env)
+    assert loaded.restate_ingress_url == "http://restate:8080"
+    assert loaded.secret == SECRET.encode()
+    assert (loaded.prometheus_multiproc_dir, loaded.max_body_bytes) == (tmp_path, 2048)
+    assert loaded.parked_cache_seconds == 0.5
+    assert SECRET not in repr(loaded) and SECRET not in str(loaded.model_dump())
+
+
+def test_settings_errors_name_the_variables(tmp_path: Path) -> None:
+    with pytest.raises(SidecarConfigError) as missing:
+        settings_from_env({})
+    for name in ("RESTATE_INGRESS_URL", "RESTATE_ADMIN_URL", "TETHER_AGENT"):
+        assert f"{name} is not set" in str(missing.value)
+    assert "TETHER_WEBHOOK_SECRET is not set" in str(missing.value)
+
+    with pytest.raises(SidecarConfigError) as wrong:
+        settings_from_env(
+            {
+                "RESTATE_INGRESS_URL": "restate:8080",
+                "RESTATE_ADMIN_URL": "http://restate:9070",
+                "TETHER_AGENT": "bad name'; DROP",
+                "TETHER_WEBHOOK_SECRET": "short",
+                "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "missing"),
+                "TETHER_SIDECAR_MAX_BODY_BYTES": "lots",
+            }
+        )
+    message = str(wrong.value)
+    assert "RESTATE_INGRESS_URL: must be an http:// or https:// URL" in message
+    assert "TETHER_AGENT must be the agent's Restate service name" in message
+    assert "TETHER_WEBHOOK_SECRET must be at least 16 characters" in message
+    assert "PROMETHEUS_MULTIPROC_DIR: is not a directory" in message
+    assert "TETHER_SIDECAR_MAX_BODY_BYTES" in message
+    assert "short" not in message  # the secret's value is never echoed
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving
+
+
+async def test_signed_post_resolves_once(sidecar: Sidecar) -> None:
+    resp = await sidecar.post(ID_A, {"approved": True, "note": "go"})
+    assert resp.status_code == 202, resp.text
+    [forwarded] = sidecar.restate.completions
+    assert str(forwarded.url) == f"{INGRESS}/restate/awakeables/{ID_A}/resolve"
+    assert json.loads(forwarded.content) == {"approved": True, "note": "go"}
+    assert forwarded.headers["content-type"] == "application/json"
+
+    again = await sidecar.post(ID_A, {"approved": False})  # a new, valid signature
+    assert again.status_code == 409
+    assert again.json()["outcome"] == "already_resolved"
+    assert len(sidecar.restate.completions) == 1
+
+
+async def test_signed_post_rejects_with_a_reason(sidecar: Sidecar) -> None:
+    resp = await sidecar.post(ID_B, {"reason": "not now"}, verb="reject")
+    assert resp.status_code == 202, resp.text
+    [forwarded] = sidecar.restate.completions
+    assert str(forwarded.url) == f"{INGRESS}/restate/awakeables/{ID_B}/reject"
+    assert forwarded.content == b"not now"
+    assert (await sidecar.post(ID_B, {"ok": 1})).status_code == 409
+
+
+async def test_a_call_parked_after_the_last_read_is_found(sidecar: Sidecar) -> None:
+    assert (await sidecar.post(UNKNOWN_ID, 1)).status_code == 404
+    sidecar.restate.park(UNKNOWN_ID, "session-3")
+    deadline = time.monotonic() + 10
+    while (resp := await sidecar.post(UNKNOWN_ID, 1)).status_code == 404:
+        assert time.monotonic() < deadline, "the new parked call was never read"
+    assert resp.status_code == 202
+    assert len(sidecar.restate.completions) == 1
+
+
+NOW = int(time.time())
+SUPERSCRIPT = "\u00b9\u00b2".encode("latin-1")  # str.isdigit() is true, int() fails
+
+
+@dataclass(frozen=True)
+class Bad:
+    status: int
+    outcome: str
+    awakeable_id: str = ID_A
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    value: Any = field(default_factory=lambda: {"approved": True})
+
+
+BAD_POSTS: dict[str, Bad] = {
+    "no signature": Bad(401, "bad_signature", kwargs={"headers": {"x-tether-signature": ""}}),
+    "wrong secret": Bad(401, "bad_signature", kwargs={"secret": "another-secret-of-16+"}),
+    "tampered body": Bad(401, "bad_signature", kwargs={"signed_body": b'{"approved": false}'}),
+    "unknown scheme": Bad(
+        401, "bad_signature", kwargs={"headers": {"x-tether-signature": "v2=abc"}}
+    ),
+    "non-ascii digits": Bad(
+        401,
+        "bad_signature",
+        kwargs={"headers": {"x-tether-timestamp": "\u00b9\u00b2".encode("latin-1")}},
+    ),
+    "expired timestamp": Bad(401, "expired", kwargs={"timestamp": NOW - 2 * TOLERANCE_SECONDS}),
+    "future timestamp": Bad(401, "expired", kwargs={"timestamp": NOW + 2 * TOLERANCE_SECONDS}),
+    "oversized body": Bad(413, "too_large", value="x" * (LIMIT + 1)),
+    "lying content-length": Bad(
+        413, "too_large", kwargs={"headers": {"content-length": str(LIMIT + 10)}}
+    ),
+    "text/plain": Bad(415, "unsupported_media_type", kwargs={"content_type": "text/plain"}),
+    "no content type": Bad(415, "unsupported_media_type", kwargs={"content_type": None}),
+    "form": Bad(
+        415,
+        "unsupported_media_type",
+        kwargs={"content_type": "application/x-www-form-urlencoded"},
+    ),
+    "malformed id": Bad(400, "bad_id", awakeable_id="not%20an%20id"),
+    "encoded traversal": Bad(400, "bad_id", awakeable_id="..%2F..%2Fadmin"),
+    "encoded slash": Bad(400, "bad_id", awakeable_id="sign_1abc%2Fresolve"),
+    "too long id": Bad(400, "bad_id", awakeable_id="a" * 257),
+    "not json": Bad(400, "bad_body", kwargs={"raw": b"approve it"}),
+    "nan": Bad(400, "bad_body", kwargs={"raw": b"NaN"}),
+    "empty body": Bad(400, "bad_body", kwargs={"raw": b""}),
+    "unknown id": Bad(404, "unknown_id", awakeable_id=UNKNOWN_ID),
+    "reject without reason": Bad(400, "bad_body", kwargs={"verb": "reject"}),
+    "reject with empty reason": Bad(
+        400, "bad_body", kwargs={"verb": "reject"}, value={"reason": " "}
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_POSTS), ids=list(BAD_POSTS))
+async def test_bad_posts_are_refused_before_restate(
+    sidecar: Sidecar, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = BAD_POSTS[case]
+    before = await sidecar.metric("tether_webhook_requests_total", outcome=bad.outcome) or 0.0
+    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+        resp = await sidecar.post(bad.awakeable_id, bad.value, **bad.kwargs)
+    assert resp.status_code == bad.status, resp.text
+    assert resp.json()["outcome"] == bad.outcome
+    assert sidecar.restate.completions == []
+    after = await sidecar.metric("tether_webhook_requests_total", outcome=bad.outcome)
+    assert after == before + 1
+    logged = caplog.text
+    route = f"/v1/awakeables/{{awakeable_id:path}}/{bad.kwargs.get('verb', 'resolve')}"
+    assert f"refused POST {route}: {bad.status} {bad.outcome}" in logged
+    assert SECRET not in logged and "v1=" not in logged
+
+
+async def test_a_replayed_request_is_refused(sidecar: Sidecar) -> None:
+    body = json.dumps({"approved": True}).encode()
+    headers = {**sign_request(SECRET.encode(), body), "content-type": "application/json"}
+    first = await sidecar.client.post(
+        f"/v1/awakeables/{ID_A}/resolve", content=body, headers=headers
+    )
+    assert first.status_code == 202
+    replay = await sidecar.client.post(
+        f"/v1/awakeables/{ID_A}/resolve", content=body, headers=headers
+    )
+    assert (replay.status_code, replay.json()["outcome"]) == (409, "replayed")
+    assert len(sidecar.restate.completions) == 1
+
+
+async def test_a_chunked_body_over_the_limit_is_refused(sidecar: Sidecar) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(4):
+            yield b" " * (LIMIT // 2)
+
+    headers = {**sign_request(SECRET.encode(), b"{}"), "content-type": "application/json"}
+    resp = await sidecar.client.post(
+        f"/v1/awakeables/{ID_A}/resolve", content=chunks(), headers=headers
+    )
+    assert (resp.status_code, resp.json()["outcome"]) == (413, "too_large")
+    assert "content-length" not in resp.request.headers
+    assert sidecar.restate.completions == []
+
+
+async def test_restate_failures_leave_the_call_answerable(sidecar: Sidecar) -> None:
+    sidecar.restate.reachable = False
+    body = json.dumps("yes").encode()
+    headers = {**sign_request(SECRET.encode(), body), "content-type": "application/json"}
+    url = f"/v1/awakeables/{ID_A}/resolve"
+    down = await sidecar.client.post(url, content=body, headers=headers)
+    assert (down.status_code, down.json()["outcome"]) == (503, "restate_unavailable")
+
+    sidecar.restate.reachable, sidecar.restate.ingress_status = True, 500
+    refused = await sidecar.client.post(url, content=body, headers=headers)
+    assert (refused.status_code, refused.json()["outcome"]) == (502, "restate_error")
+
+    sidecar.restate.ingress_status = 202
+    retried = await sidecar.client.post(url, content=body, headers=headers)  # same signature
+    assert retried.status_code == 202, retried.text
+    assert len(sidecar.restate.completions) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Links
+
+
+async def test_approve_and_deny_links(sidecar: Sidecar) -> None:
+    approved = await sidecar.client.get(link("approve", ID_A))
+    assert approved.status_code == 200
+    assert "Approved" in approved.text and approved.headers["content-type"].startswith("text/html")
+    assert approved.headers["cache-control"] == "no-store"
+    assert approved.headers["referrer-policy"] == "no-referrer"
+    denied = await sidecar.client.get(link("deny", ID_B))
+    assert denied.status_code == 200 and "Denied" in denied.text
+    values = [json.loads(r.content) for r in sidecar.restate.completions]
+    assert values == [{"approved": True, "by": "link"}, {"approved": False, "by": "link"}]
+    assert [r.url.path.rsplit("/", 1)[1] for r in sidecar.restate.completions] == ["resolve"] * 2
+
+    again = await sidecar.client.get(link("approve", ID_A))
+    assert again.status_code == 409 and "already answered" in again.text
+    assert len(sidecar.restate.completions) == 2
+
+
+def _wrong_sig(url: str) -> str:
+    return url.replace("sig=", "sig=0")
+
+
+BAD_LINKS: dict[str, tuple[str, int, str]] = {
+    "expired": (link("approve", expires=NOW - 1), 401, "expired"),
+    "wrong sig": (_wrong_sig(link("approve")), 401, "bad_signature"),
+    "deny link used to approve": (
+        link("deny").replace("/deny?", "/approve?"),
+        401,
+        "bad_signature",
+    ),
+    "link of another id": (link("approve", ID_B).replace(ID_B, ID_A), 401, "bad_signature"),
+    "moved expiry": (
+        f"/v1/awakeables/{ID_A}/approve?exp={NOW + 9999}&sig="
+        + link_signature(SECRET.encode(), "approve", ID_A, NOW + 600),
+        401,
+        "bad_signature",
+    ),
+    "no sig": (f"/v1/awakeables/{ID_A}/approve?exp={NOW + 600}", 401, "bad_signature"),
+    "no exp": (f"/v1/awakeables/{ID_A}/approve?sig=abc", 401, "bad_signature"),
+    "non-ascii sig": (
+        f"/v1/awakeables/{ID_A}/approve?exp={NOW + 600}&sig=%C3%A9",
+        401,
+        "bad_signature",
+    ),
+    "malformed id": (link("approve", "bad.id"), 400, "bad_id"),
+    "traversal": ("/v1/awakeables/..%2F..%2Fmetrics/approve?exp=1&sig=x", 400, "bad_id"),
+    "unknown id": (link("approve", UNKNOWN_ID), 404, "unknown_id"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_LINKS), ids=list(BAD_LINKS))
+async def test_bad_links_are_refused_before_restate(
+    sidecar: Sidecar, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url, status, outcome = BAD_LINKS[case]
+    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+        resp = await sidecar.client.get(url)
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("text/html")
+    assert sidecar.restate.completions == []
+    assert f"{status} {outcome}" in caplog.text
+    sig = url.partition("sig=")[2]
+    assert not sig or len(sig) < 8 or sig not in caplog.text
+
+
+# --------------------------------------------------------------------------------------------
+# Listing, health, metrics
+
+
+async def test_approvals_list_is_signed_and_reads_restate(sidecar: Sidecar) -> None:
+    unsigned = await sidecar.client.get("/v1/approvals")
+    assert unsigned.status_code == 401
+    resp = await sidecar.client.get("/v1/approvals", headers=sign_request(SECRET.encode(), b""))
+    assert resp.status_code == 200
+    listed = resp.json()
+    assert listed["agent"] == AGENT
+    assert {(p["awakeable_id"], p["session"], p["kind"]) for p in listed["parked"]} == {
+        (ID_A, "session-1", "approval"),
+        (ID_B, "session-2", "ask_human"),
+    }
+    assert (await sidecar.post(ID_A, True)).status_code == 202
+    resp = await sidecar.client.get("/v1/approvals", headers=sign_request(SECRET.encode(), b""))
+    assert [p["awakeable_id"] for p in resp.json()["parked"]] == [ID_B]
+
+
+async def test_health_and_readiness(sidecar: Sidecar) -> None:
+    assert (await sidecar.client.get("/healthz")).status_code == 200
+    assert (await sidecar.client.get("/readyz")).status_code == 200
+    sidecar.restate.healthy = False
+    assert (await sidecar.client.get("/readyz")).status_code == 503
+    sidecar.restate.reachable = False
+    assert (await sidecar.client.get("/readyz")).status_code == 503
+    assert (await sidecar.client.get("/healthz")).status_code == 200
+
+
+async def test_metrics_count_outcomes_and_parked_calls(sidecar: Sidecar) -> None:
+    resolved = await sidecar.metric("tether_webhook_requests_total", outcome="resolved") or 0.0
+    await sidecar.post(ID_A, True)
+    await sidecar.post(ID_A, True, secret="another-secret-of-16+")
+    assert await sidecar.metric("tether_webhook_requests_total", outcome="resolved") == resolved + 1
+    assert await sidecar.metric("tether_parked_calls", agent=AGENT, kind="ask_human") == 1.0
+    assert await sidecar.metric("tether_parked_calls", agent=AGENT, kind="approval") in (0.0, 1.0)
+    text = (await sidecar.client.get("/metrics")).text
+    assert text.count("# TYPE tether_parked_calls gauge") == 1
+
+
+WORKER_PROGRAM = textwrap.dedent(
+    """
+    from tether.metrics import agent_hooks, multiprocess_enabled
+    assert multiprocess_enabled()
+    hooks = agent_hooks("triage", provider="anthropic", model="claude")
+    hooks["turn:after"]({"usage": {"input": 10, "output": 5}, "cost": 0.25, "latency_ms": 7})
+    hooks["tool:after"]({"name": "fetch", "outcome": "ok", "duration_s": 0.2, "is_error": False})
+    hooks["tool:after"]({"name": "fetch", "outcome": "interrupted", "duration_s": 0.0})
+    """
+)
+
+
+def test_metrics_merge_the_worker_process_files(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", WORKER_PROGRAM],
+        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+        check=True,
+        timeout=120,
+    )
+    restate = FakeRestate()
+    restate.park(ID_A, "s1")
+    app = create_app(
+        settings(prometheus_multiproc_dir=tmp_path), transport=httpx2.MockTransport(restate.handle)
+    )
+
+    async def scrape() -> str:
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"
+        ) as client:
+            await client.post(f"/v1/awakeables/{ID_A}/resolve", content=b"1")  # 415
+            return (await client.get("/metrics")).text
+
+    text = asyncio.run(scrape())
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    worker = (("agent", "triage"),)
+    assert (
+        samples[
+            (
+                "tether_model_calls_total",
+                (*worker, ("model", "claude"), ("outcome", "ok"), ("provider", "anthropic")),
+            )
+        ]
+        == 1
+    )
+    assert samples[("tether_model_tokens_total", (*worker, ("kind", "input")))] == 10
+    assert samples[("tether_cost_usd_total", worker)] == 0.25
+    assert (
+        samples[("tether_tool_calls_total", (*worker, ("outcome", "ok"), ("tool", "fetch")))] == 1
+    )
+    assert samples[("tether_interrupted_tool_calls_total", (*worker, ("tool", "fetch")))] == 1
+    assert samples[("tether_tool_duration_seconds_count", (*worker, ("tool", "fetch")))] == 1
+    assert samples[("tether_parked_calls", (*worker, ("kind", "approval")))] == 1
+    assert samples[("tether_webhook_requests_total", (("outcome", "unsupported_media_type"),))] >= 1
+    assert text.count("# TYPE tether_webhook_requests_total counter") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The worker's hooks
+
+
+class Crash(BaseException):
+    """The worker process dying mid-run."""
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_agent_hooks_count_live_work_only() -> None:
+    runs: list[str] = []
+
+    @tool
+    async def restart(service: str) -> str:
+        """Restart a service."""
+        runs.append(service)
+        return "restarted"
+
+    script = [
+        {**calls("restart", restart={"service": "api"}), "usage": {"input": 100, "output": 20}},
+        {"text": "done", "usage": {"input": 150, "output": 10}},
+    ]
+    pricing = Pricing(input_per_mtok=3, output_per_mtok=15)
+    agent_name = f"hooks-{time.monotonic_ns()}"
+    labels = {"agent": agent_name}
+    journal = MemoryJournal()
+
+    class CrashingProvider(ScriptedProvider):
+        async def complete(
+            self, request: ModelRequest, on_text: TextCallback | None = None
+        ) -> ModelResponse:
+            if request.assistant_turns == 1:
+                raise Crash
+            return await super().complete(request, on_text)
+
+    first = memory_runtime(journal=journal, id_seed="seed")
+    agent = create_agent(
+        provider=CrashingProvider(script, pricing=pricing),
+        tools=[restart],
+        durable=first,
+        hooks=agent_hooks(agent_name, provider="scripted", model="m", durable=first),
+    )
+    with pytest.raises(Crash):
+        await agent.run("restart the api")
+    model_calls = {**labels, "provider": "scripted", "model": "m", "outcome": "ok"}
+    assert sample("tether_model_calls_total", **model_calls) == 1
+    assert sample("tether_tool_calls_total", **labels, tool="restart", outcome="ok") == 1
+    assert sample("tether_runs_total", **labels, status="completed") == 0
+
+    second = memory_runtime(journal=journal, id_seed="seed")
+    agent = create_agent(
+        provider=scripted(script, pricing=pricing),
+        tools=[restart],
+        durable=second,
+        hooks=agent_hooks(agent_name, provider="scripted", model="m", durable=second),
+    )
+    stats = await agent.run("restart the api")
+    assert stats.status == "completed" and runs == ["api"]
+    assert sample("tether_model_calls_total", **model_calls) == 2  # the replay did not count
+    assert sample("tether_model_tokens_total", **labels, kind="input") == 250
+    assert sample("tether_model_tokens_total", **labels, kind="output") == 30
+    assert sample("tether_cost_usd_total", **labels) == pytest.approx(stats.cost_usd)
+    assert sample("tether_tool_calls_total", **labels, tool="restart", outcome="ok") == 1
+    assert sample("tether_tool_duration_seconds_count", **labels, tool="restart") == 1
+    assert sample("tether_runs_total", **labels, status="completed") == 1
+    assert sample("tether_replays_total", **labels) == 1
+    replayed = {kind: n for kind, n in second.counters.replayed.items() if n}
+    assert replayed
+    for kind, steps in replayed.items():
+        assert sample("tether_replayed_steps_total", **labels, kind=kind) == steps
+
+
+def test_interrupted_and_spawned_counts() -> None:
+    agent_name = f"spawns-{time.monotonic_ns()}"
+    hooks = agent_hooks(agent_name)
+
+    @dataclass
+    class Stats:
+        status: str
+
+    hooks["tool:after"]({"name": "charge", "outcome": "interrupted", "duration_s": 0.0})
+    hooks["spawn:complete"]({"call_id": "a", "stats": Stats("completed")})
+    hooks["spawn:complete"]({"call_id": "b", "stats": Stats("error")})
+    hooks["turn:before"]({"turn": 2})
+    hooks["agent:done"]({"stats": Stats("completed")})
+    labels = {"agent": agent_name}
+    assert sample("tether_interrupted_tool_calls_total", **labels, tool="charge") == 1
+    assert sample("tether_tool_calls_total", **labels, tool="charge", outcome="interrupted") == 1
+    assert sample("tether_tool_duration_seconds_count", **labels, tool="charge") == 0
+    assert sample("tether_children_total", **labels, status="completed") == 1
+    assert sample("tether_children_total", **labels, status="error") == 1
+    assert sample("tether_child_fanout_count", **labels) == 1
+    assert sample("tether_child_fanout_sum", **labels) == 2

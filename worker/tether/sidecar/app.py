@@ -1,0 +1,80 @@
+"""`create_app(settings)`: the sidecar's FastAPI application.
+
+Every `Rejection` is answered with its status (JSON, or an HTML page for a link), logged without
+secrets or signatures, and counted in `tether_webhook_requests_total{outcome}`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx2
+from fastapi import FastAPI, Request
+from starlette.responses import JSONResponse, Response
+
+from . import approvals, health, metrics
+from .awakeable_id import loggable_id
+from .context import Sidecar
+from .pages import link_page
+from .parked_calls import ParkedCalls
+from .rejection import Rejection
+from .restate_client import RestateClient
+from .settings import SidecarSettings
+
+log = logging.getLogger("tether.sidecar")
+RESTATE_TIMEOUT_SECONDS = 10.0
+
+
+def _route(request: Request) -> str:
+    """The matched route's template (never the raw path, which may hold anything)."""
+    return str(getattr(request.scope.get("route"), "path", "-"))
+
+
+async def _rejected(request: Request, error: Exception) -> Response:
+    assert isinstance(error, Rejection)
+    awakeable_id = request.path_params.get("awakeable_id")
+    route = _route(request)
+    log.warning(
+        "refused %s %s: %s %s (%s) id=%s client=%s",
+        request.method,
+        route,
+        error.status,
+        error.outcome,
+        error.message,
+        loggable_id(awakeable_id) if isinstance(awakeable_id, str) else "-",
+        request.client.host if request.client else "-",
+    )
+    approvals.count(error.outcome)
+    if request.method == "GET" and route.endswith(("/approve", "/deny")):
+        return link_page(error.status, "Not done", error.message)
+    return JSONResponse({"error": error.message, "outcome": error.outcome}, error.status)
+
+
+def create_app(
+    settings: SidecarSettings, *, transport: httpx2.AsyncBaseTransport | None = None
+) -> FastAPI:
+    """The app; `transport` replaces the network for the calls to Restate (tests)."""
+    http = httpx2.AsyncClient(timeout=RESTATE_TIMEOUT_SECONDS, transport=transport, trust_env=False)
+    restate = RestateClient(http, settings.restate_ingress_url, settings.restate_admin_url)
+    sidecar = Sidecar(
+        settings=settings,
+        restate=restate,
+        parked=ParkedCalls(restate, settings.agent, max_age=settings.parked_cache_seconds),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await http.aclose()
+
+    app = FastAPI(
+        title="tether sidecar", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
+    app.state.sidecar = sidecar
+    app.add_exception_handler(Rejection, _rejected)
+    app.include_router(approvals.router)
+    app.include_router(metrics.router)
+    app.include_router(health.router)
+    return app

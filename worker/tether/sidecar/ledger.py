@@ -1,0 +1,35 @@
+"""The awakeable ids this sidecar resolved or is resolving: a second resolution is refused
+(409) without a call to Restate, which would silently accept and ignore it."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .rejection import Rejection
+
+
+class ResolutionLedger:
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._done: OrderedDict[str, str] = OrderedDict()
+        self._in_flight: set[str] = set()
+
+    def claim(self, awakeable_id: str) -> None:
+        """Reserve `awakeable_id` for one resolution (409 if it is taken or done)."""
+        if awakeable_id in self._done or awakeable_id in self._in_flight:
+            how = self._done.get(awakeable_id, "being resolved")
+            raise Rejection(409, "already_resolved", f"this call was already answered ({how})")
+        self._in_flight.add(awakeable_id)
+
+    def release(self, awakeable_id: str) -> None:
+        """The resolution failed: the id may be answered again."""
+        self._in_flight.discard(awakeable_id)
+
+    def done(self, awakeable_id: str, how: str) -> None:
+        self._in_flight.discard(awakeable_id)
+        self._done[awakeable_id] = how
+        while len(self._done) > self._capacity:
+            self._done.popitem(last=False)
+
+    def __contains__(self, awakeable_id: object) -> bool:
+        return awakeable_id in self._done
