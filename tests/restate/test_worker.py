@@ -116,9 +116,15 @@ def parked(server: RestateServer, agent: str, key: str) -> list[dict[str, Any]]:
     return calls
 
 
-def journaled(server: RestateServer, invocation: str, prefix: str) -> bool:
-    rows = server.query(f"SELECT name FROM sys_journal WHERE id = '{invocation}'")
-    return any((row.get("name") or "").startswith(prefix) for row in rows)
+def step_completed(server: RestateServer, invocation: str, prefix: str) -> bool:
+    """The journal holds the run command named `prefix...` and, after it, its completion."""
+    rows = server.query(
+        f"SELECT index, entry_type, name FROM sys_journal WHERE id = '{invocation}' ORDER BY index"
+    )
+    started = [r["index"] for r in rows if (r.get("name") or "").startswith(prefix)]
+    return bool(started) and any(
+        r["index"] > started[0] and r["entry_type"] == "Notification: Run" for r in rows
+    )
 
 
 def resolve(server: RestateServer, awakeable: str, value: Any) -> None:
@@ -201,7 +207,9 @@ def test_a_worker_killed_while_parked_is_replaced(
     [call] = wait_until(lambda: parked(restate_server, agent, "s1"), what="a parked call")
     # A notification whose step a crash cut off is sent again (at least once, with the
     # awakeable id to dedupe by); once the step is journaled, a replay never re-sends it.
-    wait_until(lambda: journaled(restate_server, invocation, "notify:"), what="the notify step")
+    wait_until(
+        lambda: step_completed(restate_server, invocation, "notify:"), what="the notify step"
+    )
     worker.kill(signal.SIGKILL)
     worker.restart()
     resolve(restate_server, call["awakeable_id"], True)

@@ -6,6 +6,7 @@ object's state; `session` and `pending` (shared) read it while a run is going on
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import restate
@@ -23,6 +24,13 @@ from ..tools.base import ToolDef
 from .gates import approval_gate, ask_human_tool
 from .parking import ParkSettings
 from .settings import WorkerSettings
+
+PARK_AFTER = timedelta(seconds=10)
+"""A run waiting on a person (or a timer) suspends after this long without journal progress, so
+parked runs hold no worker; a step that is still running is not cut by it."""
+LONGEST_STEP = timedelta(minutes=30)
+"""After the suspension request, how long a running step (a long model stream) may still take
+before Restate aborts the attempt and retries it."""
 
 
 class RunRequest(BaseModel):
@@ -84,7 +92,12 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
         webhook_secret=settings.webhook_secret,
         webhook_base_url=settings.webhook_base_url,
     )
-    obj = restate.VirtualObject(manifest.metadata.name)
+    obj = restate.VirtualObject(
+        manifest.metadata.name,
+        description=f"The {manifest.metadata.name} agent; the object key is the session id.",
+        inactivity_timeout=PARK_AFTER,
+        abort_timeout=LONGEST_STEP,
+    )
 
     def tools_for(ctx: restate.ObjectContext) -> list[ToolDef]:
         def parking(entry: ToolSpecEntry, inner: ToolDef | None) -> ToolDef:
