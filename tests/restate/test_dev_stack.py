@@ -1,0 +1,152 @@
+"""`tether dev` and `tether resolve`: the local stack with the real worker and sidecar."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import yaml
+from support import wait_until
+
+from tether.dev import DevStack
+from tether.webhooks import sign_request, signed_link
+
+SCRIPT = [
+    {"tool_calls": [{"name": "write_file", "input": {"path": "out.txt", "content": "yes"}}]},
+    {"text": "done"},
+]
+
+
+def write_manifest(directory: Path, name: str) -> Path:
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": SCRIPT},
+            "tools": [{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
+        },
+    }
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def approvals(stack: DevStack) -> list[dict[str, Any]]:
+    headers = sign_request(stack.secret.encode(), b"")
+    response = httpx2.get(f"{stack.sidecar_url}/v1/approvals", headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    parked: list[dict[str, Any]] = response.json()["parked"]
+    return parked
+
+
+def start_run(stack: DevStack, session: str) -> str:
+    url = f"{stack.server.ingress_url}/{stack.agent}/{session}/run/send"
+    response = httpx2.post(url, json={"prompt": "write it"}, timeout=30)
+    assert response.status_code == 202, response.text
+    invocation: str = response.json()["invocationId"]
+    return invocation
+
+
+def result_of(stack: DevStack, invocation: str) -> Any:
+    url = f"{stack.server.ingress_url}/restate/invocation/{invocation}/attach"
+    return httpx2.get(url, timeout=120).json()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
+    monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
+    with DevStack(write_manifest(tmp_path, "dev-clerk"), tmp_path / "dev") as running:
+        yield running
+
+
+def test_approve_by_signed_link_and_reject_by_tether_resolve(
+    stack: DevStack, tmp_path: Path
+) -> None:
+    invocation = start_run(stack, "a")
+    [call] = wait_until(lambda: approvals(stack), what="a parked call")
+    expires = int(time.time()) + 600
+    link = signed_link(
+        stack.sidecar_url, stack.secret.encode(), "approve", call["awakeable_id"], expires
+    )
+    assert httpx2.get(link, timeout=30).status_code == 200
+    assert result_of(stack, invocation)["status"] == "completed"
+    assert (tmp_path / "out.txt").read_text() == "yes"
+    (tmp_path / "out.txt").unlink()
+
+    second = start_run(stack, "b")
+    [call] = wait_until(lambda: approvals(stack), what="the second parked call")
+    resolve = [
+        sys.executable,
+        "-m",
+        "tether",
+        "resolve",
+        call["awakeable_id"],
+        "--reject",
+        "--reason",
+        "not now",
+        "--sidecar",
+        stack.sidecar_url,
+        "--data-dir",
+        str(stack.data_dir),
+    ]
+    done = subprocess.run(resolve, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert result_of(stack, second)["status"] == "completed"
+    assert not (tmp_path / "out.txt").exists()
+    metrics = httpx2.get(f"{stack.sidecar_url}/metrics", timeout=10).text
+    assert 'tether_webhook_requests_total{outcome="approved"} 1.0' in metrics
+    assert 'tether_webhook_requests_total{outcome="rejected"} 1.0' in metrics
+    assert 'tether_runs_total{agent="dev-clerk",status="completed"} 2.0' in metrics
+
+
+def test_the_tether_dev_command_prints_its_urls_and_stops_everything(tmp_path: Path) -> None:
+    spec = write_manifest(tmp_path, "dev-cli")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tether",
+            "dev",
+            "--spec",
+            str(spec),
+            "--data-dir",
+            str(tmp_path / "dev"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        while not any("resolve:" in line for line in lines):
+            line = process.stdout.readline()
+            assert line, "tether dev exited: " + "".join(lines)
+            lines.append(line)
+        text = "".join(lines)
+        ingress = re.search(r"ingress:\s+(\S+)", text)
+        metrics = re.search(r"metrics:\s+(\S+)", text)
+        assert ingress and metrics
+        health = httpx2.get(f"{ingress.group(1)}/restate/health", timeout=10)
+        assert health.status_code == 200
+        assert httpx2.get(metrics.group(1), timeout=10).status_code == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        with pytest.raises(httpx2.HTTPError):
+            httpx2.get(metrics.group(1), timeout=5)
+        with pytest.raises(httpx2.HTTPError):
+            httpx2.get(f"{ingress.group(1)}/restate/health", timeout=5)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
