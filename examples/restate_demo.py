@@ -65,7 +65,7 @@ def wait(predicate: Any, what: str, timeout: float = 120) -> Any:
 
 
 def parked_calls(stack: DevStack) -> list[dict[str, Any]]:
-    headers = sign_request(stack.secret.encode(), b"")
+    headers = sign_request(stack.secret.encode(), b"", path="/v1/approvals")
     response = httpx2.get(f"{stack.sidecar_url}/v1/approvals", headers=headers, timeout=10)
     response.raise_for_status()
     calls: list[dict[str, Any]] = response.json()["parked"]

@@ -129,7 +129,10 @@ class Sidecar:
     ) -> httpx2.Response:
         body = raw if raw is not None else json.dumps(value).encode()
         signed = sign_request(
-            secret.encode(), body if signed_body is None else signed_body, timestamp
+            secret.encode(),
+            body if signed_body is None else signed_body,
+            path=f"/v1/awakeables/{awakeable_id}/{verb}",
+            timestamp=timestamp,
         )
         all_headers: dict[str, str | bytes] = {
             **signed,
@@ -333,7 +336,8 @@ async def test_bad_posts_are_refused_before_restate(
 
 async def test_a_replayed_request_is_refused(sidecar: Sidecar) -> None:
     body = json.dumps({"approved": True}).encode()
-    headers = {**sign_request(SECRET.encode(), body), "content-type": "application/json"}
+    path = f"/v1/awakeables/{ID_A}/resolve"
+    headers = {**sign_request(SECRET.encode(), body, path=path), "content-type": "application/json"}
     first = await sidecar.client.post(
         f"/v1/awakeables/{ID_A}/resolve", content=body, headers=headers
     )
@@ -350,7 +354,11 @@ async def test_a_chunked_body_over_the_limit_is_refused(sidecar: Sidecar) -> Non
         for _ in range(4):
             yield b" " * (LIMIT // 2)
 
-    headers = {**sign_request(SECRET.encode(), b"{}"), "content-type": "application/json"}
+    path = f"/v1/awakeables/{ID_A}/resolve"
+    headers = {
+        **sign_request(SECRET.encode(), b"{}", path=path),
+        "content-type": "application/json",
+    }
     resp = await sidecar.client.post(
         f"/v1/awakeables/{ID_A}/resolve", content=chunks(), headers=headers
     )
@@ -362,8 +370,8 @@ async def test_a_chunked_body_over_the_limit_is_refused(sidecar: Sidecar) -> Non
 async def test_restate_failures_leave_the_call_answerable(sidecar: Sidecar) -> None:
     sidecar.restate.reachable = False
     body = json.dumps("yes").encode()
-    headers = {**sign_request(SECRET.encode(), body), "content-type": "application/json"}
     url = f"/v1/awakeables/{ID_A}/resolve"
+    headers = {**sign_request(SECRET.encode(), body, path=url), "content-type": "application/json"}
     down = await sidecar.client.post(url, content=body, headers=headers)
     assert (down.status_code, down.json()["outcome"]) == (503, "restate_unavailable")
 
@@ -452,7 +460,9 @@ async def test_bad_links_are_refused_before_restate(
 async def test_approvals_list_is_signed_and_reads_restate(sidecar: Sidecar) -> None:
     unsigned = await sidecar.client.get("/v1/approvals")
     assert unsigned.status_code == 401
-    resp = await sidecar.client.get("/v1/approvals", headers=sign_request(SECRET.encode(), b""))
+    resp = await sidecar.client.get(
+        "/v1/approvals", headers=sign_request(SECRET.encode(), b"", path="/v1/approvals")
+    )
     assert resp.status_code == 200
     listed = resp.json()
     assert listed["agent"] == AGENT
@@ -461,7 +471,9 @@ async def test_approvals_list_is_signed_and_reads_restate(sidecar: Sidecar) -> N
         (ID_B, "session-2", "ask_human"),
     }
     assert (await sidecar.post(ID_A, True)).status_code == 202
-    resp = await sidecar.client.get("/v1/approvals", headers=sign_request(SECRET.encode(), b""))
+    resp = await sidecar.client.get(
+        "/v1/approvals", headers=sign_request(SECRET.encode(), b"", path="/v1/approvals")
+    )
     assert [p["awakeable_id"] for p in resp.json()["parked"]] == [ID_B]
 
 
@@ -642,3 +654,14 @@ def test_interrupted_and_spawned_counts() -> None:
     assert sample("tether_children_total", **labels, status="error") == 1
     assert sample("tether_child_fanout_count", **labels) == 1
     assert sample("tether_child_fanout_sum", **labels) == 2
+
+
+async def test_a_signature_made_for_another_awakeable_is_refused(sidecar: Sidecar) -> None:
+    body = json.dumps({"approved": True}).encode()
+    made_for_b = sign_request(SECRET.encode(), body, path=f"/v1/awakeables/{ID_B}/resolve")
+    headers = {**made_for_b, "content-type": "application/json"}
+    resp = await sidecar.client.post(
+        f"/v1/awakeables/{ID_A}/resolve", content=body, headers=headers
+    )
+    assert (resp.status_code, resp.json()["outcome"]) == (401, "bad_signature")
+    assert sidecar.restate.completions == []

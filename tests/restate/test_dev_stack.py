@@ -40,7 +40,7 @@ def write_manifest(directory: Path, name: str) -> Path:
 
 
 def approvals(stack: DevStack) -> list[dict[str, Any]]:
-    headers = sign_request(stack.secret.encode(), b"")
+    headers = sign_request(stack.secret.encode(), b"", path="/v1/approvals")
     response = httpx2.get(f"{stack.sidecar_url}/v1/approvals", headers=headers, timeout=10)
     assert response.status_code == 200, response.text
     parked: list[dict[str, Any]] = response.json()["parked"]

@@ -180,7 +180,7 @@ class Stack:
     # -- sidecar --------------------------------------------------------------------------
 
     def list_parked(self) -> list[dict[str, Any]]:
-        headers = sign_request(SECRET.encode(), b"")
+        headers = sign_request(SECRET.encode(), b"", path="/v1/approvals")
         resp = http("GET", f"{self.sidecar.url}/v1/approvals", headers=headers)
         assert resp.status == 200, resp.text
         parked: list[dict[str, Any]] = resp.json()["parked"]
@@ -221,8 +221,9 @@ class Stack:
         timestamp: int | None = None,
     ) -> Response:
         body = json.dumps(value).encode()
-        headers = {**sign_request(secret.encode(), body, timestamp), "content-type": JSON}
-        return self.post(f"/v1/awakeables/{awakeable_id}/{verb}", body, headers)
+        path = f"/v1/awakeables/{awakeable_id}/{verb}"
+        signed = sign_request(secret.encode(), body, path=path, timestamp=timestamp)
+        return self.post(path, body, {**signed, "content-type": JSON})
 
     def get(self, path: str) -> Response:
         return http("GET", f"{self.sidecar.url}{path}")
@@ -340,20 +341,20 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
     forwarded_before = len(stack.proxy.all_completions())
     now = int(time.time())
     value = json.dumps({"approved": True}).encode()
-    good = {**sign_request(SECRET.encode(), value), "content-type": JSON}
     resolve = f"/v1/awakeables/{target}/resolve"
+    good = {**sign_request(SECRET.encode(), value, path=resolve), "content-type": JSON}
     big = json.dumps("x" * BODY_LIMIT).encode()
     unknown = "sign_1" + "A" * 38
 
-    def signed(body: bytes, **extra: str) -> dict[str, str]:
-        return {**sign_request(SECRET.encode(), body), "content-type": JSON, **extra}
+    def signed(body: bytes, path: str = resolve, **extra: str) -> dict[str, str]:
+        return {**sign_request(SECRET.encode(), body, path=path), "content-type": JSON, **extra}
 
     posts: dict[str, tuple[str, bytes, dict[str, str], int]] = {
         "no signature": (resolve, value, {"content-type": JSON}, 401),
         "wrong secret": (
             resolve,
             value,
-            {**sign_request(b"not-the-secret-at-all", value), "content-type": JSON},
+            {**sign_request(b"not-the-secret-at-all", value, path=resolve), "content-type": JSON},
             401,
         ),
         "tampered body": (resolve, b'{"approved": false}', good, 401),
@@ -361,7 +362,9 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
             resolve,
             value,
             {
-                **sign_request(SECRET.encode(), value, now - 2 * TOLERANCE_SECONDS),
+                **sign_request(
+                    SECRET.encode(), value, path=resolve, timestamp=now - 2 * TOLERANCE_SECONDS
+                ),
                 "content-type": JSON,
             },
             401,
@@ -370,7 +373,9 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
             resolve,
             value,
             {
-                **sign_request(SECRET.encode(), value, now + 2 * TOLERANCE_SECONDS),
+                **sign_request(
+                    SECRET.encode(), value, path=resolve, timestamp=now + 2 * TOLERANCE_SECONDS
+                ),
                 "content-type": JSON,
             },
             401,
@@ -389,7 +394,18 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
             413,
         ),
         "wrong content type": (resolve, value, {**good, "content-type": "text/plain"}, 415),
-        "no content type": (resolve, value, sign_request(SECRET.encode(), value), 415),
+        "no content type": (
+            resolve,
+            value,
+            sign_request(SECRET.encode(), value, path=resolve),
+            415,
+        ),
+        "signed for another awakeable": (
+            resolve,
+            value,
+            signed(value, path=f"/v1/awakeables/{other}/resolve"),
+            401,
+        ),
         "malformed id": ("/v1/awakeables/not.an.id/resolve", value, signed(value), 400),
         "space in id": ("/v1/awakeables/sign%201/resolve", value, signed(value), 400),
         "path traversal": ("/v1/awakeables/..%2F..%2Frestate/resolve", value, signed(value), 400),
@@ -399,10 +415,15 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
         "reject without reason": (
             f"/v1/awakeables/{target}/reject",
             value,
-            signed(value),
+            signed(value, path=f"/v1/awakeables/{target}/reject"),
             400,
         ),
-        "unknown id": (f"/v1/awakeables/{unknown}/resolve", value, signed(value), 404),
+        "unknown id": (
+            f"/v1/awakeables/{unknown}/resolve",
+            value,
+            signed(value, path=f"/v1/awakeables/{unknown}/resolve"),
+            404,
+        ),
     }
     statuses = {
         case: stack.post(path, body, headers).status

@@ -139,8 +139,9 @@ def resolve_command(args: argparse.Namespace) -> int:
     else:
         action, value = "resolve", json.loads(args.value)
     body = json.dumps(value).encode()
-    headers = {"content-type": "application/json", **sign_request(secret, body)}
-    url = f"{args.sidecar.rstrip('/')}/v1/awakeables/{args.awakeable_id}/{action}"
+    path = f"/v1/awakeables/{args.awakeable_id}/{action}"
+    headers = {"content-type": "application/json", **sign_request(secret, body, path=path)}
+    url = f"{args.sidecar.rstrip('/')}{path}"
     response = httpx2.post(url, content=body, headers=headers, timeout=30)
     print(f"{response.status_code} {response.text}".strip())
     return 0 if response.is_success else 1

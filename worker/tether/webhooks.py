@@ -1,8 +1,10 @@
 """Signing and verifying webhook requests and one-click approval links.
 
 Requests: the sender puts `X-Tether-Timestamp: <unix seconds>` and
-`X-Tether-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<raw body>")>` on a POST; the
-receiver accepts it within `TOLERANCE_SECONDS` of its own clock, once.
+`X-Tether-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<path>.<raw body>")>` on the
+request, where `<path>` is the request's path without the query (so a signature made for one
+awakeable cannot resolve another); the receiver accepts it within `TOLERANCE_SECONDS` of its own
+clock, once.
 
 Links: `GET /v1/awakeables/<id>/approve?exp=<unix seconds>&sig=<hex>` (or `/deny`), where
 `sig = HMAC-SHA256(secret, "<action>:<id>:<exp>")`, valid until `exp`.
@@ -36,17 +38,28 @@ def _digest(secret: bytes, message: bytes) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def sign_request(secret: bytes, body: bytes, timestamp: int | None = None) -> dict[str, str]:
-    """The headers that authenticate `body`."""
+def _request_message(stamp: str | int, path: str, body: bytes) -> bytes:
+    return f"{stamp}.{path}.".encode() + body
+
+
+def sign_request(
+    secret: bytes, body: bytes, *, path: str, timestamp: int | None = None
+) -> dict[str, str]:
+    """The headers that authenticate `body` sent to `path`."""
     stamp = int(time.time()) if timestamp is None else timestamp
-    signature = _digest(secret, f"{stamp}.".encode() + body)
+    signature = _digest(secret, _request_message(stamp, path, body))
     return {TIMESTAMP_HEADER: str(stamp), SIGNATURE_HEADER: f"v1={signature}"}
 
 
 def verify_request(
-    secret: bytes, body: bytes, headers: Mapping[str, str], now: float | None = None
+    secret: bytes,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    path: str,
+    now: float | None = None,
 ) -> str:
-    """Check a signed request; returns its signature (to refuse a replay of it)."""
+    """Check a signed request to `path`; returns its signature (to refuse a replay of it)."""
     stamp, signature = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
     if not stamp or not signature:
         raise SignatureError("missing signature headers")
@@ -57,7 +70,7 @@ def verify_request(
         raise SignatureError("timestamp outside the accepted window")
     if not signature.startswith("v1="):
         raise SignatureError("unknown signature version")
-    expected = _digest(secret, f"{stamp}.".encode() + body)
+    expected = _digest(secret, _request_message(stamp, path, body))
     if not _equal(expected, signature.removeprefix("v1=")):
         raise SignatureError("signature does not match")
     return signature

@@ -205,9 +205,10 @@ class ToolCallExecutor:
         await hooks.call("tool:before", dict(base))
         started = time.monotonic()
         try:
-            output = await self.run.abort.race(
-                tool.execute(call["input"], ctx or self._context(call, turn_id))
-            )
+            work = tool.execute(call["input"], ctx or self._context(call, turn_id))
+            # A self-journaled tool may be parked: cutting it on a live abort would take a path
+            # its replay cannot reproduce. It ends through its own journal (or a cancellation).
+            output = await (work if tool.self_journaled else self.run.abort.race(work))
             outcome = "ok"
         except Aborted:
             output, outcome = ABORTED_RESULT, "aborted"

@@ -11,10 +11,13 @@ invocation, sessions in a virtual object's state, awakeable waits that suspend.
 from ..durable.ids import deterministic_uuid
 from ..durable.replay import ReplayDoneHooks, ReplayTracker
 from .awakeable import awakeable_with_timeout, race_with_timeout
+from .awakeable_tool import AwakeableDriftError, restate_awakeable_tool
 from .errors import is_restate_cancellation, is_restate_control_error, restate_control_error
 from .replay import create_replay_tracker, replay_aware_abort
 from .runtime import RestateRuntime, restate_runtime
 from .session import RestateSessionStore, restate_session_store
+from .spawn import MERGED_CHILDREN_EXTRA, restate_spawn_tool, run_child
+from .tool import restate_tool
 from .tool_state import DEFAULT_TOOL_STATE_KEY, RestateToolStateStore, restate_tool_state_store
 from .types import (
     AwakeableOutcome,
@@ -41,9 +44,12 @@ from .types import (
     RestateToolStateStoreOptions,
     RestateWaitBackgroundOptions,
 )
+from .wait_background import WaitBackground, restate_wait_background
 
 __all__ = [
     "DEFAULT_TOOL_STATE_KEY",
+    "MERGED_CHILDREN_EXTRA",
+    "AwakeableDriftError",
     "AwakeableOutcome",
     "AwakeableToolCombinators",
     "AwakeableWithTimeoutOptions",
@@ -72,6 +78,7 @@ __all__ = [
     "RestateToolStateStore",
     "RestateToolStateStoreOptions",
     "RestateWaitBackgroundOptions",
+    "WaitBackground",
     "awakeable_with_timeout",
     "create_replay_tracker",
     "deterministic_uuid",
@@ -79,8 +86,13 @@ __all__ = [
     "is_restate_control_error",
     "race_with_timeout",
     "replay_aware_abort",
+    "restate_awakeable_tool",
     "restate_control_error",
     "restate_runtime",
     "restate_session_store",
+    "restate_spawn_tool",
+    "restate_tool",
     "restate_tool_state_store",
+    "restate_wait_background",
+    "run_child",
 ]

@@ -7,7 +7,6 @@ tasks that each touch the context.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import Sequence
@@ -144,39 +143,55 @@ class RestateRuntime:
     async def guarded(
         self, intent: str, calls: Sequence[StepCall], interrupted: InterruptedFn
     ) -> list[JSON]:
-        # The intent and the bodies are started together and awaited with one `gather`, so the
-        # bodies run in the attempt that journals the intent: awaiting the intent's ack first
-        # could suspend in between, and a resumed attempt would mistake that for a crash.
-        intent_ran = asyncio.Event()
-
+        # The intent is journaled and acknowledged by the server before any body starts. A body
+        # that ran ahead of its intent (started when the intent's closure ran, before its
+        # result reached the server) could die with nothing in the journal to say so, and the
+        # next attempt would run it again.
         async def mark() -> JSON:
-            intent_ran.set()
             return [c.name for c in calls]
 
         marker = self._start("tool", intent, mark)
-        # A journaled intent is complete as soon as its entry is replayed.
-        replayed_intent = bool(marker.future.is_completed())
-
-        def body(index: int, call: StepCall) -> StepFn:
-            async def fn() -> JSON:
-                if replayed_intent:
-                    return await interrupted(index)
-                await intent_ran.wait()
-                return await call.fn()
-
-            return fn
-
-        if self.promises is None:
-            # One at a time: a suspension between intent and body reads as an interruption.
-            await marker.future
-            self._finish("tool", marker, None)
-            return [await self.step(c.kind, c.name, body(i, c)) for i, c in enumerate(calls)]
-        started = [self._start(c.kind, c.name, body(i, c)) for i, c in enumerate(calls)]
-        await self.promises.gather(marker.future, *(s.future for s in started))
         self._finish("tool", marker, await marker.future)
+
+        # Then each body. Its command is journaled before its closure starts, and nothing can
+        # suspend in between, so a body whose command is already in the journal without a
+        # result was started by an attempt that died: it is reported `interrupted` (a safe call
+        # runs again there). A body with no command yet never started: the attempt that
+        # journaled the intent ended (a crash, or a suspension while awaiting the intent's
+        # acknowledgement) before creating it, so it runs now.
+        def body(index: int, call: StepCall) -> StepCall:
+            started_before = self._next_command_replayed(fallback=not marker.executed)
+            if not started_before:
+                return call
+
+            async def fn() -> JSON:
+                return await interrupted(index)
+
+            return call._replace(fn=fn)
+
+        if self.promises is None or len(calls) < 2:
+            results: list[JSON] = []
+            for i, c in enumerate(calls):
+                b = body(i, c)
+                results.append(await self.step(b.kind, b.name, b.fn))
+            return results
+        started: list[_Started] = []
+        for i, c in enumerate(calls):
+            b = body(i, c)  # checked right before its own command is created
+            started.append(self._start(b.kind, b.name, b.fn))
+        await self.promises.gather(*(s.future for s in started))
         return [
             self._finish(c.kind, s, await s.future) for c, s in zip(calls, started, strict=True)
         ]
+
+    def _next_command_replayed(self, *, fallback: bool) -> bool:
+        """Whether the next journal command comes from the journal of an earlier attempt.
+
+        The SDK's state machine replays until it has consumed every command of the journal it
+        was started with, so before a command is created, "replaying" means that command is
+        already journaled. A context without the SDK's state machine gives `fallback`."""
+        is_replaying = getattr(getattr(self.ctx, "vm", None), "is_replaying", None)
+        return bool(is_replaying()) if callable(is_replaying) else fallback
 
     # Ids, clock, timers -------------------------------------------------------------------
 

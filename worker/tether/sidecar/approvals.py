@@ -39,7 +39,9 @@ async def _signed_json_body(request: Request, sidecar: Sidecar) -> tuple[bytes, 
     """The raw body, its JSON value, and the request's signature and timestamp."""
     require_json_content_type(request)
     body = await read_limited_body(request, sidecar.settings.max_body_bytes)
-    signature, timestamp = authenticate_request(sidecar.settings.secret, body, request.headers)
+    signature, timestamp = authenticate_request(
+        sidecar.settings.secret, body, request.headers, request.url.path
+    )
     return body, parse_json(body), signature, timestamp
 
 
@@ -161,7 +163,7 @@ async def deny_link(
 async def list_parked_calls(request: Request, sidecar: SidecarDep) -> JSONResponse:
     """The agent's parked calls in all sessions, oldest first. Signed like a webhook POST, with
     an empty body (the records show tool inputs)."""
-    authenticate_request(sidecar.settings.secret, b"", request.headers)
+    authenticate_request(sidecar.settings.secret, b"", request.headers, request.url.path)
     records = await sidecar.parked.all()
     waiting = [r for r in records.values() if r["awakeable_id"] not in sidecar.ledger]
     parked = sorted(waiting, key=lambda r: (r.get("created_at", 0), r["awakeable_id"]))

@@ -51,10 +51,12 @@ class ReplayGuard:
         return len(self._seen)
 
 
-def authenticate_request(secret: bytes, body: bytes, headers: Mapping[str, str]) -> tuple[str, int]:
+def authenticate_request(
+    secret: bytes, body: bytes, headers: Mapping[str, str], path: str
+) -> tuple[str, int]:
     """The request's signature and timestamp, or a 401 `Rejection`."""
     try:
-        signature = verify_request(secret, body, headers)
+        signature = verify_request(secret, body, headers, path=path)
     except SignatureError as error:
         raise _refusal(error) from None
     except (ValueError, TypeError):  # non-ASCII digits or signature characters

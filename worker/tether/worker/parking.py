@@ -11,6 +11,7 @@ import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx2
 import restate
@@ -59,7 +60,8 @@ async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
     # Delivery is at least once (a crash mid-step re-sends); receivers dedupe by this key.
     headers = {"content-type": "application/json", "idempotency-key": record["awakeable_id"]}
     if settings.webhook_secret:
-        headers.update(sign_request(settings.webhook_secret, body))
+        path = urlsplit(settings.notify_url or "").path or "/"
+        headers.update(sign_request(settings.webhook_secret, body, path=path))
     assert settings.notify_url is not None
     try:
         async with httpx2.AsyncClient(timeout=10) as client:
