@@ -5,10 +5,16 @@
 body appends `<tool> <call id>` to the file named in the request. With the environment variable
 `TETHER_KILL_AFTER_LIVE_STEPS=N` the worker SIGKILLs itself right after its N-th live step has
 been journaled (a step boundary); `TETHER_KILL_IN_CALL=<call id>` kills it inside that tool body.
+
+Optional request fields (for the crash matrix): `"models": <path>` appends `model <turn>` to that
+file from a `turn:after` hook, which fires only when a model step runs live, so the file counts
+the model calls made across worker processes; `"tool_seconds": <float>` makes every tool body
+sleep that long after recording its effect (a run slow enough to restart the server in).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from typing import Any
@@ -16,6 +22,7 @@ from typing import Any
 import restate
 
 from tether import Behavior, ToolContext, create_agent, tool
+from tether.agent import Hooks
 from tether.providers import scripted
 from tether.restate import restate_runtime, restate_session_store
 from tether.restate.runtime import RestateRuntime
@@ -58,44 +65,57 @@ def effect(path: str, line: str) -> None:
         os.close(fd)
 
 
-def build_tools(path: str) -> list[Any]:
-    def record(name: str, ctx: ToolContext) -> None:
+def build_tools(path: str, seconds: float = 0.0) -> list[Any]:
+    async def record(name: str, ctx: ToolContext) -> None:
         effect(path, f"{name} {ctx.call_id}")
         if ctx.call_id == KILL_IN_CALL:
             die()
+        if seconds:
+            await asyncio.sleep(seconds)
 
     @tool
     async def charge(amount: int, ctx: ToolContext) -> str:
         """Charges a card (a side effect that must not repeat)."""
-        record("charge", ctx)
+        await record("charge", ctx)
         return f"charged {amount}"
 
     @tool(concurrency_safe=True)
     async def notify(to: str, ctx: ToolContext) -> str:
         """Sends a notification (not safe to repeat)."""
-        record("notify", ctx)
+        await record("notify", ctx)
         return f"notified {to}"
 
     @tool(replay="safe", concurrency_safe=True)
     async def lookup(key: str, ctx: ToolContext) -> str:
         """Reads a value (safe to repeat)."""
-        record("lookup", ctx)
+        await record("lookup", ctx)
         return f"value of {key}"
 
     return [charge, notify, lookup]
 
 
 def kill_after_live_steps(durable: RestateRuntime, n: int) -> None:
-    """SIGKILL this worker once `n` steps have run live and been journaled (this process)."""
-    step = durable.step
+    """SIGKILL this worker right after its `n`-th live step has been journaled: the runtime
+    counts a step (`_finish`) once the server has acknowledged its entry, for single steps as
+    well as for each member of a concurrent group and for the intent of a guarded group."""
+    finish = durable._finish
 
-    async def counting(kind: Any, name: str, fn: Any) -> Any:
-        value = await step(kind, name, fn)
-        if durable.counters.live.total() >= n:
+    def counting(kind: Any, started: Any, value: Any) -> Any:
+        result = finish(kind, started, value)
+        if started.executed and durable.counters.live.total() >= n:
             die()
-        return value
+        return result
 
-    durable.step = counting  # type: ignore[method-assign]
+    durable._finish = counting  # type: ignore[method-assign]
+
+
+def count_model_calls(path: str) -> Hooks:
+    """A `turn:after` hook (live model steps only) appending `model <turn>` to `path`."""
+
+    def on_turn(payload: dict[str, Any]) -> None:
+        effect(path, f"model {payload['turn']}")
+
+    return Hooks({"turn:after": on_turn})
 
 
 crash_agent = restate.VirtualObject("CrashAgent")
@@ -111,12 +131,14 @@ async def run(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]
     session = await load_session(store, ctx.key()) or await create_session(
         id=ctx.key(), store=store
     )
+    models = req.get("models")
     agent = create_agent(
         provider=scripted(SCRIPT),
-        tools=build_tools(str(req["effects"])),
+        tools=build_tools(str(req["effects"]), float(req.get("tool_seconds", 0.0))),
         durable=durable,
         session=session,
         behavior=Behavior(max_concurrent_tools=4),
+        hooks=count_model_calls(str(models)) if models else None,
     )
     stats = await agent.run(prompt=str(req.get("prompt", "run the errands")))
     return {

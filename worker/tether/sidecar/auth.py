@@ -3,6 +3,7 @@ replay guard: a signature is accepted once while its timestamp is inside the win
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Mapping
 
@@ -34,14 +35,20 @@ class ReplayGuard:
     def __init__(self, tolerance_seconds: float = TOLERANCE_SECONDS) -> None:
         self._tolerance = tolerance_seconds
         self._seen: dict[str, float] = {}
+        self._expiry: list[tuple[float, str]] = []  # a heap, so pruning costs O(log n)
 
     def claim(self, signature: str, timestamp: int) -> None:
         """Accept `signature` once; a second claim inside the window is a replay (409)."""
         now = time.time()
-        self._seen = {sig: until for sig, until in self._seen.items() if until >= now}
+        while self._expiry and self._expiry[0][0] < now:
+            until, old = heapq.heappop(self._expiry)
+            if self._seen.get(old) == until:
+                del self._seen[old]
         if signature in self._seen:
             raise Rejection(409, "replayed", "this signed request was already received")
-        self._seen[signature] = timestamp + self._tolerance
+        until = timestamp + self._tolerance
+        self._seen[signature] = until
+        heapq.heappush(self._expiry, (until, signature))
 
     def release(self, signature: str) -> None:
         """Forget a signature whose request had no effect, so that the sender may retry it."""

@@ -25,7 +25,7 @@ class Sidecar:
     ledger: ResolutionLedger = field(default_factory=ResolutionLedger)
 
 
-def sidecar_of(request: Request) -> Sidecar:
+async def sidecar_of(request: Request) -> Sidecar:
     sidecar: Sidecar = request.app.state.sidecar
     return sidecar
 

@@ -1,0 +1,130 @@
+"""The Restate services of `bench/restate_steps.py` (served with the hypercorn CLI).
+
+- `BenchRaw/<key>/steps` (`n`): the floor, `n` bare `ctx.run_typed` steps with the raw SDK.
+- `BenchAgent/<key>/run` (`{"turns": t}`): ours, a scripted agent on `restate_runtime` whose
+  every turn calls one tool: a decision, a model and a tool step per turn (3 t journaled steps).
+- `BenchRaw/<key>/park` and `BenchAgent/<key>/park`: the same work, then an awakeable. Its id is
+  written to the file named in the request (by one journaled step); the handler waits on it.
+  Both park handlers have a 1 s inactivity timeout, so the invocation suspends soon after it
+  parks, and resolving the awakeable resumes it by replaying the whole journal.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import restate
+
+from tether import create_agent, tool
+from tether.providers import scripted
+from tether.restate import restate_runtime
+from tether.session import create_session, load_session
+
+PARK_INACTIVITY = timedelta(seconds=1)
+
+
+@tool(replay="safe")
+async def lookup(key: str) -> str:
+    """Looks a key up."""
+    return f"value of {key}"
+
+
+def script(turns: int) -> list[dict[str, Any]]:
+    calls = [
+        {"text": f"step {i}", "tool_calls": [{"name": "lookup", "input": {"key": f"k{i}"}}]}
+        for i in range(turns - 1)
+    ]
+    return [*calls, {"text": "done"}]
+
+
+def publish(path: str, awakeable_id: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{awakeable_id}\n".encode())
+    finally:
+        os.close(fd)
+
+
+async def park_on_awakeable(ctx: restate.ObjectContext, path: str) -> str:
+    awakeable_id, resolved = ctx.awakeable(type_hint=str)
+    await ctx.run_typed("publish", publish, path=path, awakeable_id=awakeable_id)
+    value: str = await resolved
+    return value
+
+
+# The floor ------------------------------------------------------------------------------------
+
+raw = restate.VirtualObject("BenchRaw")
+
+
+INT: restate.RunOptions[int] = restate.RunOptions(type_hint=int)
+
+
+async def step_value(i: int) -> int:
+    return i
+
+
+async def raw_steps(ctx: restate.ObjectContext, n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await ctx.run_typed(f"step {i}", step_value, INT, i=i)
+    return total
+
+
+@raw.handler()
+async def steps(ctx: restate.ObjectContext, n: int) -> dict[str, Any]:
+    await raw_steps(ctx, n)
+    return {"steps": n}
+
+
+@raw.handler(name="park", inactivity_timeout=PARK_INACTIVITY)
+async def raw_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+    n = int(req["steps"])
+    await raw_steps(ctx, n)
+    value = await park_on_awakeable(ctx, str(req["path"]))
+    return {"steps": n, "resolved": value}
+
+
+# Ours -----------------------------------------------------------------------------------------
+
+agent_object = restate.VirtualObject("BenchAgent")
+
+
+async def agent_steps(ctx: restate.ObjectContext, turns: int) -> dict[str, Any]:
+    durable = restate_runtime(ctx, id_seed=ctx.key())
+    store = durable.stores.session
+    assert store is not None
+    session = await load_session(store, ctx.key()) or await create_session(
+        id=ctx.key(), store=store
+    )
+    agent = create_agent(
+        provider=scripted(script(turns)),
+        tools=[lookup],
+        durable=durable,
+        session=session,
+        behavior={"max_turns": turns + 1},
+    )
+    stats = await agent.run("go")
+    assert stats.status == "completed", stats
+    return {
+        "steps": durable.counters.live.total() + durable.counters.replayed.total(),
+        "live": durable.counters.live.total(),
+        "replayed": durable.counters.replayed.total(),
+    }
+
+
+@agent_object.handler()
+async def run(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+    return await agent_steps(ctx, int(req["turns"]))
+
+
+@agent_object.handler(name="park", inactivity_timeout=PARK_INACTIVITY)
+async def agent_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+    result = await agent_steps(ctx, int(req["turns"]))
+    result["resolved"] = await park_on_awakeable(ctx, str(req["path"]))
+    return result
+
+
+app = restate.app([raw, agent_object])

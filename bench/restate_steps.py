@@ -1,0 +1,317 @@
+"""Cost per journaled step of the Restate runtime, as ratios against raw SDK steps measured in
+the same run, on the same real restate-server and worker process.
+
+    python bench/restate_steps.py [--steps 200] [--resume-steps 1000] [--repeat 5]
+
+Starts a restate-server (`tether.restate_server.RestateServer`, the pinned npm build) and one
+hypercorn worker serving `bench/restate_bench_service.py` (h2c, as the tests and `tether worker`
+do), then measures, alternating ours and the floor in every repetition:
+
+(a) steps/s of a run: the floor is a raw handler doing N bare `ctx.run_typed` steps; ours is a
+    scripted agent on `restate_runtime` whose every turn calls one tool (a decision, a model and
+    a tool step per turn, plus the session writes they imply), sized to the same N. Goal: ours
+    costs at most 1.25x the floor per step.
+(b) resume after suspension: both handlers journal ~1,000 steps, then park on an awakeable and
+    suspend (1 s inactivity timeout). The time from resolving the awakeable to the result is the
+    cost of replaying the whole journal. Goal: ours at most 1.5x the raw handler.
+
+Times are wall-clock at the client (a call through the ingress, or resolve -> attach result);
+the fixed cost of a call is the same on both sides. Medians of `--repeat` repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tether.restate_server import DEFAULT_RESTATE_VERSION, RestateServer
+
+T = TypeVar("T")
+
+SERVICE = Path(__file__).resolve().parent / "restate_bench_service.py"
+DEADLINE = 300.0
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_HYPERCORN_CONFIG = """\
+bind = ["127.0.0.1:{port}"]
+workers = 1
+h2_max_concurrent_streams = 2147483647
+keep_alive_max_requests = 2147483647
+keep_alive_timeout = 2147483647
+graceful_timeout = 5
+"""
+
+
+# HTTP -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def http(
+    method: str,
+    url: str,
+    payload: Any = None,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = DEADLINE,
+) -> Response:
+    body = None if payload is None else json.dumps(payload).encode()
+    headers = {"accept": "application/json", **(headers or {})}
+    if body is not None:
+        headers["content-type"] = "application/json"
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with _OPENER.open(req, timeout=timeout) as resp:
+            return Response(resp.status, resp.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return Response(err.code, err.read())
+
+
+def ok(resp: Response, *statuses: int) -> Response:
+    if resp.status not in (statuses or (200,)):
+        raise RuntimeError(f"HTTP {resp.status}: {resp.body[:2000]!r}")
+    return resp
+
+
+def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+# The worker -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def hypercorn_worker(directory: Path) -> Iterator[str]:
+    """`python -m hypercorn` serving the bench service (its own session, killed as a group)."""
+    port = free_port()
+    config = directory / "hypercorn.toml"
+    config.write_text(_HYPERCORN_CONFIG.format(port=port))
+    log_path = directory / "hypercorn.log"
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hypercorn", "--config", str(config), f"{SERVICE}:app"],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"hypercorn exited: {log_path.read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                return http("GET", f"{url}/health", timeout=2.0).status == 200
+            return False
+
+        wait_until(healthy, "the worker to listen", timeout=60.0)
+        yield url
+    finally:
+        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+                break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+
+
+# Measurements ---------------------------------------------------------------------------------
+
+
+def key(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def timed_call(server: RestateServer, path: str, payload: Any) -> tuple[float, dict[str, Any]]:
+    started = time.perf_counter()
+    resp = ok(http("POST", f"{server.ingress_url}/{path}", payload))
+    return time.perf_counter() - started, resp.json()
+
+
+def journal_entries(server: RestateServer, target: str) -> int:
+    rows = server.query(
+        "SELECT COUNT(*) AS n FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
+        f"WHERE i.target = '{target}'"
+    )
+    return int(rows[0]["n"]) if rows else 0
+
+
+def resume_seconds(
+    server: RestateServer, service: str, payload: dict[str, Any], directory: Path
+) -> tuple[float, dict[str, Any]]:
+    """Park `service/<key>/park`, wait until it is suspended, then time resolve -> result.
+
+    The invocation is sent with an idempotency key, so its result stays attachable after it
+    completes: the attach right after the resolve returns as soon as the result exists."""
+    path = directory / f"awakeable-{uuid.uuid4().hex[:8]}"
+    url = f"{server.ingress_url}/{service}/{key(service)}/park/send"
+    sent = http("POST", url, {**payload, "path": str(path)}, headers={"idempotency-key": key("k")})
+    invocation_id = ok(sent, 202).json()["invocationId"]
+
+    def awakeable_id() -> str | None:
+        with contextlib.suppress(FileNotFoundError):
+            return path.read_text().strip() or None
+        return None
+
+    awakeable = wait_until(awakeable_id, f"{service} to park")
+
+    def suspended() -> bool:
+        rows = server.query(f"SELECT status FROM sys_invocation WHERE id = '{invocation_id}'")
+        return bool(rows) and rows[0]["status"] == "suspended"
+
+    wait_until(suspended, f"{service} to suspend")
+    started = time.perf_counter()
+    resolve = f"{server.ingress_url}/restate/awakeables/{awakeable}/resolve"
+    ok(http("POST", resolve, "go"), 200, 202)
+    attached = ok(http("GET", f"{server.ingress_url}/restate/invocation/{invocation_id}/attach"))
+    seconds = time.perf_counter() - started
+    result: dict[str, Any] = attached.json()
+    assert result["resolved"] == "go", result
+    return seconds, result
+
+
+def measure_steps(server: RestateServer, steps: int, repeat: int) -> dict[str, Any]:
+    turns = max(2, round(steps / 3))
+    # Warm-up (not counted): first calls pay imports and connection set-up.
+    _, warm = timed_call(server, f"BenchAgent/{key('warm')}/run", {"turns": turns})
+    n = int(warm["steps"])
+    timed_call(server, f"BenchRaw/{key('warm')}/steps", n)
+    ours_rates, raw_rates, ratios = [], [], []
+    ours_key = raw_key = ""
+    for i in range(repeat):
+        order = ["ours", "raw"] if i % 2 == 0 else ["raw", "ours"]
+        seconds: dict[str, float] = {}
+        for side in order:
+            if side == "ours":
+                ours_key = key("ours")
+                seconds[side], result = timed_call(
+                    server, f"BenchAgent/{ours_key}/run", {"turns": turns}
+                )
+                assert int(result["steps"]) == n and int(result["replayed"]) == 0, result
+            else:
+                raw_key = key("raw")
+                seconds[side], _ = timed_call(server, f"BenchRaw/{raw_key}/steps", n)
+        ours_rates.append(n / seconds["ours"])
+        raw_rates.append(n / seconds["raw"])
+        ratios.append(seconds["ours"] / seconds["raw"])
+    return {
+        "steps": n,
+        "turns": turns,
+        "ours": statistics.median(ours_rates),
+        "raw": statistics.median(raw_rates),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "ours_entries": journal_entries(server, f"BenchAgent/{ours_key}/run"),
+        "raw_entries": journal_entries(server, f"BenchRaw/{raw_key}/steps"),
+    }
+
+
+def measure_resume(
+    server: RestateServer, steps: int, repeat: int, directory: Path
+) -> dict[str, Any]:
+    turns = max(2, round(steps / 3))
+    n = 3 * turns  # a decision, a model and a tool step per turn (the last: decision, model, end)
+    ours, raw, ratios = [], [], []
+    for i in range(repeat):
+        order = ["ours", "raw"] if i % 2 == 0 else ["raw", "ours"]
+        seconds: dict[str, float] = {}
+        for side in order:
+            if side == "ours":
+                seconds[side], result = resume_seconds(
+                    server, "BenchAgent", {"turns": turns}, directory
+                )
+                # The resumed attempt replayed every step of the run, ran none live.
+                assert result["replayed"] == n and result["live"] == 0, result
+            else:
+                seconds[side], _ = resume_seconds(server, "BenchRaw", {"steps": n}, directory)
+        ours.append(seconds["ours"])
+        raw.append(seconds["raw"])
+        ratios.append(seconds["ours"] / seconds["raw"])
+    return {
+        "steps": n,
+        "ours": statistics.median(ours),
+        "raw": statistics.median(raw),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="journaled steps per run in (a)")
+    parser.add_argument("--resume-steps", type=int, default=1000, help="steps replayed in (b)")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp, RestateServer() as server:
+        directory = Path(tmp)
+        with hypercorn_worker(directory) as worker_url:
+            server.register(worker_url)
+            print(
+                f"Restate runtime vs raw SDK steps: restate-server {DEFAULT_RESTATE_VERSION}, "
+                f"one hypercorn worker (h2c), median of {args.repeat}"
+            )
+            a = measure_steps(server, args.steps, args.repeat)
+            print(
+                f"  (a) {a['steps']} journaled steps per run ({a['turns']} turns): ours "
+                f"{a['ours']:7.0f} steps/s, raw SDK {a['raw']:7.0f} steps/s, "
+                f"ratio {a['ratio']:.2f} (goal <= 1.25)"
+            )
+            print(
+                f"      ratios {', '.join(f'{r:.2f}' for r in a['ratios'])}; journal entries "
+                f"per run: ours {a['ours_entries']}, raw {a['raw_entries']}"
+            )
+            b = measure_resume(server, args.resume_steps, args.repeat, directory)
+            print(
+                f"  (b) resume after suspension, {b['steps']} journaled steps replayed: ours "
+                f"{b['ours'] * 1000:7.1f} ms, raw SDK {b['raw'] * 1000:7.1f} ms, "
+                f"ratio {b['ratio']:.2f} (goal <= 1.5)"
+            )
+            print(f"      ratios {', '.join(f'{r:.2f}' for r in b['ratios'])}")
+
+
+if __name__ == "__main__":
+    main()
