@@ -76,8 +76,9 @@ class DurableRuntime(Protocol):
         """Run side effects at most once: journal the intent `intent`, then the calls
         (concurrently when there are several). When a replay finds the intent but not a call's
         result, the process died while that call could have been running: its value is
-        `interrupted(index)` instead of a second run of its body. Backends keep the intent and
-        the bodies in one attempt, so a mere suspension never looks like a crash."""
+        `interrupted(index)` instead of a second run of its body. A mere suspension must never
+        look like a crash: Restate tells the two apart by whether the body's own journal entry
+        exists (a body whose entry is missing never started, and runs)."""
         ...
 
     def uuid(self) -> str:

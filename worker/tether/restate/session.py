@@ -9,6 +9,7 @@ it cannot turn a state write into a poison pill.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..session.types import SessionRecord, SessionRun, SessionTurn
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
 
 META_KEY = "tether:session"
+TURN_KEY = re.compile(r"tether:turn:\d+")
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024
 
 
@@ -80,9 +82,9 @@ class RestateSessionStore:
         if meta is None:
             return None
         self._meta = meta
-        turns = [
-            SessionTurn.from_json(await self._get(f"tether:turn:{i}")) for i in range(meta["turns"])
-        ]
+        # The turn count is not kept anywhere: one key per turn is the whole append.
+        count = sum(1 for key in await self._ctx.state_keys() if TURN_KEY.fullmatch(key))
+        turns = [SessionTurn.from_json(await self._get(f"tether:turn:{i}")) for i in range(count)]
         runs = [SessionRun.from_json(await self._get(f"tether:run:{r}")) for r in meta["runs"]]
         return SessionRecord(
             id=meta["id"],
@@ -101,7 +103,6 @@ class RestateSessionStore:
                 "id": record.id,
                 "created_at": record.created_at,
                 "metadata": record.metadata,
-                "turns": 0,
                 "runs": [],
             }
             self._ctx.set(META_KEY, self._meta)
@@ -115,12 +116,9 @@ class RestateSessionStore:
 
     async def write_turns(self, session_id: str, start: int, turns: Sequence[SessionTurn]) -> None:
         self._writable()
-        meta = await self._loaded_meta()
+        await self._loaded_meta()
         for offset, turn in enumerate(turns):
             self._put(f"tether:turn:{start + offset}", turn.to_json())
-        if start + len(turns) > meta["turns"]:
-            meta["turns"] = start + len(turns)
-            self._ctx.set(META_KEY, meta)
 
     async def write_run(self, session_id: str, run: SessionRun) -> None:
         self._writable()

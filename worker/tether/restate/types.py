@@ -65,6 +65,8 @@ class RestateObjectContextLike(RestateContextLike, Protocol):
 
     def clear(self, name: str) -> None: ...
 
+    def state_keys(self) -> Awaitable[list[str]]: ...
+
 
 class RestatePromiseRaceLike(Protocol):
     """The SDK's race combinator (`restate.select`): resolves to `[key, value]` of the first

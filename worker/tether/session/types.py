@@ -25,7 +25,15 @@ class SessionTurn:
     run_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Shallow on purpose (no deep copy of the content blocks): it runs on every replay.
+        return {
+            "id": self.id,
+            "role": self.role,
+            "content": self.content,
+            "created_at": self.created_at,
+            "usage": self.usage,
+            "run_id": self.run_id,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionTurn:
