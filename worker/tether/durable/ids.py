@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import uuid
 
 
 def deterministic_uuid(seed: str) -> str:
@@ -14,7 +13,8 @@ def deterministic_uuid(seed: str) -> str:
     raw = bytearray(hashlib.sha256(seed.encode()).digest()[:16])
     raw[6] = (raw[6] & 0x0F) | 0x40
     raw[8] = (raw[8] & 0x3F) | 0x80
-    return str(uuid.UUID(bytes=bytes(raw)))
+    h = raw.hex()  # formatted by hand: uuid.UUID is slow on a path every step takes
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class IdSequence:

@@ -39,9 +39,13 @@ from .types import RestateCombinators, RestateContextLike, RestateRuntimeOptions
 JSON_SERDE: JsonSerde[Any] = JsonSerde()
 
 
+DEFAULT_RUN_OPTIONS: RunOptions[Any] = RunOptions(serde=JSON_SERDE, max_attempts=1)
+"""One attempt: a failing step is recorded, not retried blindly (retries are the loop's). Shared:
+the SDK copies options only when it has to infer a serde, which a JsonSerde spares it."""
+
+
 def default_run_options() -> RunOptions[Any]:
-    """One attempt: a failing step is recorded, not retried blindly (retries are the loop's)."""
-    return RunOptions(serde=JSON_SERDE, max_attempts=1)
+    return DEFAULT_RUN_OPTIONS
 
 
 def _has_state(ctx: object) -> bool:

@@ -13,11 +13,14 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from restate.serde import BytesSerde
+
 from ..session.store import Clock
 from ..session.types import SessionRecord, SessionRun, SessionTurn
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
 
 META_KEY = "tether:session"
+RAW = BytesSerde()
 TURN_KEY = re.compile(r"tether:turn:\d+")
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024
 
@@ -50,22 +53,26 @@ class RestateSessionStore:
     # Values, split when over budget ---------------------------------------------------------
 
     def _put(self, key: str, value: Any) -> None:
-        encoded = json.dumps(value, separators=(",", ":"))
-        data = encoded.encode()
+        # Encoded once, stored as the JSON bytes (the SDK's default serde would encode again).
+        data = json.dumps(value, separators=(",", ":")).encode()
         if len(data) <= self._limit:
-            self._ctx.set(key, value)
+            self._ctx.set(key, data, serde=RAW)
             return
-        chunk = self._limit // 2  # a JSON string of the chunk can grow with escapes
-        parts = [encoded[i : i + chunk] for i in range(0, len(encoded), chunk)]
+        parts = [data[i : i + self._limit] for i in range(0, len(data), self._limit)]
         for i, part in enumerate(parts):
-            self._ctx.set(f"{key}:{i}", part)
-        self._ctx.set(key, {"__parts__": len(parts)})
+            self._ctx.set(f"{key}:{i}", part, serde=RAW)
+        self._ctx.set(key, json.dumps({"__parts__": len(parts)}).encode(), serde=RAW)
 
     async def _get(self, key: str) -> Any:
-        value = await self._ctx.get(key)
+        data = await self._ctx.get(key, serde=RAW)
+        if not data:
+            return None
+        value = json.loads(data)
         if isinstance(value, dict) and set(value) == {"__parts__"}:
-            parts = [await self._ctx.get(f"{key}:{i}") for i in range(value["__parts__"])]
-            return json.loads("".join(parts))
+            parts = [
+                await self._ctx.get(f"{key}:{i}", serde=RAW) for i in range(value["__parts__"])
+            ]
+            return json.loads(b"".join(parts))
         return value
 
     def _writable(self) -> None:
@@ -78,7 +85,7 @@ class RestateSessionStore:
     # SessionStore -------------------------------------------------------------------------
 
     async def load(self, session_id: str) -> SessionRecord | None:
-        meta = await self._ctx.get(META_KEY)
+        meta = await self._get(META_KEY)
         if meta is None:
             return None
         self._meta = meta
@@ -97,7 +104,7 @@ class RestateSessionStore:
     async def create(self, record: SessionRecord) -> None:
         self._writable()
         if self._meta is None:
-            self._meta = await self._ctx.get(META_KEY)
+            self._meta = await self._get(META_KEY)
         if self._meta is None:
             self._meta = {
                 "id": record.id,
@@ -105,11 +112,11 @@ class RestateSessionStore:
                 "metadata": record.metadata,
                 "runs": [],
             }
-            self._ctx.set(META_KEY, self._meta)
+            self._put(META_KEY, self._meta)
 
     async def _loaded_meta(self) -> dict[str, Any]:
         if self._meta is None:
-            self._meta = await self._ctx.get(META_KEY)
+            self._meta = await self._get(META_KEY)
         if self._meta is None:
             raise KeyError("no session in this object yet: create_session() first")
         return self._meta
@@ -126,7 +133,7 @@ class RestateSessionStore:
         self._put(f"tether:run:{run.id}", run.to_json())
         if run.id not in meta["runs"]:
             meta["runs"].append(run.id)
-            self._ctx.set(META_KEY, meta)
+            self._put(META_KEY, meta)
 
 
 def restate_session_store(
