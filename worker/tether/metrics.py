@@ -6,7 +6,9 @@ there and the sidecar's `/metrics` merges them (`MultiProcessCollector`). The va
 before `prometheus_client` is first imported; without it the metrics simply live in memory.
 
 `agent_hooks()` turns the agent's hooks into counts. Those hooks fire only when a step runs live,
-so a replay never counts work twice.
+so a replay never counts work twice; the few that also fire on a replay (the end of a run, and
+`tool:after` of a self-journaled tool such as `spawn`, `ask_human` or an approval gate, whose
+body runs outside any step) are counted only once the run has gone live (see `agent_hooks`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ REPLAYED_STEPS = Counter(
 )
 CHILD_FANOUT = Histogram(
     "tether_child_fanout",
-    "Sub-agents spawned by one turn's tool calls.",
+    "Sub-agents started by one spawn call.",
     ["agent"],
     buckets=(1, 2, 3, 4, 5, 8, 12, 16, 32, 64),
 )
@@ -98,9 +100,28 @@ def agent_hooks(
 
     `provider` and `model` label the model calls (the hooks' payloads do not name them). With
     `durable`, a replay also adds the runtime's replayed-step counts by kind.
-    Model calls are counted from `turn:after`, which fires for answered calls only.
+
+    What counts, exactly once per piece of work (a crash inside a step body aside, which runs
+    the body again):
+    - model calls and tokens from `turn:after`, which fires inside the model step, live only;
+    - a tool call from its `tool:after`. For an ordinary tool that fires inside the tool step.
+      A self-journaled tool (`spawn`, `ask_human`, an approval gate) fires it outside any step,
+      on a replay too, so with `durable` such a call counts only if the run is live when the
+      call ends: it ended in this attempt (its last step, such as `spawn:complete` or the end
+      of a park, ran live), not in an attempt before whose journal is being replayed;
+    - a run from `agent:done`, likewise only when the run is live (with `durable`): an attempt
+      that merely replays a finished journal does not count the run again;
+    - children from `spawn:complete`, which fires inside one journaled step per spawn call;
+      with a `fanout` in the payload (the Restate spawn tool) the call's fanout is observed
+      there too. Without one (the in-process spawn tool, one child per call) the children of
+      one turn are observed together at the next turn or the end of the run;
+    - a replay from `replay:done`: once per attempt (invocation) that replayed steps from its
+      journal and then ran a step live, with the steps it replayed by kind.
     """
     spawned_this_turn = 0
+
+    def live() -> bool:
+        return durable is None or not durable.is_replaying()
 
     def observe_fanout() -> None:
         nonlocal spawned_this_turn
@@ -123,6 +144,8 @@ def agent_hooks(
             COST_USD.labels(agent).inc(cost)
 
     def tool_after(payload: HookPayload) -> None:
+        if not live():
+            return  # a self-journaled call that ended in an earlier attempt, replayed
         tool, outcome = str(payload.get("name")), str(payload.get("outcome", "ok"))
         TOOL_CALLS.labels(agent, tool, outcome).inc()
         if outcome == "interrupted":
@@ -132,12 +155,19 @@ def agent_hooks(
 
     def spawn_complete(payload: HookPayload) -> None:
         nonlocal spawned_this_turn
-        spawned_this_turn += 1
+        fanout = payload.get("fanout")
+        if isinstance(fanout, int):
+            if payload.get("index", 0) == 0:
+                CHILD_FANOUT.labels(agent).observe(fanout)
+        else:
+            spawned_this_turn += 1
         stats = payload.get("stats")
         CHILDREN.labels(agent, str(getattr(stats, "status", "unknown"))).inc()
 
     def agent_done(payload: HookPayload) -> None:
         observe_fanout()
+        if not live():
+            return  # the run's end was replayed: it was counted by the attempt that ran it
         stats = payload.get("stats")
         RUNS.labels(agent, str(getattr(stats, "status", "unknown"))).inc()
 

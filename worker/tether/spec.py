@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -75,6 +76,34 @@ class Pricing(_Model):
     )
 
 
+ScriptResponses = list[dict[str, Any]]
+ScriptSpec = ScriptResponses | dict[str, ScriptResponses]
+"""A scripted model's responses: one list, or lists keyed by the conversation's first user
+message (exact text; `*` for any other conversation), so a parent and its sub-agents (whose
+first message is their task) can follow different scripts."""
+SCRIPT_FORMS = (
+    "a list of responses, or a mapping from a prompt (the conversation's first user message; "
+    '"*" for any other) to a list of responses'
+)
+SCRIPT_LIST_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        {"type": "null"},
+    ]
+}
+"""The published schema (and so the CRD's) keeps the list form: a structural schema cannot say
+"a list or a map"; the keyed form is for `tether run`, `tether dev` and the worker's spec file."""
+
+
+def _check_responses(responses: list[Any], where: str) -> None:
+    for index, response in enumerate(responses):
+        if not isinstance(response, dict):
+            raise ValueError(
+                f"response {index + 1}{where} must be a mapping with `text`, `tool_calls` or "
+                f"`usage`, not {type(response).__name__}"
+            )
+
+
 class ModelSpec(_Model):
     """Which model answers, and how to reach it."""
 
@@ -93,14 +122,34 @@ class ModelSpec(_Model):
         "OPENAI_API_KEY).",
     )
     pricing: Pricing | None = Field(default=None, description="Prices for cost accounting.")
-    script: list[dict[str, Any]] | None = Field(
+    script: Annotated[ScriptSpec | None, WithJsonSchema(SCRIPT_LIST_SCHEMA)] = Field(
         default=None, description="Responses of the scripted provider, in order."
     )
+
+    @field_validator("script", mode="before")
+    @classmethod
+    def _script_shape(cls, value: Any) -> Any:
+        if value is None or isinstance(value, list):
+            _check_responses(value or [], "")
+        elif isinstance(value, dict):
+            if not value:
+                raise ValueError(f"must not be empty: give {SCRIPT_FORMS}")
+            for key, responses in value.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"the prompt {key!r} must be a string; quote it")
+                if not isinstance(responses, list) or not responses:
+                    raise ValueError(
+                        f"the script for prompt {key!r} must be a non-empty list of responses"
+                    )
+                _check_responses(responses, f" for prompt {key!r}")
+        else:
+            raise ValueError(f"must be {SCRIPT_FORMS}, not {type(value).__name__}")
+        return value
 
     @model_validator(mode="after")
     def _script_only_when_scripted(self) -> ModelSpec:
         if self.provider == "scripted" and not self.script:
-            raise ValueError("a scripted model needs `script`: a list of responses")
+            raise ValueError(f"a scripted model needs `script`: {SCRIPT_FORMS}")
         return self
 
 
@@ -210,7 +259,9 @@ class WorkerSpec(_Model):
 
     image: str | None = Field(default=None, description="Worker image (default: operator's).")
     replicas: int = Field(default=1, ge=0, le=100, description="Worker pods per version.")
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Field(
+        default_factory=Resources, description="Requests and limits of the worker container."
+    )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
 
 
@@ -232,18 +283,26 @@ class DrainSpec(_Model):
 class DurableAgentSpec(_Model):
     """The agent: model, prompt, tools, limits and how it is deployed."""
 
-    model: ModelSpec
+    model: ModelSpec = Field(description="Which model answers, and how to reach it.")
     system: str | None = Field(default=None, description="System prompt.")
     tools: list[ToolSpecEntry] = Field(default_factory=list, description="Tools the agent has.")
-    approvals: Approvals = Field(default_factory=Approvals)
+    approvals: Approvals = Field(
+        default_factory=Approvals, description="How calls that need approval wait."
+    )
     subagents: Subagents | None = Field(
         default=None, description="Enables the spawn tool for sub-agents."
     )
-    limits: Limits = Field(default_factory=Limits)
-    behavior: BehaviorSpec = Field(default_factory=BehaviorSpec)
-    worker: WorkerSpec = Field(default_factory=WorkerSpec)
+    limits: Limits = Field(default_factory=Limits, description="When a run stops on its own.")
+    behavior: BehaviorSpec = Field(
+        default_factory=BehaviorSpec, description="How the agent loop behaves."
+    )
+    worker: WorkerSpec = Field(
+        default_factory=WorkerSpec, description="The worker pods of each version."
+    )
     webhook: WebhookSpec | None = Field(default=None, description="Webhook signing secret.")
-    drain: DrainSpec = Field(default_factory=DrainSpec)
+    drain: DrainSpec = Field(
+        default_factory=DrainSpec, description="How an old version is retired after a change."
+    )
 
     @model_validator(mode="after")
     def _unique_tool_names(self) -> DurableAgentSpec:
@@ -261,7 +320,7 @@ class Condition(_Model):
     """A Kubernetes status condition."""
 
     type: str = Field(description="Ready, Registered, Progressing or Draining.")
-    status: Literal["True", "False", "Unknown"]
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason.")
     message: str = Field(default="", description="What happened, for people.")
     last_transition_time: str = Field(description="RFC 3339 time of the last status change.")
@@ -272,19 +331,42 @@ class VersionStatus(_Model):
     """One deployed version of the agent."""
 
     hash: str = Field(description="Hash of the agent spec and pod template.")
-    state: Literal["Pending", "Active", "Draining", "Removed"]
+    state: Literal["Pending", "Active", "Draining", "Removed"] = Field(
+        description="Pending: deployed, not registered yet; Active: takes new runs; Draining: "
+        "serves only the runs pinned to it; Removed: unregistered and deleted."
+    )
     restate_deployment_id: str | None = Field(default=None, description="Restate deployment.")
     in_flight: int = Field(default=0, ge=0, description="Invocations still pinned to it.")
     created_at: str | None = Field(default=None, description="When the version was created.")
+    draining_since: str | None = Field(
+        default=None, description="When the version stopped taking new runs (RFC 3339)."
+    )
+    url: str | None = Field(default=None, description="The URL Restate reaches the version at.")
 
 
 class DurableAgentStatus(_Model):
     """What the operator observed and did."""
 
-    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Deleting"] = "Pending"
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    versions: list[VersionStatus] = Field(default_factory=list)
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Deleting"] = Field(
+        default="Pending",
+        description="Pending, Progressing (a new version rolls out), Ready, Degraded (see the "
+        "conditions) or Deleting (draining before removal).",
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation the status describes."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Registered, Progressing and Draining."
+    )
+    versions: list[VersionStatus] = Field(
+        default_factory=list, description="The deployed versions, newest first."
+    )
+    active_version: str | None = Field(
+        default=None, description="Hash of the version that takes new runs."
+    )
+    ready_versions: str | None = Field(
+        default=None, description="Registered versions with available pods, of all versions."
+    )
     endpoint: str | None = Field(default=None, description="Ingress path that starts runs.")
     webhook_url: str | None = Field(default=None, description="Base URL of the approval hooks.")
     parked_calls: int = Field(default=0, ge=0, description="Calls waiting for a person.")

@@ -23,7 +23,7 @@ import itertools
 import json
 import logging
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 import restate
@@ -32,6 +32,7 @@ from restate.exceptions import TerminalError
 
 from ..agent.agent import Agent
 from ..agent.behavior import Behavior
+from ..agent.hooks import Hooks, HooksInit
 from ..agent.stats import AgentStats
 from ..durable.ids import deterministic_uuid
 from ..messages import JSON
@@ -258,15 +259,22 @@ class Merge:
         """`spawn:complete` per child, from one journaled step: it fires in the attempt that
         first gets past the children, and never again on a replay (a child's result is often
         first seen by a replay that resumed a suspended parent, so "the call ran live" cannot
-        be told apart from the call's own journal entry)."""
+        be told apart from the call's own journal entry). Besides `call_id` and the child's
+        `stats`, the payload has the child's `index` in the call and the call's `fanout`."""
         agent = self.ctx.agent
         if agent is None:
             return
         hooks = agent.hooks
 
         async def fire() -> JSON:
-            for stats in children:
-                await hooks.call("spawn:complete", {"call_id": self.ctx.call_id, "stats": stats})
+            for index, stats in enumerate(children):
+                payload = {
+                    "call_id": self.ctx.call_id,
+                    "stats": stats,
+                    "index": index,
+                    "fanout": len(children),
+                }
+                await hooks.call("spawn:complete", payload)
             return len(children)
 
         await self.ctx.durable.step("decision", "spawn:complete", fire)
@@ -345,6 +353,13 @@ def tool_output(labels: list[str], results: list[ChildRunResult]) -> ToolOutput:
     return text
 
 
+def waves(requests: list[ChildRunRequest], size: int | None) -> list[list[ChildRunRequest]]:
+    """`requests` in dispatch order, `size` at a time (all at once without a size)."""
+    if not size or size >= len(requests):
+        return [requests]
+    return [requests[i : i + size] for i in range(0, len(requests), size)]
+
+
 def restate_spawn_tool(options: RestateSpawnToolOptions) -> ToolDef:
     """A `spawn` tool whose children run as separate Restate invocations.
 
@@ -353,7 +368,9 @@ def restate_spawn_tool(options: RestateSpawnToolOptions) -> ToolDef:
     child's depth (the caller's + 1; deeper than `max_depth` is refused before dispatch) and
     the parent's run, call and session ids. `options.dispatch(request, tool_ctx)` starts each
     child and returns the SDK call future untouched; the tool joins them with the runtime's
-    combinator (`gather`). Each settled child is merged: its stats join the parent run's
+    combinator (`gather`). With `max_concurrent`, the children start in waves of that many, in
+    task order, each wave after the previous one settled (a replay takes the same waves).
+    Each settled child is merged: its stats join the parent run's
     `children` (budgets count them), its run record and its descendants' (`MergedChild`,
     relabeled, depth relative to this run) are saved in the parent's session when `persist`,
     `on_child_merged` gets the subtree, and `spawn:complete` fires once per child (from one
@@ -376,12 +393,14 @@ def restate_spawn_tool(options: RestateSpawnToolOptions) -> ToolDef:
             )
         merge = Merge(options, ctx, labels)
         requests = [child_request(t, labels.next(merge.session), depth, ctx) for t in tasks]
-        futures = [options.dispatch(request, ctx) for request in requests]
-        try:
-            results = await settle(futures, ctx)
-        except asyncio.CancelledError:
-            await abort_children(options, requests, ctx)
-            raise
+        results: list[ChildRunResult] = []
+        for wave in waves(requests, options.max_concurrent):
+            futures = [options.dispatch(request, ctx) for request in wave]
+            try:
+                results.extend(await settle(futures, ctx))
+            except asyncio.CancelledError:
+                await abort_children(options, wave, ctx)
+                raise
         merged = [
             await merge.merge(merge.node(request["label"], request["task"], result))
             for request, result in zip(requests, results, strict=True)
@@ -417,6 +436,9 @@ async def abort_children(
 
 # The child side ----------------------------------------------------------------------------
 
+ChildHooks = Hooks | HooksInit | Callable[[RestateRuntime], Hooks | HooksInit]
+"""The hooks of a child agent, or a function of the child's runtime that builds them."""
+
 
 def refused(request: ChildRunRequest, max_depth: int) -> ChildRunResult:
     """The result of a child asked to run deeper than allowed."""
@@ -435,6 +457,7 @@ async def run_child(
     behavior: Behavior | dict[str, Any] | None = None,
     max_depth: int = 2,
     runtime_options: RestateRuntimeOptions | None = None,
+    hooks: ChildHooks | None = None,
 ) -> ChildRunResult:
     """Run the child agent of `request` in the calling handler's invocation and return its
     `ChildRunResult`: status, final text, stats (descendants included), turns, and the
@@ -444,7 +467,8 @@ async def run_child(
     a session of its own (its turns go back to the parent in the result), at depth
     `request["depth"]`; a depth over `max_depth` is refused with an error result. A
     `restate_spawn_tool` among `tools` dispatches grandchildren; their merged records are
-    collected automatically.
+    collected automatically. `hooks` are the child agent's hooks, or a function of the child's
+    runtime that builds them (for hooks that read it, like `tether.metrics.agent_hooks`).
     """
     if request["depth"] > max_depth:
         return refused(request, max_depth)
@@ -452,12 +476,14 @@ async def run_child(
     if settings.session_store is None:
         settings = dataclasses.replace(settings, session_store=memory_store())
     merged: list[MergedChild] = []
+    durable = restate_runtime(ctx, settings)
     agent = Agent(
         provider=provider,
         tools=tools,
         system=system,
-        durable=restate_runtime(ctx, settings),
+        durable=durable,
         behavior=behavior,
+        hooks=hooks(durable) if callable(hooks) else hooks,
         depth=request["depth"],
         tool_extras={MERGED_CHILDREN_EXTRA: merged},
     )

@@ -295,7 +295,8 @@ class RestateSpawnToolOptions:
     request)`); the tool awaits it. `persist` merges the child's turns and run record into the
     parent's session (default on). `on_abort(in_flight, ctx)` stops children when the parent
     aborts (cancel the parent's own invocation to cancel the whole tree); `on_child_merged`
-    collects merged subtrees for a sessionless child to hand up."""
+    collects merged subtrees for a sessionless child to hand up. `max_concurrent` caps the
+    children of one call that run at once: they start in waves of that many (default: all)."""
 
     dispatch: Callable[[ChildRunRequest, ToolContext], Any]
     name: str = "spawn"
@@ -304,6 +305,7 @@ class RestateSpawnToolOptions:
     on_abort: Callable[[list[InFlightChild], ToolContext], Awaitable[None] | None] | None = None
     on_child_merged: Callable[[MergedChild, ToolContext], None] | None = None
     max_depth: int = 2
+    max_concurrent: int | None = None
 
 
 @dataclass

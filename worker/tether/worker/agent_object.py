@@ -2,25 +2,42 @@
 
 `<agent>/<session>/run` (exclusive) runs the agent on `restate_runtime` with the session in the
 object's state; `session` and `pending` (shared) read it while a run is going on.
+
+With `spec.subagents`, the agent has a `spawn` tool (`restate_spawn_tool`). Each child is an
+invocation of the exclusive `child` handler of the same object, keyed `<parent key>::<label>`
+(`s1::child-1`, its own children `s1::child-1::child-1`, ...), which runs `run_child` with the
+agent's provider, tools, system prompt and behavior. So a child can park on an approval or
+`ask_human` like the agent itself, and its parked record lives under the agent's service name,
+where the sidecar finds it. Children spawn in turn while they are shallower than `maxDepth`;
+one spawn call runs at most `maxConcurrent` children at once (in waves, in task order).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import restate
 from pydantic import BaseModel, Field
 
 from ..agent import AgentStats, create_agent
+from ..agent.hooks import HookFn
 from ..assemble import api_key_for, behavior_from_spec, provider_from_spec, tools_from_spec
+from ..durable.protocol import DurableRuntime
 from ..metrics import agent_hooks
 from ..parked import PARKED_STATE_KEY, ParkedCall
 from ..providers.base import Provider
-from ..restate import restate_runtime, restate_session_store
+from ..restate import (
+    ChildRunRequest,
+    RestateSpawnToolOptions,
+    restate_runtime,
+    restate_session_store,
+    restate_spawn_tool,
+    run_child,
+)
 from ..session import create_session, load_session
-from ..spec import SpecError, ToolSpecEntry, parse_duration
-from ..tools.base import ToolDef
+from ..spec import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
+from ..tools.base import ToolContext, ToolDef
 from .gates import approval_gate, ask_human_tool
 from .parking import ParkSettings
 from .settings import WorkerSettings
@@ -69,6 +86,27 @@ class RunResult(BaseModel):
         )
 
 
+SPAWN_TOOL = "spawn"
+"""The name of the sub-agent tool an agent with `spec.subagents` gets."""
+
+
+def child_key(parent_key: str, label: str) -> str:
+    """The object key of a child: its parent's key and the label the parent gave it."""
+    return f"{parent_key}::{label}"
+
+
+def check_subagents(spec: DurableAgentSpec) -> None:
+    """With sub-agents, the name `spawn` belongs to the sub-agent tool."""
+    if spec.subagents is None:
+        return
+    for index, entry in enumerate(spec.tools):
+        if entry.name == SPAWN_TOOL:
+            raise SpecError(
+                f"spec.tools[{index}].name: {SPAWN_TOOL!r} is the sub-agent tool of "
+                "`spec.subagents`; rename this tool"
+            )
+
+
 def build_provider(settings: WorkerSettings) -> Provider:
     spec = settings.manifest.spec
     key = api_key_for(spec, dict(settings.env))
@@ -82,8 +120,10 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
     """The agent's virtual object, named after the agent."""
     manifest = settings.manifest
     spec = manifest.spec
+    check_subagents(spec)
     provider = build_provider(settings)
     behavior = behavior_from_spec(spec)
+    subagents = spec.subagents
     approvals = spec.approvals
     park_settings = ParkSettings(
         agent=manifest.metadata.name,
@@ -107,6 +147,29 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
 
         return tools_from_spec(spec, settings.workspace, parking)
 
+    def hooks_for(durable: DurableRuntime) -> dict[str, HookFn]:
+        """The metrics hooks of a run (the session's agent or a child) on `durable`."""
+        return agent_hooks(
+            manifest.metadata.name, provider=provider.name, model=provider.model, durable=durable
+        )
+
+    def spawn_for(ctx: restate.ObjectContext, depth: int) -> list[ToolDef]:
+        """The spawn tool of the agent at `depth` (0: the session's), while it may spawn."""
+        if subagents is None or depth >= subagents.max_depth:
+            return []
+
+        def dispatch(request: ChildRunRequest, tool_ctx: ToolContext) -> Any:
+            key = child_key(ctx.key(), request["label"])
+            return ctx.object_call(child, key=key, arg=dict(request))
+
+        options = RestateSpawnToolOptions(
+            dispatch=dispatch,
+            name=SPAWN_TOOL,
+            max_depth=subagents.max_depth,
+            max_concurrent=subagents.max_concurrent,
+        )
+        return [restate_spawn_tool(options)]
+
     @obj.handler()
     async def run(ctx: restate.ObjectContext, request: RunRequest) -> RunResult:
         durable = restate_runtime(ctx, id_seed=ctx.key())
@@ -117,19 +180,30 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
         )
         agent = create_agent(
             provider=provider,
-            tools=tools_for(ctx),
+            tools=[*tools_for(ctx), *spawn_for(ctx, 0)],
             system=spec.system,
             durable=durable,
             session=session,
             behavior=behavior,
-            hooks=agent_hooks(
-                manifest.metadata.name,
-                provider=provider.name,
-                model=provider.model,
-                durable=durable,
-            ),
+            hooks=hooks_for(durable),
         )
         return RunResult.of(await agent.run(request.prompt))
+
+    @obj.handler(ingress_private=True)
+    async def child(ctx: restate.ObjectContext, request: dict[str, Any]) -> dict[str, Any]:
+        """A sub-agent run (a `ChildRunRequest`), started by a parent's spawn tool only."""
+        child_request = cast(ChildRunRequest, request)
+        result = await run_child(
+            ctx,
+            child_request,
+            provider=provider,
+            tools=[*tools_for(ctx), *spawn_for(ctx, child_request["depth"])],
+            system=spec.system,
+            behavior=behavior,
+            max_depth=subagents.max_depth if subagents is not None else 0,
+            hooks=hooks_for,
+        )
+        return dict(result)
 
     @obj.handler(kind="shared")
     async def session(ctx: restate.ObjectSharedContext) -> dict[str, Any]:

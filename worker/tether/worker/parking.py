@@ -3,6 +3,8 @@
 The park is recorded in the object's state (`tether:parked`, read by the sidecar and the
 `pending` handler), announced once through a journaled notification step, and raced against a
 durable timer when it has a deadline. The invocation suspends while it waits: no worker holds it.
+Its end (answer, timeout or rejection) is a journaled step, so the attempt that gets the answer
+is known to be live.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import httpx2
 import restate
 from restate.exceptions import TerminalError
 
+from ..messages import JSON
 from ..parked import PARKED_STATE_KEY, ParkedCall, ParkedKind
 from ..restate.awakeable import race_with_timeout
+from ..restate.errors import is_restate_cancellation
 from ..restate.runtime import default_run_options
 from ..restate.types import AwakeableOutcome, AwakeableWithTimeoutOptions
 from ..tools.base import ToolContext
@@ -110,11 +114,25 @@ async def park(
         outcome = await race_with_timeout(
             ctx, future, AwakeableWithTimeoutOptions(timeout_ms=timeout_ms, promises=restate)
         )
-    except TerminalError:  # rejected, or the invocation was cancelled: no longer parked
+    except TerminalError as error:  # rejected, or the invocation was cancelled
         await _unpark(ctx, awakeable_id)
+        if not is_restate_cancellation(error):
+            await _ended(tool_ctx, {"rejected": True})
         raise
     await _unpark(ctx, awakeable_id)
+    await _ended(tool_ctx, {"timed_out": outcome.timed_out})
     return outcome
+
+
+async def _ended(tool_ctx: ToolContext, how: dict[str, Any]) -> None:
+    """Journal the end of the park as a step of the call. It runs live in the attempt that
+    first gets the answer (the run is live from there: `replay:done` fires, and the call's
+    `tool:after` is counted) and is replayed by any attempt after."""
+
+    async def record() -> JSON:
+        return how
+
+    await tool_ctx.durable.step("decision", "park:end", record)
 
 
 async def _unpark(ctx: restate.ObjectContext, awakeable_id: str) -> None:
