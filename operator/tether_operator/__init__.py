@@ -1,1 +1,9 @@
-"""The kopf operator for DurableAgent resources (built under the Kubernetes issue)."""
+"""The kopf operator for DurableAgent resources: `kopf run -m tether_operator`.
+
+Importing the package registers the handlers (`tether_operator.handlers`); `tether-operator`
+(`tether_operator.main:main`) runs them with settings from the environment.
+"""
+
+from . import handlers
+
+__all__ = ["handlers"]

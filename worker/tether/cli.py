@@ -86,6 +86,14 @@ def _resolve_parser(commands: Any) -> None:
     )
 
 
+def _crd_parser(commands: Any) -> None:
+    commands.add_parser(
+        "crd",
+        help="print the DurableAgent CustomResourceDefinition (generated from the spec model)",
+        description="The CRD that crds/durableagent.yaml holds, generated from tether.spec.",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="Durable AI agents.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -94,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sidecar_parser(commands)
     _dev_parser(commands)
     _resolve_parser(commands)
+    _crd_parser(commands)
     return parser
 
 
@@ -179,6 +188,11 @@ def main(argv: list[str] | None = None) -> None:
             code = dev_command(args)
         elif args.command == "resolve":
             code = resolve_command(args)
+        elif args.command == "crd":
+            from .crd import durableagent_crd_yaml
+
+            sys.stdout.write(durableagent_crd_yaml())
+            code = 0
         else:  # pragma: no cover - argparse rejects unknown commands
             code = 2
     except USER_ERRORS as error:

@@ -1,0 +1,112 @@
+"""Applying, finding and deleting the Kubernetes objects of an agent's versions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from tether.spec import DurableAgent
+
+from . import render
+from .kube import Kube
+from .names import AGENT_LABEL, VERSION_LABEL, WORKER_PORT, version_name
+from .settings import OperatorSettings
+
+KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
+
+
+@dataclass(frozen=True)
+class WorkerDeployment:
+    """A version's Deployment as the index sees it."""
+
+    hash: str
+    name: str
+    available: bool
+
+
+def is_available(spec: dict[str, Any], status: dict[str, Any], generation: int) -> bool:
+    wanted = int(spec.get("replicas", 1))
+    if wanted < 1 or int(status.get("observedGeneration", 0)) < generation:
+        return False
+    return (
+        int(status.get("availableReplicas", 0)) >= wanted
+        and int(status.get("updatedReplicas", 0)) >= wanted
+    )
+
+
+async def missing_secrets(kube: Kube, agent: DurableAgent, namespace: str) -> list[str]:
+    """One line per Secret (or key) the pods would need but that does not exist."""
+    refs = []
+    if agent.spec.model.api_key_secret_ref is not None:
+        refs.append(("spec.model.apiKeySecretRef", agent.spec.model.api_key_secret_ref))
+    if agent.spec.webhook is not None:
+        refs.append(("spec.webhook.secretRef", agent.spec.webhook.secret_ref))
+    problems = []
+    for field, ref in refs:
+        secret = await kube.get("v1", "Secret", namespace, ref.name)
+        if secret is None:
+            problems.append(
+                f"Secret {namespace}/{ref.name} named by {field} does not exist; create it with "
+                f"`kubectl -n {namespace} create secret generic {ref.name} "
+                f"--from-literal={ref.key}=...`"
+            )
+        elif ref.key not in {**secret.get("data", {}), **secret.get("stringData", {})}:
+            problems.append(f"Secret {namespace}/{ref.name} has no key {ref.key!r} ({field}.key)")
+    return problems
+
+
+def url_of(settings: OperatorSettings, service: dict[str, Any], agent: str, digest: str) -> str:
+    ports = service.get("spec", {}).get("ports", [])
+    node_port = ports[0].get("nodePort", "") if ports else ""
+    return settings.worker_url(
+        service=service["metadata"]["name"],
+        namespace=service["metadata"]["namespace"],
+        agent=agent,
+        hash=digest,
+        port=WORKER_PORT,
+        node_port=node_port,
+    )
+
+
+async def apply_version(
+    kube: Kube, settings: OperatorSettings, body: kopf.Body, agent: DurableAgent
+) -> tuple[str, str]:
+    """Apply the current version's objects and the stable sidecar Service; (hash, worker URL)."""
+    namespace = str(body["metadata"]["namespace"])
+    objects = render.version_objects(agent, namespace, settings)
+    sidecar = render.sidecar_service(agent.metadata.name, namespace, settings)
+    manifests = [objects.config_map, objects.service, objects.deployment, sidecar]
+    kopf.adopt(manifests, owner=body)
+    applied = [await kube.apply(manifest) for manifest in manifests]
+    return objects.hash, url_of(settings, applied[1], agent.metadata.name, objects.hash)
+
+
+async def version_url(
+    kube: Kube, settings: OperatorSettings, namespace: str, agent: str, digest: str
+) -> str | None:
+    """The URL of an existing version (reads its Service when the template needs a node port)."""
+    name = version_name(agent, digest)
+    if "{node_port}" not in settings.worker_url_template:
+        service = {"metadata": {"name": name, "namespace": namespace}, "spec": {}}
+        return url_of(settings, service, agent, digest)
+    found = await kube.get("v1", "Service", namespace, name)
+    return None if found is None else url_of(settings, found, agent, digest)
+
+
+async def delete_version(kube: Kube, namespace: str, agent: str, digest: str) -> None:
+    name = version_name(agent, digest)
+    for api_version, kind in KINDS:
+        await kube.delete(api_version, kind, namespace, name)
+
+
+async def versions_on_cluster(kube: Kube, namespace: str, agent: str) -> set[str]:
+    """Hashes of every version with any object left (a crash can leave a partial set)."""
+    found: set[str] = set()
+    for api_version, kind in KINDS:
+        for item in await kube.list(api_version, kind, namespace, {AGENT_LABEL: agent}):
+            digest = item["metadata"].get("labels", {}).get(VERSION_LABEL)
+            if digest:
+                found.add(digest)
+    return found

@@ -1,0 +1,99 @@
+"""Deleting a DurableAgent: the finalizer waits for the runs in flight, bounded by drain.timeout,
+then unregisters every version from Restate and deletes their objects."""
+
+from __future__ import annotations
+
+import time
+
+import kopf
+
+from tether.spec import DurableAgentStatus, SpecError, parse_duration
+
+from . import children
+from .conditions import DRAINING, READY, Verdict, merge, parse_rfc3339
+from .context import AgentMemory, Operator
+from .names import sidecar_service_name
+from .restate_admin import RestateError
+from .supervisor import base_status, parse, write_status
+
+POLL = 2.0
+
+
+def _drain_timeout(body: kopf.Body) -> float:
+    try:
+        return parse_duration(parse(body).spec.drain.timeout)
+    except SpecError:
+        return 0.0
+
+
+async def _say(
+    op: Operator, body: kopf.Body, mem: AgentMemory, ok: bool, reason: str, message: str
+) -> None:
+    previous = base_status(body, mem)
+    verdicts = [
+        Verdict(READY, False, "Deleting", "the agent is being deleted"),
+        Verdict(DRAINING, ok, reason, message),
+    ]
+    status = previous.model_copy(
+        update={
+            "phase": "Deleting",
+            "conditions": merge(previous.conditions, verdicts, body["metadata"].get("generation")),
+        }
+    )
+    await write_status(op, body, mem, DurableAgentStatus.model_validate(status.model_dump()))
+
+
+async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -> None:
+    """Raise `kopf.TemporaryError` while runs are in flight and drain.timeout has not passed."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    versions = list(base_status(body, mem).versions)
+    known = {v.hash for v in versions}
+    extra = await children.versions_on_cluster(op.kube, namespace, name)
+    ids = {v.hash: v.restate_deployment_id for v in versions if v.restate_deployment_id}
+    timeout = _drain_timeout(body)
+    started = parse_rfc3339(meta.get("deletionTimestamp") or time.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    left = started + timeout - time.time()
+    try:
+        in_flight = await op.observer.in_flight(max_age=0.0)
+        pinned = {h: in_flight.pinned.get(i, 0) for h, i in ids.items()}
+        waiting = sum(pinned.values()) + in_flight.unpinned.get(name, 0)
+    except RestateError as error:
+        if left > 0:
+            await _say(op, body, mem, True, error.reason, f"{error}; retrying until it answers")
+            raise kopf.TemporaryError(str(error), delay=min(POLL * 2, max(left, 1.0))) from None
+        kopf.warn(body, reason="DrainTimeout", message=f"{error}; deleting without draining")
+        pinned, waiting = {}, 0
+    if waiting and left > 0:
+        detail = ", ".join(f"{h}: {n}" for h, n in sorted(pinned.items()) if n)
+        message = (
+            f"waiting for {waiting} runs in flight ({detail or 'not started yet'}) before "
+            f"unregistering; drain.timeout ends the wait in {left:.0f}s"
+        )
+        await _say(op, body, mem, True, "WaitingForRuns", message)
+        if "waiting" not in mem.warned:
+            mem.warned.add("waiting")
+            kopf.info(body, reason="WaitingForRuns", message=message)
+        raise kopf.TemporaryError(message, delay=min(POLL, max(left, 0.5)))
+    if waiting:
+        kopf.warn(
+            body,
+            reason="DrainTimeout",
+            message=f"drain.timeout passed with {waiting} runs in flight; they are cut off",
+        )
+    for digest, deployment_id in ids.items():
+        try:
+            await op.restate.unregister(deployment_id)
+        except RestateError as error:
+            if left > 0:
+                raise kopf.TemporaryError(str(error), delay=POLL) from None
+            kopf.warn(
+                body,
+                reason="UnregistrationFailed",
+                message=f"{error}; remove deployment {deployment_id} with the Restate CLI",
+            )
+        kopf.info(body, reason="Unregistered", message=f"version {digest} ({deployment_id})")
+    for digest in known | extra:
+        await children.delete_version(op.kube, namespace, name, digest)
+    await op.kube.delete("v1", "Service", namespace, sidecar_service_name(name))
+    await _say(op, body, mem, False, "Deleted", "every version is unregistered and deleted")

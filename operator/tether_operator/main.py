@@ -1,0 +1,37 @@
+"""`tether-operator`: run the handlers with kopf, configured from the environment.
+
+Equivalent to `kopf run -m tether_operator --standalone --liveness=<url> -n <ns>...` (or `-A`),
+with the namespaces from `TETHER_NAMESPACES` and the liveness endpoint from
+`TETHER_LIVENESS_URL` (default http://0.0.0.0:8080/healthz).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import kopf
+
+from .settings import SettingsError, settings_from_env
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = settings_from_env()
+    except SettingsError as error:
+        print(f"tether-operator: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    verbose = "--verbose" in (argv if argv is not None else sys.argv[1:])
+    kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
+    from . import handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=os.environ.get("TETHER_LIVENESS_URL", "http://0.0.0.0:8080/healthz"),
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,81 @@
+"""Names, labels and the version hash shared by everything the operator creates."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from tether.crd import GROUP, PLURAL, VERSION
+
+__all__ = ["GROUP", "PLURAL", "VERSION"]
+
+FIELD_MANAGER = "tether-operator"
+FINALIZER = f"{GROUP}/finalizer"
+ANNOTATION_PREFIX = GROUP
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+AGENT_LABEL = f"{GROUP}/agent"
+VERSION_LABEL = f"{GROUP}/version"
+
+WORKER_PORT = 9080
+SIDECAR_PORT = 8000
+SPEC_DIR = "/etc/tether"
+SPEC_FILE = "agent.yaml"
+METRICS_DIR = "/var/run/tether/metrics"
+WORKSPACE_DIR = "/workspace"
+HASH_LENGTH = 10
+
+
+def version_name(agent: str, version_hash: str) -> str:
+    """ConfigMap, Deployment and Service of one version: `<agent>-<hash>`."""
+    return f"{agent}-{version_hash}"
+
+
+def sidecar_service_name(agent: str) -> str:
+    """The stable Service in front of every version's sidecar (webhooks, metrics)."""
+    return f"{agent}-sidecar"
+
+
+def agent_labels(agent: str) -> dict[str, str]:
+    return {
+        NAME_LABEL: "tether-agent",
+        INSTANCE_LABEL: agent,
+        MANAGED_BY_LABEL: FIELD_MANAGER,
+        AGENT_LABEL: agent,
+    }
+
+
+def version_labels(agent: str, version_hash: str) -> dict[str, str]:
+    return {**agent_labels(agent), VERSION_LABEL: version_hash}
+
+
+def selector(agent: str, version_hash: str | None = None) -> dict[str, str]:
+    labels = {AGENT_LABEL: agent}
+    if version_hash is not None:
+        labels[VERSION_LABEL] = version_hash
+    return labels
+
+
+RESTATE_AGENT_KEY = f"{GROUP}/agent"
+RESTATE_VERSION_KEY = f"{GROUP}/version"
+
+
+def restate_agent(namespace: str, agent: str) -> str:
+    return f"{namespace}/{agent}"
+
+
+def restate_metadata(namespace: str, agent: str, version_hash: str) -> dict[str, str]:
+    """Attached to the Restate deployment, so orphans can be found after a crash."""
+    return {
+        RESTATE_AGENT_KEY: restate_agent(namespace, agent),
+        RESTATE_VERSION_KEY: version_hash,
+    }
+
+
+def content_hash(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:HASH_LENGTH]

@@ -1,0 +1,306 @@
+"""The Kubernetes objects of one agent version, as plain manifests for server-side apply.
+
+A version is identified by a hash of the agent spec (without `drain` and `worker.replicas`,
+which change how versions are run, not what runs) and of the pod template. Same input, same
+hash, same names: a rollback to an earlier spec maps onto the earlier version's objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from tether.spec import API_VERSION, KIND, DurableAgent, DurableAgentSpec
+
+from .names import (
+    COMPONENT_LABEL,
+    METRICS_DIR,
+    SIDECAR_PORT,
+    SPEC_DIR,
+    SPEC_FILE,
+    VERSION_LABEL,
+    WORKER_PORT,
+    WORKSPACE_DIR,
+    agent_labels,
+    content_hash,
+    selector,
+    sidecar_service_name,
+    version_labels,
+    version_name,
+)
+from .settings import OperatorSettings
+
+Manifest = dict[str, Any]
+RUN_AS = 65532
+DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+@dataclass(frozen=True)
+class VersionObjects:
+    """Everything one version consists of, plus its identity."""
+
+    hash: str
+    config_map: Manifest
+    deployment: Manifest
+    service: Manifest
+
+    @property
+    def name(self) -> str:
+        return str(self.deployment["metadata"]["name"])
+
+
+def spec_document(agent: DurableAgent, namespace: str) -> str:
+    """`agent.yaml` for the worker: the manifest with the normalised spec (no secrets in it)."""
+    document = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": agent.metadata.name, "namespace": namespace},
+        "spec": agent.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def api_key_env_name(spec: DurableAgentSpec) -> str:
+    if spec.model.api_key_env:
+        return spec.model.api_key_env
+    return DEFAULT_KEY_ENV.get(spec.model.provider, "TETHER_MODEL_API_KEY")
+
+
+def _secret_env(name: str, secret: str, key: str) -> Manifest:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def sidecar_url(settings: OperatorSettings, agent: str, namespace: str) -> str:
+    return settings.webhook_url(
+        service=sidecar_service_name(agent),
+        namespace=namespace,
+        agent=agent,
+        hash="",
+        port=SIDECAR_PORT,
+        node_port="",
+    )
+
+
+def _shared_env(agent: DurableAgent, namespace: str, settings: OperatorSettings) -> list[Manifest]:
+    env: list[Manifest] = [
+        {"name": "TETHER_AGENT", "value": agent.metadata.name},
+        {"name": "TETHER_SPEC", "value": f"{SPEC_DIR}/{SPEC_FILE}"},
+        {
+            "name": "TETHER_WEBHOOK_BASE_URL",
+            "value": sidecar_url(settings, agent.metadata.name, namespace),
+        },
+        {"name": "PROMETHEUS_MULTIPROC_DIR", "value": METRICS_DIR},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    webhook = agent.spec.webhook
+    if webhook is not None:
+        env.append(
+            _secret_env("TETHER_WEBHOOK_SECRET", webhook.secret_ref.name, webhook.secret_ref.key)
+        )
+    return env
+
+
+def _container_security() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _mounts(*extra: Manifest) -> list[Manifest]:
+    return [
+        {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+        {"name": "metrics", "mountPath": METRICS_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+        *extra,
+    ]
+
+
+def _worker_container(
+    agent: DurableAgent, namespace: str, settings: OperatorSettings, image: str
+) -> Manifest:
+    spec = agent.spec
+    env = _shared_env(agent, namespace, settings)
+    env.append({"name": "TETHER_WORKSPACE", "value": WORKSPACE_DIR})
+    env.append({"name": "RESTATE_INGRESS_URL", "value": settings.restate_ingress_url})
+    ref = spec.model.api_key_secret_ref
+    if ref is not None:
+        env.append(_secret_env(api_key_env_name(spec), ref.name, ref.key))
+    env.extend({"name": e.name, "value": e.value} for e in spec.worker.env)
+    resources: Manifest = {}
+    if spec.worker.resources.requests:
+        resources["requests"] = dict(spec.worker.resources.requests)
+    if spec.worker.resources.limits:
+        resources["limits"] = dict(spec.worker.resources.limits)
+    probe = {"tcpSocket": {"port": "restate"}, "periodSeconds": 10}
+    return {
+        "name": "worker",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["tether", "worker", "--spec", f"{SPEC_DIR}/{SPEC_FILE}"],
+        "args": ["--port", str(WORKER_PORT)],
+        "ports": [{"name": "restate", "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": resources,
+        "readinessProbe": {**probe, "initialDelaySeconds": 1},
+        "livenessProbe": {**probe, "initialDelaySeconds": 10, "failureThreshold": 6},
+        "securityContext": _container_security(),
+        "volumeMounts": _mounts({"name": "workspace", "mountPath": WORKSPACE_DIR}),
+    }
+
+
+def _sidecar_container(
+    agent: DurableAgent, namespace: str, settings: OperatorSettings, image: str
+) -> Manifest:
+    env = _shared_env(agent, namespace, settings)
+    env.append({"name": "RESTATE_INGRESS_URL", "value": settings.restate_ingress_url})
+    env.append({"name": "RESTATE_ADMIN_URL", "value": settings.restate_admin_url})
+
+    def probe(path: str) -> Manifest:
+        return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": 10}
+
+    return {
+        "name": "sidecar",
+        "image": image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["tether", "sidecar"],
+        "args": ["--port", str(SIDECAR_PORT)],
+        "ports": [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        "env": env,
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "64Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "readinessProbe": probe("/readyz"),
+        "livenessProbe": {**probe("/healthz"), "initialDelaySeconds": 10, "failureThreshold": 6},
+        "securityContext": _container_security(),
+        "volumeMounts": _mounts(),
+    }
+
+
+def pod_template(
+    agent: DurableAgent, namespace: str, settings: OperatorSettings, version_hash: str
+) -> Manifest:
+    name = agent.metadata.name
+    image = agent.spec.worker.image or settings.worker_image
+    return {
+        "metadata": {"labels": {**version_labels(name, version_hash), COMPONENT_LABEL: "worker"}},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 30,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": RUN_AS,
+                "runAsGroup": RUN_AS,
+                "fsGroup": RUN_AS,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                _worker_container(agent, namespace, settings, image),
+                _sidecar_container(agent, namespace, settings, image),
+            ],
+            "volumes": [
+                {
+                    "name": "spec",
+                    "configMap": {"name": version_name(name, version_hash)},
+                },
+                {"name": "metrics", "emptyDir": {}},
+                {"name": "workspace", "emptyDir": {}},
+                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+            ],
+        },
+    }
+
+
+def _hash_input(agent: DurableAgent) -> Manifest:
+    spec = agent.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    spec.pop("drain", None)
+    spec.get("worker", {}).pop("replicas", None)
+    return spec
+
+
+def version_hash(agent: DurableAgent, namespace: str, settings: OperatorSettings) -> str:
+    """The version of this spec: the agent spec and the pod template it renders to."""
+    template = pod_template(agent, namespace, settings, version_hash="")
+    return content_hash(_hash_input(agent), template)
+
+
+def _metadata(
+    name: str, namespace: str, labels: dict[str, str], settings: OperatorSettings
+) -> Manifest:
+    return {"name": name, "namespace": namespace, "labels": {**settings.labels, **labels}}
+
+
+def version_objects(
+    agent: DurableAgent, namespace: str, settings: OperatorSettings
+) -> VersionObjects:
+    """ConfigMap, Deployment and worker Service of the agent's current version."""
+    name = agent.metadata.name
+    digest = version_hash(agent, namespace, settings)
+    object_name = version_name(name, digest)
+    labels = version_labels(name, digest)
+    config_map: Manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(object_name, namespace, labels, settings),
+        "data": {SPEC_FILE: spec_document(agent, namespace)},
+    }
+    deployment: Manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(object_name, namespace, labels, settings),
+        "spec": {
+            "replicas": agent.spec.worker.replicas,
+            "revisionHistoryLimit": 1,
+            "selector": {"matchLabels": selector(name, digest)},
+            "strategy": {"type": "RollingUpdate"},
+            "template": pod_template(agent, namespace, settings, digest),
+        },
+    }
+    service: Manifest = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(object_name, namespace, labels, settings),
+        "spec": {
+            "type": settings.worker_service_type,
+            "selector": selector(name, digest),
+            "ports": [
+                {
+                    "name": "restate",
+                    "port": WORKER_PORT,
+                    "targetPort": "restate",
+                    "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c",
+                }
+            ],
+        },
+    }
+    return VersionObjects(digest, config_map, deployment, service)
+
+
+def sidecar_service(agent: str, namespace: str, settings: OperatorSettings) -> Manifest:
+    """The stable Service for webhooks and metrics, across versions."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(
+            sidecar_service_name(agent), namespace, agent_labels(agent), settings
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(agent),
+            "ports": [
+                {"name": "http", "port": SIDECAR_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def version_of(labels: dict[str, str]) -> str | None:
+    return labels.get(VERSION_LABEL)

@@ -1,0 +1,125 @@
+"""Operator settings, read once from the environment at start-up (see operator/README.md)."""
+
+from __future__ import annotations
+
+import os
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+DEFAULT_WORKER_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
+DEFAULT_WEBHOOK_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
+URL_FIELDS = frozenset({"service", "namespace", "agent", "hash", "port", "node_port"})
+
+
+class SettingsError(ValueError):
+    """An environment variable the operator cannot work with."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    restate_admin_url: str
+    """Restate's admin API, e.g. http://restate.restate.svc:9070 (`TETHER_RESTATE_ADMIN_URL`)."""
+    restate_ingress_url: str
+    """Restate's ingress, e.g. http://restate.restate.svc:8080 (`TETHER_RESTATE_INGRESS_URL`)."""
+    worker_image: str
+    """Image of the worker and sidecar containers unless `spec.worker.image` says otherwise."""
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch; empty means all (`TETHER_NAMESPACES`, comma-separated)."""
+    worker_url_template: str = DEFAULT_WORKER_URL_TEMPLATE
+    """How Restate reaches a version's Service. Fields: {service} {namespace} {agent} {hash}
+    {port} {node_port}."""
+    worker_service_type: str = "ClusterIP"
+    """ClusterIP, or NodePort when Restate runs outside the cluster (then use {node_port})."""
+    webhook_url_template: str = DEFAULT_WEBHOOK_URL_TEMPLATE
+    """The public base URL of an agent's sidecars (webhooks); same fields, port 8000."""
+    image_pull_policy: str = "IfNotPresent"
+    reconcile_interval: float = 1.0
+    """Seconds between two supervision passes of one agent (registration, drain, status)."""
+    restate_timeout: float = 30.0
+    """Seconds one admin API call (registration includes discovery) may take."""
+    parked_refresh: float = 5.0
+    """Seconds a parked-calls count from Restate is reused before it is asked again."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra labels on every child (`TETHER_EXTRA_LABELS`, k=v,k=v)."""
+
+    def worker_url(self, **values: str | int) -> str:
+        return self.worker_url_template.format(**values).rstrip("/")
+
+    def webhook_url(self, **values: str | int) -> str:
+        return self.webhook_url_template.format(**values).rstrip("/")
+
+
+def _template(env: Mapping[str, str], name: str, default: str) -> str:
+    value = env.get(name) or default
+    used = {f for _, f, _, _ in string.Formatter().parse(value) if f}
+    unknown = used - URL_FIELDS
+    if unknown:
+        raise SettingsError(
+            f"{name}={value!r} uses unknown fields {sorted(unknown)}; "
+            f"use only {{{'}, {'.join(sorted(URL_FIELDS))}}}"
+        )
+    return value
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise SettingsError(f"{name}={raw!r} must be greater than zero")
+    return value
+
+
+def _labels(raw: str) -> dict[str, str]:
+    pairs = [p.strip() for p in raw.split(",") if p.strip()]
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SettingsError(f"TETHER_EXTRA_LABELS: {pair!r} is not key=value")
+        labels[key] = value
+    return labels
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
+    """Read `TETHER_*` variables; a missing required one is a `SettingsError` naming it."""
+    env = os.environ if env is None else env
+    missing = [
+        name
+        for name in (
+            "TETHER_RESTATE_ADMIN_URL",
+            "TETHER_RESTATE_INGRESS_URL",
+            "TETHER_WORKER_IMAGE",
+        )
+        if not env.get(name)
+    ]
+    if missing:
+        raise SettingsError(f"set {', '.join(missing)} (see operator/README.md)")
+    service_type = env.get("TETHER_WORKER_SERVICE_TYPE") or "ClusterIP"
+    if service_type not in ("ClusterIP", "NodePort"):
+        raise SettingsError(f"TETHER_WORKER_SERVICE_TYPE={service_type!r}: ClusterIP or NodePort")
+    return OperatorSettings(
+        restate_admin_url=env["TETHER_RESTATE_ADMIN_URL"].rstrip("/"),
+        restate_ingress_url=env["TETHER_RESTATE_INGRESS_URL"].rstrip("/"),
+        worker_image=env["TETHER_WORKER_IMAGE"],
+        namespaces=tuple(
+            n.strip() for n in env.get("TETHER_NAMESPACES", "").split(",") if n.strip()
+        ),
+        worker_url_template=_template(
+            env, "TETHER_WORKER_URL_TEMPLATE", DEFAULT_WORKER_URL_TEMPLATE
+        ),
+        worker_service_type=service_type,
+        webhook_url_template=_template(
+            env, "TETHER_WEBHOOK_URL_TEMPLATE", DEFAULT_WEBHOOK_URL_TEMPLATE
+        ),
+        image_pull_policy=env.get("TETHER_IMAGE_PULL_POLICY") or "IfNotPresent",
+        reconcile_interval=_number(env, "TETHER_RECONCILE_INTERVAL", 1.0),
+        restate_timeout=_number(env, "TETHER_RESTATE_TIMEOUT", 30.0),
+        parked_refresh=_number(env, "TETHER_PARKED_REFRESH", 5.0),
+        labels=_labels(env.get("TETHER_EXTRA_LABELS", "")),
+    )

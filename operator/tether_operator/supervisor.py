@@ -1,0 +1,462 @@
+"""One supervision pass over a DurableAgent: register, drain, retire, report.
+
+The pass is level-triggered and idempotent: it reads what exists (the status it last wrote, the
+version Deployments from kopf's index, Restate's deployments once per process) and moves every
+version one step towards the goal:
+
+- the version of the current spec becomes `Active` as soon as its Deployment is available:
+  its URL is registered with Restate (with `force`, so a rollback to an earlier, still
+  registered URL becomes the latest deployment again), and the previous `Active` one starts
+  `Draining`;
+- a `Draining` version stays while Restate has invocations pinned to it; once none are left and
+  `drain.delay` has passed, it is unregistered, then its objects are deleted; after
+  `drain.timeout` it goes regardless, with a Warning event;
+- a version that was never registered and is no longer wanted is deleted at once.
+
+Nothing is ever removed because Restate or the API server failed to answer: a failure becomes a
+condition and the step is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from tether.spec import (
+    DurableAgent,
+    DurableAgentStatus,
+    SpecError,
+    VersionStatus,
+    parse_agent,
+    parse_duration,
+)
+
+from . import children, render
+from .conditions import (
+    DRAINING,
+    PROGRESSING,
+    READY,
+    REGISTERED,
+    Verdict,
+    merge,
+    now_rfc3339,
+    parse_rfc3339,
+)
+from .context import AgentMemory, Operator
+from .kube import KubeError
+from .names import RESTATE_AGENT_KEY, RESTATE_VERSION_KEY, restate_agent, restate_metadata
+from .restate_admin import InFlight, RestateError
+
+log = logging.getLogger("tether_operator")
+
+Versions = dict[str, VersionStatus]
+#: Seconds after applying a version before a missing Deployment counts as deleted.
+REPAIR_AFTER = 3.0
+
+
+def parse(body: kopf.Body) -> DurableAgent:
+    document = {k: body.get(k) for k in ("apiVersion", "kind", "metadata", "spec")}
+    document["metadata"] = {
+        "name": body["metadata"]["name"],
+        "namespace": body["metadata"].get("namespace"),
+    }
+    return parse_agent(document)
+
+
+def event_once(mem: AgentMemory, body: kopf.Body, reason: str, message: str) -> None:
+    key = f"{reason}:{message}"
+    if key not in mem.warned:
+        mem.warned.add(key)
+        kopf.warn(body, reason=reason, message=message)
+
+
+def base_status(body: kopf.Body, mem: AgentMemory) -> DurableAgentStatus:
+    if mem.status is not None:
+        return mem.status
+    raw = {k: v for k, v in (body.get("status") or {}).items() if k != "kopf"}
+    try:
+        return DurableAgentStatus.model_validate(raw)
+    except ValueError:
+        return DurableAgentStatus()
+
+
+async def write_status(
+    op: Operator, body: kopf.Body, mem: AgentMemory, status: DurableAgentStatus
+) -> None:
+    """Merge-patch the status if it changed; keys that disappeared are removed (null)."""
+    before = base_status(body, mem).model_dump(by_alias=True, exclude_none=True, mode="json")
+    after = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if mem.status is not None and before == after:
+        return
+    patch: dict[str, Any] = {k: None for k in before if k not in after}
+    patch.update(after)
+    meta = body["metadata"]
+    await op.kube.patch_status(meta["namespace"], meta["name"], patch)
+    mem.status = status
+
+
+# ------------------------------------------------------------------------------------------
+# Reconciling the version list with what exists
+
+
+async def sync_once(
+    op: Operator, body: kopf.Body, mem: AgentMemory, versions: Versions, desired: str
+) -> None:
+    """After a (re)start: adopt Restate deployments and children that the status lost."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    owner = restate_agent(namespace, name)
+    registered = {
+        d["metadata"].get(RESTATE_VERSION_KEY, ""): d
+        for d in await op.restate.deployments()
+        if (d.get("metadata") or {}).get(RESTATE_AGENT_KEY) == owner
+    }
+    now = now_rfc3339()
+    for digest, found in registered.items():
+        version = versions.get(digest)
+        if version is None:
+            versions[digest] = VersionStatus(
+                hash=digest,
+                state="Draining",
+                restate_deployment_id=found["id"],
+                created_at=now,
+                draining_since=now,
+                url=found.get("uri"),
+            )
+        elif version.restate_deployment_id != found["id"]:
+            versions[digest] = version.model_copy(update={"restate_deployment_id": found["id"]})
+    for digest, version in list(versions.items()):
+        gone = version.restate_deployment_id and digest not in registered
+        if gone:  # Restate lost it, or we unregistered it just before a crash
+            state = "Pending" if version.state == "Active" else version.state
+            versions[digest] = version.model_copy(
+                update={"restate_deployment_id": None, "state": state}
+            )
+    for digest in await children.versions_on_cluster(op.kube, namespace, name):
+        if digest not in versions and digest != desired:
+            versions[digest] = VersionStatus(
+                hash=digest, state="Draining", created_at=now, draining_since=now
+            )
+    mem.synced = True
+
+
+def _adopt_deployments(
+    versions: Versions, deployments: list[children.WorkerDeployment], desired: str
+) -> None:
+    now = now_rfc3339()
+    for found in deployments:
+        if found.hash not in versions:
+            wanted = found.hash == desired
+            versions[found.hash] = VersionStatus(
+                hash=found.hash,
+                state="Pending" if wanted else "Draining",
+                created_at=now,
+                draining_since=None if wanted else now,
+            )
+
+
+# ------------------------------------------------------------------------------------------
+# Steps
+
+
+async def register_desired(
+    op: Operator,
+    body: kopf.Body,
+    mem: AgentMemory,
+    versions: Versions,
+    desired: str,
+    available: dict[str, bool],
+) -> None:
+    version = versions[desired]
+    if version.state == "Active" and version.restate_deployment_id:
+        return
+    if not available.get(desired) or not mem.registration.ready():
+        return
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    url = mem.urls.get(desired) or await children.version_url(
+        op.kube, op.settings, namespace, name, desired
+    )
+    if url is None:
+        return
+    try:
+        deployment_id = await op.restate.register(url, restate_metadata(namespace, name, desired))
+    except RestateError as error:
+        delay = mem.registration.failed()
+        mem.registration_problem = Verdict(REGISTERED, False, error.reason, str(error))
+        log.info("registration of %s failed; next attempt in %.0fs", desired, delay)
+        event_once(mem, body, error.reason, str(error))
+        return
+    mem.registration.succeeded()
+    mem.registration_problem = None
+    mem.warned.clear()
+    now = now_rfc3339()
+    rollback = version.state == "Draining"
+    versions[desired] = version.model_copy(
+        update={
+            "state": "Active",
+            "restate_deployment_id": deployment_id,
+            "draining_since": None,
+            "url": url,
+        }
+    )
+    kopf.info(
+        body,
+        reason="Registered",
+        message=f"version {desired} registered with Restate as {deployment_id} at {url}"
+        + (" (rolled back to it)" if rollback else ""),
+    )
+    for digest, other in list(versions.items()):
+        if digest != desired and other.state in ("Active", "Pending"):
+            versions[digest] = other.model_copy(update={"state": "Draining", "draining_since": now})
+            kopf.info(
+                body,
+                reason="Draining",
+                message=f"version {digest} takes no new runs; it stays until the runs pinned to "
+                "it finish",
+            )
+
+
+async def retire(
+    op: Operator, body: kopf.Body, version: VersionStatus, why: str, warning: bool = False
+) -> None:
+    """Unregister from Restate first (restate-operator #137), then delete the objects."""
+    meta = body["metadata"]
+    if version.restate_deployment_id:
+        await op.restate.unregister(version.restate_deployment_id)
+    await children.delete_version(op.kube, meta["namespace"], meta["name"], version.hash)
+    message = f"version {version.hash} unregistered and deleted: {why}"
+    if warning:
+        kopf.warn(body, reason="DrainTimeout", message=message)
+    else:
+        kopf.info(body, reason="Retired", message=message)
+
+
+async def drain_old(
+    op: Operator,
+    body: kopf.Body,
+    agent: DurableAgent,
+    mem: AgentMemory,
+    versions: Versions,
+    desired: str,
+) -> InFlight | None:
+    draining = [v for v in versions.values() if v.hash != desired and v.state != "Active"]
+    try:
+        in_flight = await op.observer.in_flight(max_age=1.0 if draining else 10.0)
+    except RestateError as error:
+        mem.restate_problem = Verdict(DRAINING, bool(draining), error.reason, str(error))
+        return None
+    mem.restate_problem = None
+    delay = parse_duration(agent.spec.drain.delay)
+    timeout = parse_duration(agent.spec.drain.timeout)
+    for version in draining:
+        if version.restate_deployment_id is None and mem.synced:
+            await retire(op, body, version, "never registered")
+            del versions[version.hash]
+            continue
+        pinned = in_flight.pinned.get(version.restate_deployment_id or "", 0)
+        age = time.time() - parse_rfc3339(version.draining_since or now_rfc3339())
+        if pinned == 0 and age >= delay:
+            # A shared count may predate a run that got pinned just before this version
+            # stopped being the latest: retire only on a count read now.
+            in_flight = await op.observer.in_flight(max_age=0.0)
+            pinned = in_flight.pinned.get(version.restate_deployment_id or "", 0)
+            if pinned == 0:
+                await retire(op, body, version, "no runs pinned to it")
+                del versions[version.hash]
+                continue
+        if age >= timeout:
+            why = f"drain.timeout ({agent.spec.drain.timeout}) passed with {pinned} runs pinned"
+            await retire(op, body, version, why, warning=True)
+            del versions[version.hash]
+    for digest, version in list(versions.items()):
+        pinned = in_flight.pinned.get(version.restate_deployment_id or "", 0)
+        if pinned != version.in_flight:
+            versions[digest] = version.model_copy(update={"in_flight": pinned})
+    return in_flight
+
+
+async def repair_children(
+    op: Operator,
+    body: kopf.Body,
+    agent: DurableAgent,
+    mem: AgentMemory,
+    desired: str,
+    available: dict[str, bool],
+) -> None:
+    """Apply the current version's objects again if its Deployment vanished (deleted by hand)."""
+    settled = time.monotonic() - mem.applied_at > REPAIR_AFTER
+    if mem.applied != desired or desired in available or mem.blocker is not None or not settled:
+        return
+    try:
+        _, mem.urls[desired] = await children.apply_version(op.kube, op.settings, body, agent)
+    except KubeError as error:
+        log.warning("re-applying version %s of %s failed: %s", desired, agent.metadata.name, error)
+        return
+    mem.applied_at = time.monotonic()
+    kopf.warn(body, reason="Repaired", message=f"version {desired}'s objects were missing")
+
+
+# ------------------------------------------------------------------------------------------
+# Status
+
+
+def _verdicts(
+    mem: AgentMemory,
+    versions: Versions,
+    desired: str,
+    available: dict[str, bool],
+    drain_timeout: str,
+) -> list[Verdict]:
+    target = versions.get(desired)
+    live = target is not None and target.state == "Active" and bool(target.restate_deployment_id)
+    problem = mem.blocker or mem.registration_problem
+    if live:
+        assert target is not None
+        registered = Verdict(
+            REGISTERED,
+            True,
+            "Registered",
+            f"version {desired} is Restate deployment {target.restate_deployment_id}",
+        )
+    elif problem is not None:
+        registered = Verdict(REGISTERED, False, problem.reason, problem.message)
+    elif target is not None and not available.get(desired):
+        registered = Verdict(
+            REGISTERED, False, "WaitingForPods", f"version {desired} has no available pods yet"
+        )
+    else:
+        registered = Verdict(REGISTERED, False, "Registering", f"registering version {desired}")
+
+    serving = [
+        v
+        for v in versions.values()
+        if v.state == "Active" and v.restate_deployment_id and available.get(v.hash)
+    ]
+    if serving:
+        ready = Verdict(READY, True, "VersionActive", f"version {serving[0].hash} takes new runs")
+    else:
+        ready = Verdict(READY, False, registered.reason, registered.message)
+
+    if live:
+        progressing = Verdict(PROGRESSING, False, "RolloutComplete", f"version {desired} is active")
+    elif mem.blocker is not None:
+        progressing = Verdict(PROGRESSING, False, mem.blocker.reason, mem.blocker.message)
+    else:
+        progressing = Verdict(PROGRESSING, True, "RollingOut", f"rolling out version {desired}")
+
+    draining = sorted((v for v in versions.values() if v.state == "Draining"), key=lambda v: v.hash)
+    if mem.restate_problem is not None and draining:
+        drain = Verdict(DRAINING, True, mem.restate_problem.reason, mem.restate_problem.message)
+    elif draining:
+        waits = ", ".join(f"{v.hash} ({v.in_flight} runs pinned)" for v in draining)
+        drain = Verdict(
+            DRAINING,
+            True,
+            "WaitingForRuns",
+            f"draining {waits}; each goes when its runs finish, at the latest after "
+            f"drain.timeout ({drain_timeout})",
+        )
+    else:
+        drain = Verdict(DRAINING, False, "NothingToDrain", "no version is draining")
+    return [ready, registered, progressing, drain]
+
+
+def _phase(verdicts: list[Verdict], mem: AgentMemory) -> str:
+    by_type = {v.type: v for v in verdicts}
+    if mem.blocker is not None or mem.registration_problem is not None:
+        return "Degraded"
+    if by_type[READY].ok and not by_type[PROGRESSING].ok:
+        return "Ready"
+    return "Progressing"
+
+
+async def assemble_status(
+    op: Operator,
+    body: kopf.Body,
+    mem: AgentMemory,
+    versions: Versions,
+    desired: str,
+    available: dict[str, bool],
+    drain_timeout: str,
+) -> DurableAgentStatus:
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    previous = base_status(body, mem)
+    verdicts = _verdicts(mem, versions, desired, available, drain_timeout)
+    try:
+        parked = await op.observer.parked_calls(name)
+    except RestateError:
+        parked = previous.parked_calls
+    ordered = sorted(versions.values(), key=lambda v: (v.created_at or "", v.hash), reverse=True)
+    ready = sum(
+        1
+        for v in ordered
+        if v.state in ("Active", "Draining") and v.restate_deployment_id and available.get(v.hash)
+    )
+    active = next((v.hash for v in ordered if v.state == "Active"), None)
+    return DurableAgentStatus(
+        phase=_phase(verdicts, mem),  # type: ignore[arg-type]
+        observed_generation=meta.get("generation"),
+        conditions=merge(previous.conditions, verdicts, meta.get("generation")),
+        versions=ordered,
+        active_version=active,
+        ready_versions=f"{ready}/{len(ordered)}",
+        endpoint=f"{op.settings.restate_ingress_url}/{name}/{{session}}/run",
+        webhook_url=render.sidecar_url(op.settings, name, namespace),
+        parked_calls=parked,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# The pass
+
+
+async def converge(
+    op: Operator,
+    body: kopf.Body,
+    mem: AgentMemory,
+    deployments: list[children.WorkerDeployment],
+) -> None:
+    """One supervision pass (callers hold `mem.lock`)."""
+    op.last_pass = time.monotonic()
+    meta = body["metadata"]
+    try:
+        agent = parse(body)
+    except SpecError as error:
+        invalid = Verdict(READY, False, "InvalidSpec", str(error))
+        status = base_status(body, mem).model_copy(
+            update={
+                "phase": "Degraded",
+                "conditions": merge(base_status(body, mem).conditions, [invalid], None),
+            }
+        )
+        await write_status(op, body, mem, status)
+        return
+    desired = render.version_hash(agent, meta["namespace"], op.settings)
+    versions: Versions = {v.hash: v for v in base_status(body, mem).versions}
+    available = {d.hash: d.available for d in deployments}
+    _adopt_deployments(versions, deployments, desired)
+    if not mem.synced:
+        try:
+            await sync_once(op, body, mem, versions, desired)
+        except RestateError as error:
+            mem.restate_problem = Verdict(DRAINING, False, error.reason, str(error))
+    if desired not in versions and mem.blocker is None and mem.applied == desired:
+        versions[desired] = VersionStatus(hash=desired, state="Pending", created_at=now_rfc3339())
+    await repair_children(op, body, agent, mem, desired, available)
+    if desired in versions:
+        await register_desired(op, body, mem, versions, desired, available)
+    try:
+        await drain_old(op, body, agent, mem, versions, desired)
+    except RestateError as error:  # unregistering failed: keep the version, try again
+        event_once(mem, body, error.reason, str(error))
+    except KubeError as error:
+        log.warning("deleting an old version of %s failed: %s", meta["name"], error)
+    status = await assemble_status(
+        op, body, mem, versions, desired, available, agent.spec.drain.timeout
+    )
+    await write_status(op, body, mem, status)

@@ -1,0 +1,406 @@
+"""Helpers for the operator tests: the operator as a real process, a stand-in worker, Kubernetes
+and Restate look-ups, and polling with deadlines (no fixed sleeps)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client import ApiClient, ApiException
+
+from tether.crd import GROUP, PLURAL, VERSION
+from tether.restate_server import RestateServer
+
+T = TypeVar("T")
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(
+    predicate: Callable[[], T | bool | None],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+) -> T:
+    """Poll until `predicate` returns something truthy (returned); fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value  # type: ignore[return-value]
+            last = value
+        except (OSError, ApiException, KeyError, ValueError) as error:
+            last = error
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
+            )
+        time.sleep(interval)
+
+
+def http(method: str, url: str, payload: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
+    body = None if payload is None else json.dumps(payload).encode()
+    headers = {"accept": "application/json"}
+    if body is not None:
+        headers["content-type"] = "application/json"
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            raw = response.read()
+            status = response.status
+    except urllib.error.HTTPError as error:
+        with error:
+            raw, status = error.read(), error.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+# ------------------------------------------------------------------------------------------
+# Processes
+
+
+class Process:
+    """A child in its own session (so its whole group can be signalled), output to a file."""
+
+    def __init__(self, argv: list[str], env: Mapping[str, str], log: Path, cwd: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(
+                argv,
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace)
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def tail(self, chars: int = 6000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+_HYPERCORN = """\
+bind = ["127.0.0.1:{port}"]
+workers = 1
+h2_max_concurrent_streams = 2147483647
+keep_alive_max_requests = 2147483647
+keep_alive_timeout = 2147483647
+graceful_timeout = 2
+"""
+
+
+class StandinWorker:
+    """`tests/operator/standin_worker.py` served by the hypercorn CLI on a free port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="tether-standin-"))
+        config = self.dir / "hypercorn.toml"
+        config.write_text(_HYPERCORN.format(port=self.port))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "hypercorn", "--config", str(config), "standin_worker:app"]
+        self.process = Process(argv, env, self.dir / "standin.log", HERE)
+        wait_for(self._listening, timeout=30, what="the stand-in worker to listen")
+
+    def _listening(self) -> bool:
+        if not self.process.alive():
+            raise RuntimeError(f"the stand-in worker exited:\n{self.process.tail()}")
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    @property
+    def url_template(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{{namespace}}/{{agent}}/{{hash}}"
+
+    def close(self) -> None:
+        self.process.stop(grace=5)
+
+
+@dataclass
+class OperatorProcess:
+    """`kopf run -m tether_operator` watching one namespace, as a real process."""
+
+    process: Process
+    liveness: str
+
+    def healthy(self) -> bool:
+        status, _ = http("GET", self.liveness, timeout=2)
+        return status == 200
+
+
+OperatorFactory = Callable[..., OperatorProcess]
+"""The `run_operator` fixture: start the operator for the test's namespace, settings as kwargs."""
+
+
+def start_operator(
+    kubeconfig: Path,
+    namespace: str,
+    env: Mapping[str, str],
+    log: Path,
+    *,
+    entry: str = "kopf",
+) -> OperatorProcess:
+    """`entry="kopf"`: `kopf run -m tether_operator ...`; `"module"`: `python -m
+    tether_operator` (the `tether-operator` command), configured through the environment."""
+    port = free_port()
+    liveness = f"http://127.0.0.1:{port}/healthz"
+    full_env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "PYTHONUNBUFFERED": "1",
+        "TETHER_WORKER_IMAGE": "ghcr.io/example/tether:test",
+        "TETHER_NAMESPACES": namespace,
+        "TETHER_LIVENESS_URL": liveness,
+        **env,
+    }
+    if entry == "module":
+        argv = [sys.executable, "-m", "tether_operator"]
+    else:
+        argv = [sys.executable, "-m", "kopf", "run", "-m", "tether_operator", "--standalone"]
+        argv += ["-n", namespace, f"--liveness={liveness}"]
+    operator = OperatorProcess(Process(argv, full_env, log, REPO), liveness)
+
+    def up() -> bool:
+        if not operator.process.alive():
+            raise RuntimeError(f"the operator exited:\n{operator.process.tail()}")
+        return operator.healthy()
+
+    wait_for(up, timeout=60, what="the operator's liveness endpoint")
+    return operator
+
+
+# ------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+class Cluster:
+    """Typed shortcuts over the official client for one namespace."""
+
+    def __init__(self, api: ApiClient, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.objects = client.CustomObjectsApi(api)
+
+    def apply_agent(self, manifest: dict[str, Any]) -> None:
+        body = {**manifest, "metadata": {**manifest["metadata"], "namespace": self.namespace}}
+        self.objects.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            body["metadata"]["name"],
+            body,
+            field_manager="tether-tests",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+
+    def agent(self, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = self.objects.get_namespaced_custom_object(  # type: ignore[assignment]
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
+    def status(self, name: str) -> dict[str, Any]:
+        found = self.agent(name)
+        return (found or {}).get("status") or {}
+
+    def condition(self, name: str, kind: str) -> dict[str, Any]:
+        for condition in self.status(name).get("conditions", []):
+            if condition["type"] == kind:
+                found: dict[str, Any] = condition
+                return found
+        return {}
+
+    def versions(self, name: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = self.status(name).get("versions", [])
+        return found
+
+    def delete_agent(self, name: str) -> None:
+        with contextlib.suppress(ApiException):
+            self.objects.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+
+    def agents(self) -> list[str]:
+        listed: Any = self.objects.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL
+        )
+        return [item["metadata"]["name"] for item in listed["items"]]
+
+    def secret(self, name: str, data: dict[str, str]) -> None:
+        self.core.create_namespaced_secret(
+            self.namespace,
+            client.V1Secret.model_validate(
+                {"metadata": {"name": name}, "stringData": data, "type": "Opaque"}
+            ),
+        )
+
+    def child_names(self, agent: str) -> dict[str, set[str]]:
+        selector = f"tether.dev/agent={agent}"
+        ns = self.namespace
+        return {
+            "deployments": {
+                d.metadata.name
+                for d in self.apps.list_namespaced_deployment(ns, label_selector=selector).items
+                if d.metadata and d.metadata.name
+            },
+            "services": {
+                s.metadata.name
+                for s in self.core.list_namespaced_service(ns, label_selector=selector).items
+                if s.metadata and s.metadata.name
+            },
+            "configmaps": {
+                c.metadata.name
+                for c in self.core.list_namespaced_config_map(ns, label_selector=selector).items
+                if c.metadata and c.metadata.name
+            },
+        }
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        listed = self.core.list_namespaced_event(
+            self.namespace,
+            field_selector=f"involvedObject.kind=DurableAgent,involvedObject.name={name}",
+        )
+        return [{"type": e.type, "reason": e.reason, "message": e.message} for e in listed.items]
+
+
+# ------------------------------------------------------------------------------------------
+# Restate
+
+
+class Restate:
+    def __init__(self, server: RestateServer) -> None:
+        self.server = server
+
+    def deployments(self) -> dict[str, dict[str, Any]]:
+        _, body = http("GET", f"{self.server.admin_url}/deployments")
+        return {d["id"]: d for d in body["deployments"]}
+
+    def deployments_of(self, namespace: str, agent: str) -> set[str]:
+        owner = f"{namespace}/{agent}"
+        return {
+            i
+            for i, d in self.deployments().items()
+            if (d.get("metadata") or {}).get("tether.dev/agent") == owner
+        }
+
+    def send(self, agent: str, session: str, prompt: str) -> str:
+        url = f"{self.server.ingress_url}/{agent}/{session}/run/send"
+        status, body = http("POST", url, {"prompt": prompt})
+        assert status == 202, body
+        invocation: str = body["invocationId"]
+        return invocation
+
+    def call(self, agent: str, session: str, prompt: str, timeout: float = 60) -> Any:
+        url = f"{self.server.ingress_url}/{agent}/{session}/run"
+        status, body = http("POST", url, {"prompt": prompt}, timeout=timeout)
+        assert status == 200, body
+        return body
+
+    def output(self, invocation: str, timeout: float = 60) -> Any:
+        url = f"{self.server.ingress_url}/restate/invocation/{invocation}/attach"
+        status, body = http("GET", url, timeout=timeout)
+        assert status == 200, body
+        return body
+
+    def pending(self, agent: str, session: str) -> list[dict[str, Any]]:
+        status, body = http("POST", f"{self.server.ingress_url}/{agent}/{session}/pending")
+        assert status == 200, body
+        calls: list[dict[str, Any]] = body
+        return calls
+
+    def resolve(self, awakeable: str, value: Any) -> None:
+        url = f"{self.server.ingress_url}/restate/awakeables/{awakeable}/resolve"
+        status, body = http("POST", url, value)
+        assert status in (200, 202), body
+
+    def parked_awakeable(self, agent: str, session: str, timeout: float = 60) -> str:
+        calls = wait_for(
+            lambda: self.pending(agent, session), timeout=timeout, what=f"{agent}/{session} parked"
+        )
+        awakeable: str = calls[0]["awakeable_id"]
+        return awakeable
+
+    def kill_runs(self, agent: str) -> None:
+        """Kill every unfinished invocation of the agent (test clean-up)."""
+        rows = self.server.query(
+            "SELECT id FROM sys_invocation WHERE status != 'completed' "
+            f"AND target_service_name = '{agent}'"
+        )
+        for row in rows:
+            http("PATCH", f"{self.server.admin_url}/invocations/{row['id']}/kill")
+
+    def pinned(self, deployment_id: str) -> int:
+        rows = self.server.query(
+            "SELECT COUNT(*) AS n FROM sys_invocation WHERE status != 'completed' "
+            f"AND pinned_deployment_id = '{deployment_id}'"
+        )
+        return int(rows[0]["n"]) if rows else 0
+
+
+@contextlib.contextmanager
+def dumped_on_failure(*sources: Callable[[], str]) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        for source in sources:
+            sys.stderr.write(source() + "\n")
+        raise

@@ -1,0 +1,232 @@
+"""Applying a DurableAgent: the objects of its version, registration with the real Restate, runs
+through the ingress, status and events, and idempotent server-side apply."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from op_harness import Cluster, OperatorFactory, Restate, wait_for
+
+from tether.spec import parse_agent
+
+AGENT = "triage"
+
+
+def manifest(name: str = AGENT, system: str = "You triage.", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {
+                "provider": "anthropic",
+                "name": "claude-sonnet-4-5",
+                "apiKeySecretRef": {"name": "llm", "key": "api-key"},
+            },
+            "system": system,
+            "tools": [{"name": "ask", "builtin": "ask_human"}],
+            "webhook": {"secretRef": {"name": "hooks", "key": "secret"}},
+            "worker": {"resources": {"requests": {"cpu": "100m"}, "limits": {"memory": "512Mi"}}},
+            "drain": {"delay": "0s", "timeout": "10m"},
+            **spec,
+        },
+    }
+
+
+def with_secrets(cluster: Cluster) -> Cluster:
+    cluster.secret("llm", {"api-key": "sk-test-not-real"})
+    cluster.secret("hooks", {"secret": "hmac-key"})
+    return cluster
+
+
+def registered(cluster: Cluster, name: str = AGENT) -> dict[str, Any]:
+    condition = cluster.condition(name, "Registered")
+    return condition if condition.get("status") == "True" else {}
+
+
+def env_of(container: Any) -> dict[str, Any]:
+    return {e.name: e for e in container.env}
+
+
+def test_an_agent_gets_its_objects_registers_and_serves_runs(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    run_operator()
+    cluster.apply_agent(manifest())
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered=True")
+
+    status = cluster.status(AGENT)
+    [version] = status["versions"]
+    digest, name = version["hash"], f"{AGENT}-{version['hash']}"
+    assert version["state"] == "Active" and version["restateDeploymentId"].startswith("dp_")
+    assert status["phase"] == "Ready" and status["readyVersions"] == "1/1"
+    assert status["activeVersion"] == digest
+    assert status["endpoint"] == f"{restate.server.ingress_url}/{AGENT}/{{session}}/run"
+    assert status["webhookUrl"] == f"http://{AGENT}-sidecar.{cluster.namespace}.svc:8000"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "True",
+        "Registered": "True",
+        "Progressing": "False",
+        "Draining": "False",
+    }
+
+    # The ConfigMap carries the normalised spec, which the worker loads as it is; no secrets.
+    config_map = cluster.core.read_namespaced_config_map(name, cluster.namespace)
+    assert config_map.data is not None
+    document = yaml.safe_load(config_map.data["agent.yaml"])
+    assert parse_agent(document).spec.system == "You triage."
+    assert "sk-test" not in config_map.data["agent.yaml"]
+    assert "hmac-key" not in config_map.data["agent.yaml"]
+
+    deployment = cluster.apps.read_namespaced_deployment(name, cluster.namespace)
+    assert deployment.metadata is not None and deployment.spec is not None
+    [owner] = deployment.metadata.owner_references or []
+    assert (owner.kind, owner.name, owner.controller) == ("DurableAgent", AGENT, True)
+    pod = deployment.spec.template.spec
+    assert pod is not None and pod.security_context is not None
+    assert pod.security_context.run_as_non_root is True
+    assert pod.security_context.seccomp_profile is not None
+    assert pod.security_context.seccomp_profile.type == "RuntimeDefault"
+    assert pod.automount_service_account_token is False
+    worker, sidecar = pod.containers
+    assert worker.command == ["tether", "worker", "--spec", "/etc/tether/agent.yaml"]
+    assert worker.args == ["--port", "9080"]
+    assert sidecar.command == ["tether", "sidecar"] and sidecar.args == ["--port", "8000"]
+    for container in (worker, sidecar):
+        security = container.security_context
+        assert security is not None and security.capabilities is not None
+        assert security.read_only_root_filesystem is True
+        assert security.allow_privilege_escalation is False
+        assert security.capabilities.drop == ["ALL"]
+        assert security.run_as_non_root is True
+        env = env_of(container)
+        webhook = env["TETHER_WEBHOOK_SECRET"].value_from.secret_key_ref
+        assert (webhook.name, webhook.key) == ("hooks", "secret")
+        assert env["TETHER_SPEC"].value == "/etc/tether/agent.yaml"
+        assert env["PROMETHEUS_MULTIPROC_DIR"].value == "/var/run/tether/metrics"
+        assert env["TETHER_WEBHOOK_BASE_URL"].value == status["webhookUrl"]
+        assert env["TETHER_AGENT"].value == AGENT
+        assert env["RESTATE_INGRESS_URL"].value == restate.server.ingress_url
+        mounts = {m.mount_path for m in container.volume_mounts or []}
+        assert {"/etc/tether", "/var/run/tether/metrics", "/tmp"} <= mounts
+    key = env_of(worker)["ANTHROPIC_API_KEY"].value_from.secret_key_ref
+    assert (key.name, key.key) == ("llm", "api-key")
+    assert "ANTHROPIC_API_KEY" not in env_of(sidecar)
+    assert env_of(sidecar)["RESTATE_ADMIN_URL"].value == restate.server.admin_url
+    assert "/workspace" in {m.mount_path for m in worker.volume_mounts or []}
+    assert worker.readiness_probe is not None and worker.readiness_probe.tcp_socket is not None
+    assert worker.readiness_probe.tcp_socket.port == "restate"
+    assert sidecar.readiness_probe is not None and sidecar.readiness_probe.http_get is not None
+    assert sidecar.readiness_probe.http_get.path == "/readyz"
+    assert sidecar.liveness_probe is not None and sidecar.liveness_probe.http_get is not None
+    assert sidecar.liveness_probe.http_get.path == "/healthz"
+    assert worker.resources is not None
+    assert worker.resources.requests == {"cpu": "100m"}
+    assert worker.resources.limits == {"memory": "512Mi"}
+    volumes = {v.name: v for v in pod.volumes or []}
+    assert volumes["spec"].config_map is not None and volumes["spec"].config_map.name == name
+    assert volumes["metrics"].empty_dir is not None and volumes["workspace"].empty_dir is not None
+
+    service = cluster.core.read_namespaced_service(name, cluster.namespace)
+    assert service.spec is not None and service.spec.ports is not None
+    assert [(p.port, p.app_protocol) for p in service.spec.ports] == [(9080, "kubernetes.io/h2c")]
+    assert service.spec.selector == {"tether.dev/agent": AGENT, "tether.dev/version": digest}
+    sidecars = cluster.core.read_namespaced_service(f"{AGENT}-sidecar", cluster.namespace)
+    assert sidecars.spec is not None and sidecars.spec.selector == {"tether.dev/agent": AGENT}
+
+    # Restate knows the version under the id in the status, tagged with the agent.
+    deployment_id = version["restateDeploymentId"]
+    found = restate.deployments()[deployment_id]
+    assert found["metadata"] == {
+        "tether.dev/agent": f"{cluster.namespace}/{AGENT}",
+        "tether.dev/version": digest,
+    }
+    # A run through the ingress reaches the worker of that version.
+    assert restate.call(AGENT, "s1", "hello")["version"] == digest
+
+    reasons = {e["reason"] for e in cluster.events(AGENT)}
+    assert {"VersionDeployed", "Registered"} <= reasons
+
+
+def test_applying_again_changes_nothing(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    """Several supervision passes and a restarted operator (resume handler re-applying every
+    child with server-side apply) leave every object at the same resourceVersion."""
+    with_secrets(cluster)
+    operator = run_operator()
+    cluster.apply_agent(manifest())
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered=True")
+    [version] = cluster.versions(AGENT)
+    name = f"{AGENT}-{version['hash']}"
+
+    def versions_of_children() -> dict[str, str | None]:
+        ns = cluster.namespace
+        objects = {
+            "deployment": cluster.apps.read_namespaced_deployment(name, ns),
+            "service": cluster.core.read_namespaced_service(name, ns),
+            "configmap": cluster.core.read_namespaced_config_map(name, ns),
+            "sidecar": cluster.core.read_namespaced_service(f"{AGENT}-sidecar", ns),
+        }
+        return {k: o.metadata.resource_version for k, o in objects.items() if o.metadata}
+
+    # kwok and the controller-manager settle the Deployment's status first.
+    wait_for(
+        lambda: cluster.status(AGENT).get("readyVersions") == "1/1", timeout=30, what="1/1 ready"
+    )
+    before = versions_of_children()
+    managers = {
+        m.manager
+        for m in cluster.apps.read_namespaced_deployment(
+            name, cluster.namespace
+        ).metadata.managed_fields  # type: ignore[union-attr]
+        or []
+        if m.operation == "Apply"
+    }
+    assert managers == {"tether-operator"}
+
+    operator.process.stop()
+    run_operator()
+    wait_for(
+        lambda: any(e["reason"] == "Registered" for e in cluster.events(AGENT)),
+        timeout=30,
+        what="the events of the first run",
+    )
+    # The restarted operator adopts the same version without registering anything new.
+    agent_deployments = restate.deployments_of(cluster.namespace, AGENT)
+    assert agent_deployments == {version["restateDeploymentId"]}
+    resumed = cluster.agent(AGENT)
+    assert resumed is not None
+    wait_for(
+        lambda: (
+            "tether.dev/last-handled-configuration"
+            in ((cluster.agent(AGENT) or {}).get("metadata", {}).get("annotations") or {})
+        ),
+        timeout=30,
+        what="kopf's diff base annotation",
+    )
+    assert versions_of_children() == before
+    assert cluster.versions(AGENT)[0]["restateDeploymentId"] == version["restateDeploymentId"]
+
+
+def test_a_deleted_deployment_is_applied_again(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    run_operator()
+    cluster.apply_agent(manifest())
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered=True")
+    [version] = cluster.versions(AGENT)
+    name = f"{AGENT}-{version['hash']}"
+    cluster.apps.delete_namespaced_deployment(name, cluster.namespace)
+
+    def back() -> bool:
+        found = cluster.child_names(AGENT)["deployments"]
+        return name in found and cluster.status(AGENT).get("readyVersions") == "1/1"
+
+    wait_for(back, timeout=30, what="the Deployment re-applied and available")
+    assert any(e["reason"] == "Repaired" for e in cluster.events(AGENT))
+    # Same version, same Restate deployment: nothing was registered again.
+    assert cluster.versions(AGENT)[0]["restateDeploymentId"] == version["restateDeploymentId"]

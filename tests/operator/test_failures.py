@@ -1,0 +1,106 @@
+"""Input the schema accepts but the operator cannot serve, and a Restate it cannot reach: a
+condition with a clear reason, retries with backoff, no crash, no working version removed."""
+
+from __future__ import annotations
+
+from op_harness import Cluster, OperatorFactory, Restate, free_port, wait_for
+from test_children import AGENT, manifest, registered, with_secrets
+
+
+def test_a_missing_secret_is_a_condition_until_it_exists(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    operator = run_operator(entry="module")  # `python -m tether_operator`, as tether-operator
+    cluster.apply_agent(manifest())
+    blocked = wait_for(
+        lambda: (
+            (c := cluster.condition(AGENT, "Progressing")).get("reason") == "SecretNotFound" and c
+        ),
+        timeout=30,
+        what="Progressing=False SecretNotFound",
+    )
+    assert blocked["status"] == "False"
+    assert (
+        f"Secret {cluster.namespace}/llm named by spec.model.apiKeySecretRef" in blocked["message"]
+    )
+    assert "kubectl" in blocked["message"]
+    status = cluster.status(AGENT)
+    assert status["phase"] == "Degraded"
+    assert cluster.condition(AGENT, "Ready")["status"] == "False"
+    assert cluster.child_names(AGENT)["deployments"] == set()
+    assert any(
+        e["type"] == "Warning" and e["reason"] == "SecretNotFound" for e in cluster.events(AGENT)
+    )
+    assert operator.healthy()
+
+    with_secrets(cluster)
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered after the Secret exists")
+    assert cluster.status(AGENT)["phase"] == "Ready"
+
+
+def test_a_change_that_cannot_roll_out_keeps_the_working_version(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    run_operator()
+    cluster.apply_agent(manifest())
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered=True")
+    working = cluster.status(AGENT)["activeVersion"]
+
+    cluster.apply_agent(manifest(webhook={"secretRef": {"name": "missing", "key": "k"}}))
+    wait_for(
+        lambda: cluster.condition(AGENT, "Progressing").get("reason") == "SecretNotFound",
+        timeout=30,
+        what="SecretNotFound for the new spec",
+    )
+    status = cluster.status(AGENT)
+    assert status["activeVersion"] == working and status["phase"] == "Degraded"
+    assert cluster.condition(AGENT, "Ready")["status"] == "True"
+    assert [v["hash"] for v in status["versions"]] == [working]
+    assert restate.call(AGENT, "still", "up?")["version"] == working
+
+
+def test_an_unreachable_restate_is_a_condition_and_nothing_is_removed(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    first = run_operator()
+    cluster.apply_agent(manifest(system="v1"))
+    wait_for(lambda: registered(cluster), timeout=60, what="v1 registered")
+    working = cluster.status(AGENT)["activeVersion"]
+    working_id = cluster.versions(AGENT)[0]["restateDeploymentId"]
+    first.process.stop()
+
+    # Restate's admin API moves out of reach; the spec changes meanwhile.
+    dead = f"http://127.0.0.1:{free_port()}"
+    blind = run_operator(TETHER_RESTATE_ADMIN_URL=dead)
+    cluster.apply_agent(manifest(system="v2"))
+    unreachable = wait_for(
+        lambda: (
+            (c := cluster.condition(AGENT, "Registered")).get("reason") == "RestateUnreachable"
+            and c
+        ),
+        timeout=60,
+        what="Registered=False RestateUnreachable",
+    )
+    assert dead in unreachable["message"]
+    status = cluster.status(AGENT)
+    assert status["phase"] == "Degraded" and status["activeVersion"] == working
+    assert cluster.condition(AGENT, "Ready")["status"] == "True"
+    assert f"{AGENT}-{working}" in cluster.child_names(AGENT)["deployments"]
+    assert working_id in restate.deployments()
+    assert blind.healthy()
+    assert any(e["reason"] == "RestateUnreachable" for e in cluster.events(AGENT))
+    blind.process.stop()
+
+    # Back in reach: the new version registers, the old one drains and goes.
+    run_operator()
+    wait_for(
+        lambda: (
+            (s := cluster.status(AGENT)).get("activeVersion") not in (None, working)
+            and len(s.get("versions", [])) == 1
+        ),
+        timeout=60,
+        what="v2 active and v1 retired",
+    )
+    assert working_id not in restate.deployments()

@@ -1,0 +1,92 @@
+"""The operator works with nothing but the rules in operator/rbac/, bound in its namespace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from kubernetes import client
+from op_harness import REPO, Cluster, OperatorFactory, Restate, wait_for
+from test_children import AGENT, manifest, registered, with_secrets
+
+from kube.controlplane import ControlPlane
+
+RBAC = REPO / "operator" / "rbac"
+
+
+def service_account_kubeconfig(cluster: Cluster, admin: Path, target: Path) -> Path:
+    rbac = client.RbacAuthorizationV1Api(cluster.api)
+    role = yaml.safe_load((RBAC / "clusterrole.yaml").read_text())
+    role["metadata"]["name"] = f"tether-operator-{cluster.namespace}"
+    rbac.create_cluster_role(client.V1ClusterRole.model_validate(role))
+    account = yaml.safe_load((RBAC / "serviceaccount.yaml").read_text())
+    account["metadata"]["namespace"] = cluster.namespace
+    cluster.core.create_namespaced_service_account(
+        cluster.namespace, client.V1ServiceAccount.model_validate(account)
+    )
+    binding = {
+        "metadata": {"name": "tether-operator"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": role["metadata"]["name"],
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "tether-operator", "namespace": cluster.namespace}
+        ],
+    }
+    rbac.create_namespaced_role_binding(
+        cluster.namespace, client.V1RoleBinding.model_validate(binding)
+    )
+    request = client.AuthenticationV1TokenRequest.model_validate({"spec": {"audiences": []}})
+    token = cluster.core.create_namespaced_service_account_token(
+        "tether-operator", cluster.namespace, request
+    )
+    assert token.status is not None
+    config = json.loads(admin.read_text())
+    config["users"] = [{"name": "admin", "user": {"token": token.status.token}}]
+    target.write_text(json.dumps(config))
+    return target
+
+
+def test_the_operator_needs_no_more_than_its_rbac_manifests(
+    cluster: Cluster,
+    restate: Restate,
+    run_operator: OperatorFactory,
+    kube_cluster: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    kubeconfig = service_account_kubeconfig(
+        cluster, kube_cluster.kubeconfig, tmp_path / "operator.kubeconfig"
+    )
+    try:
+        run_with_service_account(cluster, run_operator, kubeconfig)
+    finally:
+        client.RbacAuthorizationV1Api(cluster.api).delete_cluster_role(
+            f"tether-operator-{cluster.namespace}"
+        )
+
+
+def run_with_service_account(
+    cluster: Cluster, run_operator: OperatorFactory, kubeconfig: Path
+) -> None:
+    with_secrets(cluster)
+    operator = run_operator(KUBECONFIG=str(kubeconfig))
+    cluster.apply_agent(manifest(system="v1"))
+    wait_for(lambda: registered(cluster), timeout=60, what="v1 registered")
+    first = cluster.status(AGENT)["activeVersion"]
+    cluster.apply_agent(manifest(system="v2"))
+    wait_for(
+        lambda: (
+            (s := cluster.status(AGENT)).get("activeVersion") not in (None, first)
+            and len(s["versions"]) == 1
+        ),
+        timeout=60,
+        what="v2 active and v1 retired",
+    )
+    assert any(e["reason"] == "Retired" for e in cluster.events(AGENT))
+    cluster.delete_agent(AGENT)
+    wait_for(lambda: cluster.agent(AGENT) is None, timeout=60, what="the agent deleted")
+    log = operator.process.tail(200_000)
+    assert "Forbidden" not in log and " 403" not in log, log[-4000:]

@@ -1,0 +1,90 @@
+"""The real `tether worker` behind the operator: each version's worker container runs as a real
+process (see local_kubelet.py), so runs started through Restate's ingress reach it, park on it,
+and drain from it when the spec changes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from local_kubelet import LocalKubelet
+from op_harness import Cluster, OperatorFactory, Restate, dumped_on_failure, wait_for
+
+AGENT = "clerk"
+ASK = {"text": "asking", "tool_calls": [{"name": "ask", "input": {"question": "Ship it?"}}]}
+
+
+def scripted(system: str, script: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": AGENT},
+        "spec": {
+            "model": {"provider": "scripted", "name": "script", "script": script},
+            "system": system,
+            "tools": [{"name": "ask", "builtin": "ask_human"}],
+            "webhook": {"secretRef": {"name": "hooks", "key": "secret"}},
+            "drain": {"delay": "0s", "timeout": "10m"},
+        },
+    }
+
+
+@pytest.fixture
+def kubelet(cluster: Cluster) -> Iterator[LocalKubelet]:
+    cluster.secret("hooks", {"secret": "hmac-key"})
+    helper = LocalKubelet(cluster)
+    yield helper
+    helper.close()
+
+
+def active(cluster: Cluster, other_than: str | None = None) -> str | None:
+    status = cluster.status(AGENT)
+    registered = cluster.condition(AGENT, "Registered").get("status") == "True"
+    digest: str | None = status.get("activeVersion")
+    return (
+        digest if registered and status.get("phase") == "Ready" and digest != other_than else None
+    )
+
+
+def test_runs_reach_the_real_worker_and_drain_from_it(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, kubelet: LocalKubelet
+) -> None:
+    run_operator(
+        TETHER_WORKER_SERVICE_TYPE="NodePort",
+        TETHER_WORKER_URL_TEMPLATE="http://127.0.0.1:{node_port}",
+    )
+    with dumped_on_failure(kubelet.logs):
+        cluster.apply_agent(scripted("v1", [ASK, {"text": "v1: shipped"}]))
+        v1 = wait_for(lambda: active(cluster), timeout=90, what="v1 registered")
+        parked_run = restate.send(AGENT, "release", "Release 1.4.0")
+        calls = wait_for(
+            lambda: restate.pending(AGENT, "release"), timeout=60, what="the run to park"
+        )
+        assert calls[0]["kind"] == "ask_human" and calls[0]["agent"] == AGENT
+        wait_for(lambda: cluster.status(AGENT).get("parkedCalls") == 1, timeout=30, what="1 parked")
+
+        cluster.apply_agent(scripted("v2", [{"text": "v2: hello"}]))
+        v2 = wait_for(lambda: active(cluster, other_than=v1), timeout=90, what="v2 registered")
+        assert kubelet.started == [f"{AGENT}-{v1}", f"{AGENT}-{v2}"]
+        fresh = restate.call(AGENT, "fresh", "hi", timeout=120)
+        assert fresh["status"] == "completed" and fresh["text"] == "v2: hello"
+        old = next(v for v in cluster.versions(AGENT) if v["hash"] == v1)
+        assert old["state"] == "Draining"
+
+        restate.resolve(calls[0]["awakeable_id"], "yes")
+        done = restate.output(parked_run, timeout=120)
+        assert done["status"] == "completed" and done["text"] == "v1: shipped"
+        wait_for(
+            lambda: [v["hash"] for v in cluster.versions(AGENT)] == [v2],
+            timeout=60,
+            what="v1 retired",
+        )
+        wait_for(
+            lambda: list(kubelet.workers) == [f"{AGENT}-{v2}"],
+            timeout=30,
+            what="v1's worker process stopped",
+        )
+        assert restate.deployments_of(cluster.namespace, AGENT) == {
+            cluster.versions(AGENT)[0]["restateDeploymentId"]
+        }

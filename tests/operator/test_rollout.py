@@ -1,0 +1,175 @@
+"""Spec changes: the new version takes new runs, the old one drains its pinned runs, then goes;
+a rollback makes the earlier version active again; deletion waits for runs in flight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from op_harness import Cluster, OperatorFactory, Restate, wait_for
+from test_children import AGENT, manifest, registered, with_secrets
+
+
+def active(cluster: Cluster) -> str | None:
+    status = cluster.status(AGENT)
+    if registered(cluster) and status.get("phase") == "Ready":
+        found: str | None = status.get("activeVersion")
+        return found
+    return None
+
+
+def state_of(cluster: Cluster, digest: str) -> dict[str, Any]:
+    return next((v for v in cluster.versions(AGENT) if v["hash"] == digest), {})
+
+
+def roll_to(cluster: Cluster, system: str, previous: str | None) -> str:
+    cluster.apply_agent(manifest(system=system))
+    digest: str = wait_for(
+        lambda: (a := active(cluster)) != previous and a,
+        timeout=60,
+        what=f"a new active version after system={system!r}",
+    )
+    return digest
+
+
+def test_a_change_drains_the_old_version_then_retires_it(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    run_operator()
+    old = roll_to(cluster, "v1", None)
+    old_id = state_of(cluster, old)["restateDeploymentId"]
+
+    # A run parks on the old version (waiting for a person): it is pinned there.
+    parked_run = restate.send(AGENT, "parked", "park: approve the restart?")
+    awakeable = restate.parked_awakeable(AGENT, "parked")
+    wait_for(lambda: cluster.status(AGENT).get("parkedCalls") == 1, timeout=30, what="parked 1")
+
+    new = roll_to(cluster, "v2", old)
+    assert new != old
+    # New runs go to the new version.
+    assert restate.call(AGENT, "fresh", "hello")["version"] == new
+    # The old one keeps its objects and its Restate deployment while the run is pinned to it.
+    draining = wait_for(
+        lambda: (v := state_of(cluster, old)).get("inFlight") == 1 and v,
+        timeout=30,
+        what="the old version draining with 1 run in flight",
+    )
+    assert draining["state"] == "Draining" and draining["restateDeploymentId"] == old_id
+    condition = cluster.condition(AGENT, "Draining")
+    assert condition["status"] == "True" and condition["reason"] == "WaitingForRuns"
+    assert f"{old} (1 runs pinned)" in condition["message"]
+    assert cluster.status(AGENT)["readyVersions"] == "2/2"
+    assert f"{AGENT}-{old}" in cluster.child_names(AGENT)["deployments"]
+    assert old_id in restate.deployments()
+    assert restate.pinned(old_id) == 1
+
+    # The person answers: the run finishes on the old version, which then goes away.
+    restate.resolve(awakeable, "approved")
+    result = restate.output(parked_run)
+    assert result["version"] == old and result["answer"] == "approved"
+    wait_for(
+        lambda: [v["hash"] for v in cluster.versions(AGENT)] == [new],
+        timeout=30,
+        what="the old version to be retired",
+    )
+    assert old_id not in restate.deployments()
+    children = cluster.child_names(AGENT)
+    assert children["deployments"] == {f"{AGENT}-{new}"}
+    assert children["services"] == {f"{AGENT}-{new}", f"{AGENT}-sidecar"}
+    assert children["configmaps"] == {f"{AGENT}-{new}"}
+    assert cluster.condition(AGENT, "Draining")["status"] == "False"
+    wait_for(lambda: cluster.status(AGENT)["parkedCalls"] == 0, timeout=30, what="parked 0")
+    reasons = [e["reason"] for e in cluster.events(AGENT)]
+    assert {"Draining", "Retired"} <= set(reasons)
+
+
+def test_a_rollback_makes_the_earlier_version_active_again(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    run_operator()
+    v1 = roll_to(cluster, "v1", None)
+    v1_id = state_of(cluster, v1)["restateDeploymentId"]
+    parked_run = restate.send(AGENT, "parked", "park: keep v1 draining")
+    awakeable = restate.parked_awakeable(AGENT, "parked")
+
+    v2 = roll_to(cluster, "v2", v1)
+    assert state_of(cluster, v1)["state"] == "Draining"
+    assert restate.call(AGENT, "a", "hi")["version"] == v2
+
+    # Back to v1 while it still drains: the same URL, registered again with force, is latest.
+    back = roll_to(cluster, "v1", v2)
+    assert back == v1
+    assert state_of(cluster, v1)["restateDeploymentId"] == v1_id
+    assert restate.call(AGENT, "b", "hi")["version"] == v1
+    wait_for(
+        lambda: [v["hash"] for v in cluster.versions(AGENT)] == [v1],
+        timeout=30,
+        what="v2 (nothing pinned) to be retired",
+    )
+    assert restate.deployments_of(cluster.namespace, AGENT) == {v1_id}
+    restate.resolve(awakeable, "ok")
+    assert restate.output(parked_run)["version"] == v1
+
+    # And forward once more, after v2 was deleted: a fresh registration of v2's objects.
+    again = roll_to(cluster, "v2", v1)
+    assert again == v2
+    assert restate.call(AGENT, "c", "hi")["version"] == v2
+    wait_for(
+        lambda: [v["hash"] for v in cluster.versions(AGENT)] == [v2],
+        timeout=30,
+        what="v1 to be retired",
+    )
+    assert len(restate.deployments_of(cluster.namespace, AGENT)) == 1
+
+
+def test_deleting_waits_for_the_run_in_flight(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    run_operator()
+    digest = roll_to(cluster, "v1", None)
+    parked_run = restate.send(AGENT, "parked", "park: last run")
+    awakeable = restate.parked_awakeable(AGENT, "parked")
+
+    cluster.delete_agent(AGENT)
+    waiting = wait_for(
+        lambda: (c := cluster.condition(AGENT, "Draining")).get("reason") == "WaitingForRuns" and c,
+        timeout=30,
+        what="the finalizer to say it waits",
+    )
+    assert f"{digest}: 1" in waiting["message"]
+    assert cluster.status(AGENT)["phase"] == "Deleting"
+    assert any(e["reason"] == "WaitingForRuns" for e in cluster.events(AGENT))
+    # Still there, still registered, still serving the pinned run.
+    assert cluster.agent(AGENT) is not None
+    assert restate.deployments_of(cluster.namespace, AGENT)
+
+    restate.resolve(awakeable, "done")
+    assert restate.output(parked_run)["answer"] == "done"
+    wait_for(lambda: cluster.agent(AGENT) is None, timeout=30, what="the agent to be deleted")
+    assert restate.deployments_of(cluster.namespace, AGENT) == set()
+    assert cluster.child_names(AGENT) == {
+        "deployments": set(),
+        "services": set(),
+        "configmaps": set(),
+    }
+
+
+def test_drain_timeout_bounds_the_wait(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    with_secrets(cluster)
+    run_operator()
+    cluster.apply_agent(manifest(system="v1", drain={"delay": "0s", "timeout": "3s"}))
+    old = wait_for(lambda: active(cluster), timeout=60, what="v1 active")
+    restate.send(AGENT, "stuck", "park: nobody answers")
+    restate.parked_awakeable(AGENT, "stuck")
+    cluster.apply_agent(manifest(system="v2", drain={"delay": "0s", "timeout": "3s"}))
+    wait_for(
+        lambda: old not in {v["hash"] for v in cluster.versions(AGENT)} and active(cluster),
+        timeout=30,
+        what="the old version removed after drain.timeout",
+    )
+    warnings = [e for e in cluster.events(AGENT) if e["type"] == "Warning"]
+    assert any(e["reason"] == "DrainTimeout" and "1 runs pinned" in e["message"] for e in warnings)

@@ -1,0 +1,90 @@
+"""Operator settings and version identity, without a cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tether.spec import parse_agent
+from tether_operator.render import version_hash, version_objects
+from tether_operator.settings import SettingsError, settings_from_env
+
+ENV = {
+    "TETHER_RESTATE_ADMIN_URL": "http://restate.restate.svc:9070/",
+    "TETHER_RESTATE_INGRESS_URL": "http://restate.restate.svc:8080",
+    "TETHER_WORKER_IMAGE": "ghcr.io/example/tether:1.0",
+}
+
+
+def agent(**spec: Any) -> Any:
+    return parse_agent(
+        {
+            "apiVersion": "tether.dev/v1alpha1",
+            "kind": "DurableAgent",
+            "metadata": {"name": "triage"},
+            "spec": {"model": {"provider": "anthropic", "name": "c"}, **spec},
+        }
+    )
+
+
+def test_required_settings_are_named_when_missing() -> None:
+    with pytest.raises(SettingsError, match="TETHER_RESTATE_ADMIN_URL, TETHER_WORKER_IMAGE"):
+        settings_from_env({"TETHER_RESTATE_INGRESS_URL": "http://x"})
+
+
+def test_defaults_and_parsing() -> None:
+    settings = settings_from_env({**ENV, "TETHER_NAMESPACES": "a, b", "TETHER_EXTRA_LABELS": "t=1"})
+    assert settings.restate_admin_url == "http://restate.restate.svc:9070"
+    assert settings.namespaces == ("a", "b")
+    assert settings.labels == {"t": "1"}
+    url = settings.worker_url(
+        service="triage-abc", namespace="ns", agent="triage", hash="abc", port=9080, node_port=""
+    )
+    assert url == "http://triage-abc.ns.svc:9080"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("TETHER_WORKER_URL_TEMPLATE", "http://{host}:1", "unknown fields ['host']"),
+        ("TETHER_WORKER_SERVICE_TYPE", "LoadBalancer", "ClusterIP or NodePort"),
+        ("TETHER_RECONCILE_INTERVAL", "soon", "not a number"),
+        ("TETHER_EXTRA_LABELS", "novalue", "not key=value"),
+    ],
+)
+def test_bad_settings_say_what_is_wrong(name: str, value: str, message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("[", r"\[")):
+        settings_from_env({**ENV, name: value})
+
+
+def test_the_version_follows_the_spec_and_pod_template_only() -> None:
+    settings = settings_from_env(ENV)
+    base = version_hash(agent(), "ns", settings)
+    assert base == version_hash(agent(), "ns", settings)
+    assert len(base) == 10 and base.isalnum()
+    # How versions are run is not what runs: no new version.
+    assert version_hash(agent(drain={"delay": "1s"}), "ns", settings) == base
+    assert version_hash(agent(worker={"replicas": 3}), "ns", settings) == base
+    # What runs is.
+    assert version_hash(agent(system="x"), "ns", settings) != base
+    assert version_hash(agent(worker={"image": "other:1"}), "ns", settings) != base
+    other_image = settings_from_env({**ENV, "TETHER_WORKER_IMAGE": "ghcr.io/example/tether:2"})
+    assert version_hash(agent(), "ns", other_image) != base
+    objects = version_objects(agent(worker={"replicas": 3}), "ns", settings)
+    assert objects.deployment["spec"]["replicas"] == 3
+    assert objects.name == f"triage-{base}"
+
+
+def test_the_command_stops_with_a_clear_message_without_settings() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "tether_operator"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "TETHER_RESTATE_ADMIN_URL" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,357 @@
+"""The DurableAgent CRD: generated from tether.spec, checked in, enforced by a real API server."""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client import ApiClient, ApiException
+
+from kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
+from kube.controlplane import ControlPlane, wait_until
+from tether.crd import CRD_NAME, GROUP, PLURAL, VERSION, durableagent_crd, durableagent_crd_yaml
+
+CHECKED_IN = Path(__file__).resolve().parent.parent / "crds" / "durableagent.yaml"
+
+
+def test_the_checked_in_crd_is_the_generated_one() -> None:
+    assert CHECKED_IN.read_text() == durableagent_crd_yaml(), (
+        "crds/durableagent.yaml is out of date: regenerate it with `tether crd > "
+        "crds/durableagent.yaml`"
+    )
+
+
+def _properties(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, child in node.get("properties", {}).items():
+        yield f"{path}.{name}", child
+        yield from _properties(child, f"{path}.{name}")
+    if "items" in node:
+        yield from _properties(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _properties(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_the_schema_is_structural_and_every_field_is_described() -> None:
+    schema = durableagent_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    text = json.dumps(schema)
+    for keyword in ('"$ref"', '"title"', '"anyOf"', '"allOf"', '"$defs"', '"const"'):
+        assert keyword not in text
+    fields = list(_properties(schema, ""))
+    assert len(fields) > 60
+    undescribed = [
+        path for path, node in fields if not node.get("description") and path != ".metadata"
+    ]
+    assert undescribed == []
+    untyped = [
+        path
+        for path, node in fields
+        if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields")
+    ]
+    assert untyped == []
+
+
+# -- the real API server ---------------------------------------------------------------------
+
+APPLY = "application/apply-patch+yaml"
+
+
+@pytest.fixture(scope="module")
+def api(kube_apiserver: ControlPlane) -> Iterator[ApiClient]:  # noqa: F811
+    api_client: ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(kube_apiserver.kubeconfig)
+    )
+    crds = client.ApiextensionsV1Api(api_client)
+    crds.patch_custom_resource_definition(
+        CRD_NAME, durableagent_crd(), field_manager="tether-tests", force=True, _content_type=APPLY
+    )
+
+    def established() -> bool:
+        status = crds.read_custom_resource_definition(CRD_NAME).to_dict().get("status") or {}
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in status.get("conditions") or []
+        )
+
+    wait_until(established, timeout=30, what="the DurableAgent CRD to be Established")
+    yield api_client
+    api_client.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture(scope="module")
+def namespace(api: ApiClient) -> str:
+    name = f"crd-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(api).create_namespace(
+        client.V1Namespace.model_validate({"metadata": {"name": name}})
+    )
+    return name
+
+
+def agent(name: str = "triage", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DurableAgent",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {
+                "provider": "anthropic",
+                "name": "claude-sonnet-4-5",
+                "apiKeySecretRef": {"name": "llm", "key": "api-key"},
+            },
+            **spec,
+        },
+    }
+
+
+def create(api: ApiClient, namespace: str, body: dict[str, Any], dry_run: bool = True) -> Any:
+    return client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body, dry_run="All" if dry_run else None
+    )
+
+
+def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
+    api: ApiClient, namespace: str
+) -> None:
+    body = agent(
+        system="You triage the open alerts.",
+        tools=[
+            {"name": "fetch", "builtin": "http_request", "config": {"allowHosts": ["x.example"]}},
+            {"name": "restart", "builtin": "shell", "requireApproval": True, "timeout": "30s"},
+            {"name": "lookup", "python": "mypkg.tools:lookup", "replay": "safe"},
+        ],
+        approvals={"timeout": "1h", "onTimeout": "deny", "notify": {"url": "https://h.example/x"}},
+        subagents={"maxDepth": 2, "maxConcurrent": 3},
+        limits={"maxTurns": 50, "maxCostUsd": 5, "maxTokens": 200000},
+        behavior={"cache": True, "compactStrategy": "tail", "maxConcurrentTools": 4},
+        worker={
+            "image": None,
+            "replicas": 1,
+            "resources": {},
+            "env": [{"name": "A", "value": "b"}],
+        },
+        webhook={"secretRef": {"name": "triage-webhook", "key": "secret"}},
+        drain={"delay": "5m", "timeout": "24h"},
+    )
+    body["spec"]["model"]["baseUrl"] = None
+    created = create(api, namespace, body, dry_run=False)
+    spec = created["spec"]
+    assert "baseUrl" not in spec["model"] and "image" not in spec["worker"]
+    assert spec["model"]["maxTokens"] == 4096
+    assert spec["tools"][0]["requireApproval"] is False
+    assert spec["worker"]["env"] == [{"name": "A", "value": "b"}]
+
+    minimal = create(api, namespace, agent("minimal"), dry_run=False)["spec"]
+    assert minimal["approvals"] == {"timeout": "1h", "onTimeout": "deny"}
+    assert minimal["drain"] == {"delay": "5m", "timeout": "24h"}
+    assert minimal["limits"] == {"maxTurns": 50}
+    assert minimal["worker"] == {
+        "replicas": 1,
+        "resources": {"requests": {}, "limits": {}},
+        "env": [],
+    }
+    assert minimal["behavior"] == {"cache": False, "maxConcurrentTools": 1}
+
+    scripted = agent("scripted")
+    scripted["spec"]["model"] = {"provider": "scripted", "name": "s", "script": [{"text": "hi"}]}
+    create(api, namespace, scripted)
+
+
+def _model(**model: Any) -> dict[str, Any]:
+    return {"model": {"provider": "anthropic", "name": "c", **model}}
+
+
+KEY = {"apiKeySecretRef": {"name": "llm", "key": "k"}}
+
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("no-model", {"model": None}, "spec.model: Required value"),
+    ("bad-provider", _model(provider="gemini", **KEY), "spec.model.provider"),
+    ("empty-model-name", _model(name="", **KEY), "spec.model.name"),
+    ("zero-max-tokens", _model(maxTokens=0, **KEY), "spec.model.maxTokens"),
+    ("anthropic-without-key", _model(), "spec.model.apiKeySecretRef"),
+    (
+        "openai-without-key",
+        {"model": {"provider": "openai", "name": "gpt"}},
+        "spec.model.apiKeySecretRef",
+    ),
+    (
+        "key-ref-without-key",
+        _model(apiKeySecretRef={"name": "llm"}),
+        "spec.model.apiKeySecretRef.key",
+    ),
+    (
+        "scripted-without-script",
+        {"model": {"provider": "scripted", "name": "s"}},
+        "spec.model.script",
+    ),
+    ("script-for-anthropic", _model(script=[{"text": "x"}], **KEY), "spec.model.script"),
+    (
+        "negative-price",
+        _model(pricing={"inputPerMTok": -1, "outputPerMTok": 1}, **KEY),
+        "spec.model.pricing.inputPerMTok",
+    ),
+    (
+        "duplicate-tools",
+        {
+            **_model(**KEY),
+            "tools": [{"name": "a", "builtin": "read_file"}, {"name": "a", "builtin": "shell"}],
+        },
+        "spec.tools",
+    ),
+    (
+        "tool-without-source",
+        {**_model(**KEY), "tools": [{"name": "a"}]},
+        "spec.tools[0]",
+    ),
+    (
+        "tool-with-two-sources",
+        {**_model(**KEY), "tools": [{"name": "a", "builtin": "shell", "python": "m:f"}]},
+        "spec.tools[0]",
+    ),
+    (
+        "unknown-builtin",
+        {**_model(**KEY), "tools": [{"name": "a", "builtin": "shell2"}]},
+        "spec.tools[0].builtin",
+    ),
+    (
+        "bad-tool-name",
+        {**_model(**KEY), "tools": [{"name": "a b", "builtin": "shell"}]},
+        "spec.tools[0].name",
+    ),
+    (
+        "bad-import-path",
+        {**_model(**KEY), "tools": [{"name": "a", "python": "not a path"}]},
+        "spec.tools[0].python",
+    ),
+    (
+        "zero-tool-timeout",
+        {**_model(**KEY), "tools": [{"name": "a", "builtin": "shell", "timeout": "0s"}]},
+        "spec.tools[0].timeout",
+    ),
+    ("zero-max-turns", {**_model(**KEY), "limits": {"maxTurns": 0}}, "spec.limits.maxTurns"),
+    ("negative-budget", {**_model(**KEY), "limits": {"maxCostUsd": -1}}, "spec.limits.maxCostUsd"),
+    ("zero-token-budget", {**_model(**KEY), "limits": {"maxTokens": 0}}, "spec.limits.maxTokens"),
+    (
+        "bad-compact-strategy",
+        {**_model(**KEY), "behavior": {"compactStrategy": "head"}},
+        "spec.behavior.compactStrategy",
+    ),
+    ("bad-duration", {**_model(**KEY), "drain": {"delay": "5 minutes"}}, "spec.drain.delay"),
+    (
+        "drain-timeout-below-delay",
+        {**_model(**KEY), "drain": {"delay": "10m", "timeout": "1m"}},
+        "spec.drain.timeout",
+    ),
+    (
+        "zero-approval-timeout",
+        {**_model(**KEY), "approvals": {"timeout": "0s"}},
+        "spec.approvals.timeout",
+    ),
+    (
+        "bad-notify-url",
+        {**_model(**KEY), "approvals": {"notify": {"url": "ftp://x"}}},
+        "spec.approvals.notify.url",
+    ),
+    ("too-many-replicas", {**_model(**KEY), "worker": {"replicas": 101}}, "spec.worker.replicas"),
+    (
+        "bad-env-name",
+        {**_model(**KEY), "worker": {"env": [{"name": "1X", "value": "v"}]}},
+        "spec.worker.env[0].name",
+    ),
+    ("webhook-without-ref", {**_model(**KEY), "webhook": {}}, "spec.webhook.secretRef"),
+    (
+        "subagents-too-deep",
+        {**_model(**KEY), "subagents": {"maxDepth": 9}},
+        "spec.subagents.maxDepth",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "spec", "field"), INVALID, ids=[case[0] for case in INVALID])
+def test_an_invalid_manifest_is_rejected_naming_the_field(
+    api: ApiClient, namespace: str, name: str, spec: dict[str, Any], field: str
+) -> None:
+    body = agent(name)
+    body["spec"] = {k: v for k, v in spec.items() if v is not None}
+    with pytest.raises(ApiException) as rejected:
+        create(api, namespace, body)
+    assert rejected.value.status == 422, rejected.value.body
+    message = json.loads(rejected.value.body or "{}")["message"]
+    assert field in message, message
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("Triage", "lowercase"), ("1triage", "start with a letter"), ("a" * 53, "at most 52")],
+)
+def test_an_invalid_name_is_rejected(api: ApiClient, namespace: str, name: str, why: str) -> None:
+    with pytest.raises(ApiException) as rejected:
+        create(api, namespace, agent(name))
+    assert rejected.value.status == 422
+    assert why in json.loads(rejected.value.body or "{}")["message"]
+
+
+def test_the_cases_are_at_least_fifteen_distinct_fields() -> None:
+    assert len({field for _, _, field in INVALID}) >= 15
+
+
+def test_status_is_a_subresource_with_a_real_schema(api: ApiClient, namespace: str) -> None:
+    objects = client.CustomObjectsApi(api)
+    create(api, namespace, agent("with-status"), dry_run=False)
+    status = {
+        "phase": "Ready",
+        "observedGeneration": 1,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "VersionActive",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+        "versions": [{"hash": "abc", "state": "Active", "restateDeploymentId": "dp_1"}],
+        "readyVersions": "1/1",
+        "parkedCalls": 2,
+        "unknownField": "pruned",
+    }
+    objects.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, "with-status", {"status": status}
+    )
+    read: Any = objects.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, "with-status"
+    )
+    assert read["status"]["versions"] == [
+        {"hash": "abc", "state": "Active", "restateDeploymentId": "dp_1", "inFlight": 0}
+    ]
+    assert "unknownField" not in read["status"]
+    # A status write does not bump the generation: the spec did not change.
+    assert read["metadata"]["generation"] == 1
+
+    bad = copy.deepcopy(status)
+    bad["phase"] = "Dancing"
+    with pytest.raises(ApiException) as rejected:
+        objects.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, "with-status", {"status": bad}
+        )
+    assert "status.phase" in json.loads(rejected.value.body or "{}")["message"]
+
+
+def test_kubectl_shows_printer_columns_and_explains_fields(
+    kube_apiserver: ControlPlane,  # noqa: F811
+    api: ApiClient,
+    namespace: str,
+) -> None:
+    create(api, namespace, agent("listed"), dry_run=False)
+    table = kube_apiserver.kubectl("get", "da", "-n", namespace).stdout
+    assert table.splitlines()[0].split() == ["NAME", "PHASE", "READY", "PARKED", "AGE"]
+
+    explained = kube_apiserver.kubectl("explain", "durableagents.spec.model").stdout
+    assert "Which model answers, and how to reach it." in explained
+    assert "apiKeySecretRef" in explained and "Secret holding the API key" in explained
+    assert "anthropic, openai (any OpenAI-compatible server) or scripted." in explained
+    drain = kube_apiserver.kubectl("explain", "durableagents.spec.drain.timeout").stdout
+    assert "Remove the version after this long even with runs pinned." in drain
