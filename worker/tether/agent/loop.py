@@ -192,7 +192,6 @@ class AgentRun:
     async def _request(self, turn: int) -> ModelRequest:
         agent = self.agent
         messages: list[Message] = self.session.messages()
-        assistant_turns = sum(1 for m in messages if m["role"] == "assistant")
         if self.behavior.compact_strategy == "tail":
             budget = (
                 agent.provider.context_window
@@ -209,7 +208,7 @@ class AgentRun:
             max_output_tokens=self.behavior.max_output_tokens,
             thinking_budget=self.behavior.thinking_budget,
             cache=self.behavior.cache,
-            assistant_turns=assistant_turns,
+            assistant_turns=self.session.assistant_turns,
         )
         await agent.hooks.call("turn:before", {"turn": turn, "request": request})
         return request

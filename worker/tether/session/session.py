@@ -34,6 +34,16 @@ class Session:
         self.store = store
         self.clock = clock
         self._messages: list[Message] = []
+        self._assistant_count = (0, 0)
+        """(turns counted, assistant turns among them): a cache, rebuilt when it falls behind."""
+
+    @property
+    def assistant_turns(self) -> int:
+        """How many assistant turns the conversation has (kept up to date as turns append)."""
+        if self._assistant_count[0] != len(self.turns):
+            count = sum(1 for t in self.turns if t.role == "assistant")
+            self._assistant_count = (len(self.turns), count)
+        return self._assistant_count[1]
 
     def messages(self) -> list[Message]:
         """The turns as provider messages (a new list; the blocks are shared, not copied)."""
@@ -46,6 +56,9 @@ class Session:
         self.turns.extend(turns)
         if len(self._messages) == start:
             self._messages.extend({"role": t.role, "content": t.content} for t in turns)
+        if self._assistant_count[0] == start:
+            added = sum(1 for t in turns if t.role == "assistant")
+            self._assistant_count = (len(self.turns), self._assistant_count[1] + added)
         await self.store.write_turns(self.id, start, turns)
 
     async def save_run(self, run: SessionRun) -> None:
