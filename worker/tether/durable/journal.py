@@ -8,12 +8,12 @@ position under another name is a journal mismatch, never a silent divergence.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .. import jsoncodec
 from ..messages import JSON
 from .errors import DurableControlError, JournalMismatchError
 from .ids import IdSequence
@@ -25,7 +25,7 @@ from .replay import LiveCallback, ReplayTracker
 class JournalEntry:
     kind: str
     name: str
-    value: str
+    value: bytes | str
     """The step result, JSON-encoded."""
 
 
@@ -120,13 +120,13 @@ class JournalRuntime:
                 raise JournalMismatchError(self.run_id, self._scope, seq, name, entry.name)
             self.counters.replayed[kind] += 1
             self._tracker.note_replayed()
-            return json.loads(entry.value)
+            return jsoncodec.loads(entry.value)
         await self._tracker.mark_live()
-        encoded = json.dumps(await fn(), separators=(",", ":"))
+        encoded = jsoncodec.dumps(await fn())
         self._journal.record(self._scope, seq, JournalEntry(kind, name, encoded))
         self.counters.live[kind] += 1
         # Live callers get the decoded copy too, so a live run and its replay see equal values.
-        return json.loads(encoded)
+        return jsoncodec.loads(encoded)
 
     def uuid(self) -> str:
         return self._ids.next()

@@ -8,7 +8,6 @@ tasks that each touch the context.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -17,6 +16,7 @@ import restate
 from restate import RunOptions
 from restate.serde import JsonSerde
 
+from .. import jsoncodec
 from ..durable.ids import IdSequence
 from ..durable.protocol import (
     DurableRuntime,
@@ -36,7 +36,18 @@ from .session import restate_session_store
 from .tool_state import restate_tool_state_store
 from .types import RestateCombinators, RestateContextLike, RestateRuntimeOptions
 
-JSON_SERDE: JsonSerde[Any] = JsonSerde()
+
+class FastJsonSerde(JsonSerde[Any]):
+    """The SDK's JSON serde on orjson: step results are decoded again on every replay."""
+
+    def deserialize(self, buf: bytes) -> Any:
+        return jsoncodec.loads(buf) if buf else None
+
+    def serialize(self, obj: Any) -> bytes:
+        return b"" if obj is None else jsoncodec.dumps(obj)
+
+
+JSON_SERDE: JsonSerde[Any] = FastJsonSerde()
 
 
 DEFAULT_RUN_OPTIONS: RunOptions[Any] = RunOptions(serde=JSON_SERDE, max_attempts=1)
@@ -125,7 +136,7 @@ class RestateRuntime:
         if started.executed:
             self.counters.live[kind] += 1
             # Live callers get what a replay would: the value after a JSON round trip.
-            return json.loads(json.dumps(value))
+            return jsoncodec.loads(jsoncodec.dumps(value))
         self.counters.replayed[kind] += 1
         self.tracker.note_replayed()
         return value

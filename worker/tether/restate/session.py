@@ -8,13 +8,13 @@ it cannot turn a state write into a poison pill.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from restate.serde import BytesSerde
 
+from .. import jsoncodec
 from ..session.store import Clock
 from ..session.types import SessionRecord, SessionRun, SessionTurn
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
@@ -54,25 +54,25 @@ class RestateSessionStore:
 
     def _put(self, key: str, value: Any) -> None:
         # Encoded once, stored as the JSON bytes (the SDK's default serde would encode again).
-        data = json.dumps(value, separators=(",", ":")).encode()
+        data = jsoncodec.dumps(value)
         if len(data) <= self._limit:
             self._ctx.set(key, data, serde=RAW)
             return
         parts = [data[i : i + self._limit] for i in range(0, len(data), self._limit)]
         for i, part in enumerate(parts):
             self._ctx.set(f"{key}:{i}", part, serde=RAW)
-        self._ctx.set(key, json.dumps({"__parts__": len(parts)}).encode(), serde=RAW)
+        self._ctx.set(key, jsoncodec.dumps({"__parts__": len(parts)}), serde=RAW)
 
     async def _get(self, key: str) -> Any:
         data = await self._ctx.get(key, serde=RAW)
         if not data:
             return None
-        value = json.loads(data)
+        value = jsoncodec.loads(data)
         if isinstance(value, dict) and set(value) == {"__parts__"}:
             parts = [
                 await self._ctx.get(f"{key}:{i}", serde=RAW) for i in range(value["__parts__"])
             ]
-            return json.loads(b"".join(parts))
+            return jsoncodec.loads(b"".join(parts))
         return value
 
     def _writable(self) -> None:

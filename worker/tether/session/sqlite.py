@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import jsoncodec
 from .._sqlite import Database, Params
 from .store import DEFAULT_MAX_VALUE_BYTES, Clock, check_value_size
 from .types import SessionRecord, SessionRun, SessionTurn
@@ -16,7 +16,7 @@ Snapshot = Callable[[str, Callable[[], Awaitable[int]]], Awaitable[int]]
 
 
 def _dump(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return jsoncodec.dumps(value).decode()
 
 
 class SqliteSessionStore:
@@ -65,8 +65,8 @@ class SqliteSessionStore:
             SessionTurn(
                 id=row[0],
                 role=row[1],
-                content=json.loads(row[2]),
-                usage=json.loads(row[3]) if row[3] else None,
+                content=jsoncodec.loads(row[2]),
+                usage=jsoncodec.loads(row[3]) if row[3] else None,
                 created_at=row[4],
                 run_id=row[5],
             )
@@ -77,7 +77,7 @@ class SqliteSessionStore:
             )
         ]
         runs = [
-            SessionRun.from_json(json.loads(row[0]))
+            SessionRun.from_json(jsoncodec.loads(row[0]))
             for row in self.db.query(
                 "SELECT data FROM tether_session_runs WHERE session_id = ? "
                 "ORDER BY started_at, run_id",
@@ -87,7 +87,7 @@ class SqliteSessionStore:
         return SessionRecord(
             id=session_id,
             created_at=created_at,
-            metadata=json.loads(metadata),
+            metadata=jsoncodec.loads(metadata),
             turns=turns,
             runs=runs,
         )
@@ -151,7 +151,7 @@ class SqliteToolStateStore:
             "SELECT value FROM tether_tool_state WHERE session_id = ? AND tool = ? AND key = ?",
             (self._session_id, tool, key),
         )
-        return json.loads(rows[0][0]) if rows else None
+        return jsoncodec.loads(rows[0][0]) if rows else None
 
     async def set(self, tool: str, key: str, value: Any) -> None:
         encoded = check_value_size(tool, key, value, self._limit)
