@@ -1,10 +1,10 @@
-"""The sidecar app against a fake Restate (an httpx2 mock transport that counts every call), and
-the worker-side metric hooks. The real-server version is `tests/restate/test_sidecar_restate.py`.
+"""The sidecar app against a fake Restate (a real HTTP server on loopback that counts every
+call), and the worker-side metric hooks. The real-server version is
+`tests/restate/test_sidecar_restate.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from aiohttp import web
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,8 +37,6 @@ from tether.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, sig
 
 SECRET = "s3cret-for-the-sidecar-tests"
 AGENT = "triage"
-INGRESS = "http://ingress.test"
-ADMIN = "http://admin.test"
 ID_A = "sign_1gqTN3y9Wu3RzrA0hk07IPzadRDUONRZgAAAAEQ"
 ID_B = "sign_1gqTN3y9Wu3T4gKaIN_iHuhD7oazR7WB-AAAAEQ"
 UNKNOWN_ID = "sign_1zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz"
@@ -57,49 +56,88 @@ def record(awakeable_id: str, session: str, kind: str = "approval") -> ParkedCal
     }
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """A request the fake Restate received."""
+
+    url: httpx2.URL
+    content: bytes
+    headers: dict[str, str]
+
+
 @dataclass
 class FakeRestate:
-    """Restate's ingress and admin API as the sidecar sees them; every request is kept."""
+    """Restate's ingress (`/ingress`) and admin API (`/admin`) on one loopback server; every
+    request is kept."""
 
     sessions: dict[str, dict[str, ParkedCall]] = field(default_factory=dict)
-    requests: list[httpx2.Request] = field(default_factory=list)
+    requests: list[Recorded] = field(default_factory=list)
     ingress_status: int = 202
     healthy: bool = True
     reachable: bool = True
     queries: int = 0
+    base: str = ""
+    _runner: web.AppRunner | None = None
+
+    @property
+    def ingress(self) -> str:
+        return f"{self.base}/ingress"
+
+    @property
+    def admin(self) -> str:
+        return f"{self.base}/admin"
+
+    async def start(self) -> FakeRestate:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     def park(self, awakeable_id: str, session: str, kind: str = "approval") -> None:
         self.sessions.setdefault(session, {})[awakeable_id] = record(awakeable_id, session, kind)
 
     @property
-    def completions(self) -> list[httpx2.Request]:
-        return [r for r in self.requests if r.url.path.startswith("/restate/awakeables/")]
+    def completions(self) -> list[Recorded]:
+        return [r for r in self.requests if r.url.path.startswith("/ingress/restate/awakeables/")]
 
-    def handle(self, request: httpx2.Request) -> httpx2.Response:
-        self.requests.append(request)
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        self.requests.append(Recorded(httpx2.URL(str(request.url)), body, headers))
         if not self.reachable:
-            raise httpx2.ConnectError("connection refused", request=request)
-        url = str(request.url)
-        if url.startswith(ADMIN) and request.url.path == "/query":
+            assert request.transport is not None
+            request.transport.close()  # the client sees the connection drop
+            return web.Response(status=500)
+        path = request.path
+        if path == "/admin/query":
             self.queries += 1
             assert request.headers["accept"] == "application/json"
-            assert json.loads(request.content) == {"query": parked_calls_query(AGENT)}
+            assert json.loads(body) == {"query": parked_calls_query(AGENT)}
             rows = [
                 {"service_key": key, "value_utf8": json.dumps(records)}
                 for key, records in self.sessions.items()
             ]
-            return httpx2.Response(200, json={"rows": rows})
-        if url.startswith(INGRESS) and request.url.path == "/restate/health":
-            return httpx2.Response(200 if self.healthy else 503)
-        if url.startswith(INGRESS) and request.url.path.startswith("/restate/awakeables/"):
-            return httpx2.Response(self.ingress_status)
-        return httpx2.Response(404)
+            return web.json_response({"rows": rows})
+        if path == "/ingress/restate/health":
+            return web.Response(status=200 if self.healthy else 503)
+        if path.startswith("/ingress/restate/awakeables/"):
+            return web.Response(status=self.ingress_status)
+        return web.Response(status=404)
 
 
 def settings(**overrides: Any) -> SidecarSettings:
     values: dict[str, Any] = {
-        "restate_ingress_url": INGRESS,
-        "restate_admin_url": ADMIN,
+        "restate_ingress_url": "http://127.0.0.1:9/ingress",
+        "restate_admin_url": "http://127.0.0.1:9/admin",
         "agent": AGENT,
         "webhook_secret": SECRET,
         "max_body_bytes": LIMIT,
@@ -160,14 +198,18 @@ class Sidecar:
 
 @pytest.fixture
 async def sidecar() -> AsyncIterator[Sidecar]:
-    restate = FakeRestate()
+    restate = await FakeRestate().start()
     restate.park(ID_A, "session-1")
     restate.park(ID_B, "session-2", kind="ask_human")
-    app = create_app(settings(), transport=httpx2.MockTransport(restate.handle))
-    async with httpx2.AsyncClient(
-        transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"
-    ) as client:
-        yield Sidecar(client, restate)
+    app = create_app(settings(restate_ingress_url=restate.ingress, restate_admin_url=restate.admin))
+    try:
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"
+        ) as client:
+            yield Sidecar(client, restate)
+    finally:
+        await app.state.sidecar.restate.close()
+        await restate.stop()
 
 
 def link(action: str, awakeable_id: str = ID_A, expires: int | None = None) -> str:
@@ -233,7 +275,7 @@ async def test_signed_post_resolves_once(sidecar: Sidecar) -> None:
     resp = await sidecar.post(ID_A, {"approved": True, "note": "go"})
     assert resp.status_code == 202, resp.text
     [forwarded] = sidecar.restate.completions
-    assert str(forwarded.url) == f"{INGRESS}/restate/awakeables/{ID_A}/resolve"
+    assert str(forwarded.url) == f"{sidecar.restate.ingress}/restate/awakeables/{ID_A}/resolve"
     assert json.loads(forwarded.content) == {"approved": True, "note": "go"}
     assert forwarded.headers["content-type"] == "application/json"
 
@@ -247,7 +289,7 @@ async def test_signed_post_rejects_with_a_reason(sidecar: Sidecar) -> None:
     resp = await sidecar.post(ID_B, {"reason": "not now"}, verb="reject")
     assert resp.status_code == 202, resp.text
     [forwarded] = sidecar.restate.completions
-    assert str(forwarded.url) == f"{INGRESS}/restate/awakeables/{ID_B}/reject"
+    assert str(forwarded.url) == f"{sidecar.restate.ingress}/restate/awakeables/{ID_B}/reject"
     assert forwarded.content == b"not now"
     assert (await sidecar.post(ID_B, {"ok": 1})).status_code == 409
 
@@ -510,17 +552,21 @@ WORKER_PROGRAM = textwrap.dedent(
 )
 
 
-def test_metrics_merge_the_worker_process_files(tmp_path: Path) -> None:
-    subprocess.run(
+async def test_metrics_merge_the_worker_process_files(tmp_path: Path) -> None:
+    subprocess.run(  # noqa: ASYNC221 (a short child process; the test has nothing else to do)
         [sys.executable, "-c", WORKER_PROGRAM],
         env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
         check=True,
         timeout=120,
     )
-    restate = FakeRestate()
+    restate = await FakeRestate().start()
     restate.park(ID_A, "s1")
     app = create_app(
-        settings(prometheus_multiproc_dir=tmp_path), transport=httpx2.MockTransport(restate.handle)
+        settings(
+            prometheus_multiproc_dir=tmp_path,
+            restate_ingress_url=restate.ingress,
+            restate_admin_url=restate.admin,
+        )
     )
 
     async def scrape() -> str:
@@ -530,7 +576,11 @@ def test_metrics_merge_the_worker_process_files(tmp_path: Path) -> None:
             await client.post(f"/v1/awakeables/{ID_A}/resolve", content=b"1")  # 415
             return (await client.get("/metrics")).text
 
-    text = asyncio.run(scrape())
+    try:
+        text = await scrape()
+    finally:
+        await app.state.sidecar.restate.close()
+        await restate.stop()
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)

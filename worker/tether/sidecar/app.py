@@ -10,7 +10,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx2
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
@@ -24,7 +23,6 @@ from .restate_client import RestateClient
 from .settings import SidecarSettings
 
 log = logging.getLogger("tether.sidecar")
-RESTATE_TIMEOUT_SECONDS = 10.0
 
 
 def _route(request: Request) -> str:
@@ -52,12 +50,9 @@ async def _rejected(request: Request, error: Exception) -> Response:
     return JSONResponse({"error": error.message, "outcome": error.outcome}, error.status)
 
 
-def create_app(
-    settings: SidecarSettings, *, transport: httpx2.AsyncBaseTransport | None = None
-) -> FastAPI:
-    """The app; `transport` replaces the network for the calls to Restate (tests)."""
-    http = httpx2.AsyncClient(timeout=RESTATE_TIMEOUT_SECONDS, transport=transport, trust_env=False)
-    restate = RestateClient(http, settings.restate_ingress_url, settings.restate_admin_url)
+def create_app(settings: SidecarSettings) -> FastAPI:
+    """The sidecar's app."""
+    restate = RestateClient(settings.restate_ingress_url, settings.restate_admin_url)
     sidecar = Sidecar(
         settings=settings,
         restate=restate,
@@ -67,7 +62,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
-        await http.aclose()
+        await restate.close()
 
     app = FastAPI(
         title="tether sidecar", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
