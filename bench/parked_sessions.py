@@ -85,7 +85,9 @@ async def bench(stack: DevStack, sessions: int, concurrency: int) -> dict[str, A
     worker_pid = stack.worker.popen.pid if stack.worker.popen else 0
     ingress, sidecar = stack.server.ingress_url, stack.sidecar_url
     secret = stack.secret.encode()
-    async with httpx2.AsyncClient(timeout=120) as client:
+    # Keep every connection alive: the default pool keeps 20, and reconnecting costs both paths.
+    limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx2.AsyncClient(timeout=120, limits=limits) as client:
         before = rss_mib(worker_pid)
 
         async def start(i: int) -> None:
