@@ -51,9 +51,6 @@ class Hooks:
         self._hooks.setdefault(name, []).append(fn)
         return lambda: self._hooks[name].remove(fn)
 
-    def has(self, name: str) -> bool:
-        return bool(self._hooks.get(name))
-
     async def call(self, name: str, payload: HookPayload) -> HookPayload:
         for fn in list(self._hooks.get(name, ())):
             result = fn(payload)

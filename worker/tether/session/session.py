@@ -10,7 +10,7 @@ from typing import Any
 from ..durable.ids import deterministic_uuid
 from ..messages import ContentBlock, Message, tool_result, tool_uses
 from .store import Clock, SessionStore, memory_store
-from .types import RunStatus, SessionRecord, SessionRun, SessionTurn
+from .types import SessionRecord, SessionRun, SessionTurn
 
 INTERRUPTED_RESULT = (
     "Tool call interrupted: the run stopped before this call recorded a result, so its outcome "
@@ -155,6 +155,3 @@ async def load_session(store: SessionStore, id: str, clock: Clock | None = None)
     if record is None:
         return None
     return Session(record, store, clock or store.clock or _wall_clock)
-
-
-RunStatusT = RunStatus
