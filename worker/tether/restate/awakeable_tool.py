@@ -13,23 +13,21 @@ Replay contract (shared with `restate_tool`'s `durable_start.wait` and
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import restate
-from restate import RunOptions
 from restate.exceptions import TerminalError
-from restate.serde import JsonSerde, Serde
+from restate.serde import Serde
 
 from ..durable.errors import DurableControlError
 from ..durable.replay import ReplayTracker
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .awakeable import race_with_timeout
 from .errors import is_restate_cancellation
-from .runtime import JSON_SERDE, RestateRuntime, default_run_options
+from .runtime import RestateRuntime, journal_options
 from .types import (
     AwakeableOutcome,
     AwakeableWithTimeoutOptions,
@@ -83,17 +81,6 @@ async def maybe_await(value: Awaitable[T] | T) -> T:
     if inspect.isawaitable(value):
         return await value
     return value
-
-
-def journal_options(options: RunOptions[Any] | None) -> RunOptions[Any]:
-    """`ctx.run_typed` options for a journaled phase: one attempt by default (a failing phase
-    is recorded, not retried blindly), and always the JSON serde, because the closures return
-    plain JSON and the SDK's default serde would guess from their annotations."""
-    if options is None:
-        return default_run_options()
-    if isinstance(options.serde, JsonSerde):
-        return options
-    return dataclasses.replace(options, serde=JSON_SERDE)
 
 
 async def mark_live(tracker: ReplayTracker | None) -> None:

@@ -59,6 +59,17 @@ def default_run_options() -> RunOptions[Any]:
     return DEFAULT_RUN_OPTIONS
 
 
+def journal_options(options: RunOptions[Any] | None) -> RunOptions[Any]:
+    """`ctx.run_typed` options for a journaled step: one attempt by default (a failing step is
+    recorded, not retried blindly), and always the JSON serde, because step functions return
+    plain JSON and the SDK's default serde would guess from their annotations."""
+    if options is None:
+        return DEFAULT_RUN_OPTIONS
+    if isinstance(options.serde, JsonSerde):
+        return options
+    return dataclasses.replace(options, serde=JSON_SERDE)
+
+
 def _has_state(ctx: object) -> bool:
     return all(callable(getattr(ctx, name, None)) for name in ("key", "get", "set", "clear"))
 
@@ -116,11 +127,7 @@ class RestateRuntime:
     # Steps --------------------------------------------------------------------------------
 
     def _start(self, kind: StepKind, name: str, fn: StepFn) -> _Started:
-        options = self.options.run_options.get(kind)
-        if options is None:
-            options = default_run_options()
-        elif not isinstance(options.serde, JsonSerde):
-            options = dataclasses.replace(options, serde=JSON_SERDE)
+        options = journal_options(self.options.run_options.get(kind))
 
         async def action() -> Any:
             started.executed = True

@@ -21,13 +21,13 @@ from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput
 from .awakeable_tool import (
     PAYLOAD_SERDE,
     check_published,
-    journal_options,
     mark_live,
     maybe_await,
     park,
     rejection_message,
 )
 from .errors import is_restate_cancellation, is_restate_control_error
+from .runtime import journal_options
 from .types import RestateContextLike, RestateDurableStart, RestateDurableWait, RestateToolOptions
 
 log = logging.getLogger("tether.restate.tool")

@@ -18,13 +18,13 @@ from ..tools.base import ToolError
 from .awakeable_tool import (
     PAYLOAD_SERDE,
     check_published,
-    journal_options,
     mark_live,
     maybe_await,
     park,
     rejection_message,
 )
 from .errors import is_restate_cancellation
+from .runtime import journal_options
 from .types import RestateWaitBackgroundOptions
 
 RUNNING = "running"
