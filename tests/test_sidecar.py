@@ -715,3 +715,12 @@ async def test_a_signature_made_for_another_awakeable_is_refused(sidecar: Sideca
     )
     assert (resp.status_code, resp.json()["outcome"]) == (401, "bad_signature")
     assert sidecar.restate.completions == []
+
+
+async def test_only_signed_posts_take_the_webhook_path(sidecar: Sidecar) -> None:
+    """Other methods and verbs under /v1/awakeables/ fall through to the FastAPI routes."""
+    assert (await sidecar.client.get(f"/v1/awakeables/{ID_A}/resolve")).status_code == 404
+    assert (await sidecar.client.put(f"/v1/awakeables/{ID_A}/resolve")).status_code == 404
+    assert (await sidecar.client.post(f"/v1/awakeables/{ID_A}/approve")).status_code == 405
+    assert (await sidecar.client.post(f"/v1/awakeables/{ID_A}/cancel")).status_code == 404
+    assert sidecar.restate.completions == []

@@ -1,4 +1,5 @@
-"""`create_app(settings)`: the sidecar's FastAPI application.
+"""`create_app(settings)`: the sidecar's FastAPI application, with the signed webhook POSTs as
+plain ASGI middleware in front of its routes (`signed_posts`).
 
 Every `Rejection` is answered with its status (JSON, or an HTML page for a link), logged without
 secrets or signatures, and counted in `tether_webhook_requests_total{outcome}`.
@@ -6,7 +7,6 @@ secrets or signatures, and counted in `tether_webhook_requests_total{outcome}`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -18,11 +18,10 @@ from .awakeable_id import loggable_id
 from .context import Sidecar
 from .pages import link_page
 from .parked_calls import ParkedCalls
-from .rejection import Rejection
+from .rejection import Rejection, refused
 from .restate_client import RestateClient
 from .settings import SidecarSettings
-
-log = logging.getLogger("tether.sidecar")
+from .signed_posts import SignedPosts
 
 
 def _route(request: Request) -> str:
@@ -34,17 +33,13 @@ async def _rejected(request: Request, error: Exception) -> Response:
     assert isinstance(error, Rejection)
     awakeable_id = request.path_params.get("awakeable_id")
     route = _route(request)
-    log.warning(
-        "refused %s %s: %s %s (%s) id=%s client=%s",
-        request.method,
-        route,
-        error.status,
-        error.outcome,
-        error.message,
-        loggable_id(awakeable_id) if isinstance(awakeable_id, str) else "-",
-        request.client.host if request.client else "-",
+    refused(
+        error,
+        method=request.method,
+        route=route,
+        logged_id=loggable_id(awakeable_id) if isinstance(awakeable_id, str) else "-",
+        client=request.client.host if request.client else None,
     )
-    approvals.count(error.outcome)
     if request.method == "GET" and route.endswith(("/approve", "/deny")):
         return link_page(error.status, "Not done", error.message)
     return JSONResponse({"error": error.message, "outcome": error.outcome}, error.status)
@@ -69,6 +64,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     )
     app.state.sidecar = sidecar
     app.add_exception_handler(Rejection, _rejected)
+    app.add_middleware(SignedPosts, sidecar=sidecar)
     app.include_router(approvals.router)
     app.include_router(metrics.router)
     app.include_router(health.router)

@@ -1,117 +1,27 @@
-"""Answering parked calls: signed webhooks that resolve or reject an awakeable, one-click signed
-links that approve or deny, and the list of the agent's parked calls.
+"""One-click signed links that approve or deny a parked call, and the list of the agent's
+parked calls. (The signed webhook POSTs are `signed_posts`.)
 
-A request reaches Restate's ingress only after every check passed: the id is well formed, the
-body is JSON within the size limit, the signature is valid, fresh and not seen before, this
-sidecar has not answered the id yet, and the id is parked by this agent (read from Restate).
+A link reaches Restate's ingress only after every check passed: the id is well formed, the link
+is signed and not expired, this sidecar has not answered the id yet, and the id is parked by
+this agent (read from Restate).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, JSONResponse
 
-from ..metrics import WEBHOOK_REQUESTS
 from ..webhooks import LinkAction
 from .auth import authenticate_link, authenticate_request
 from .awakeable_id import checked_awakeable_id
-from .body import parse_json, read_limited_body, require_json_content_type
 from .context import Sidecar, SidecarDep
 from .pages import link_page
-from .rejection import Outcome, Rejection
+from .rejection import count
 
-log = logging.getLogger("tether.sidecar")
 router = APIRouter()
 AWAKEABLE = "/v1/awakeables/{awakeable_id:path}"
-MAX_REASON_CHARS = 2000
-
-
-def count(outcome: Outcome) -> None:
-    WEBHOOK_REQUESTS.labels(outcome).inc()
-
-
-async def _signed_json_body(request: Request, sidecar: Sidecar) -> tuple[bytes, Any, str, int]:
-    """The raw body, its JSON value, and the request's signature and timestamp."""
-    require_json_content_type(request)
-    body = await read_limited_body(request, sidecar.settings.max_body_bytes)
-    signature, timestamp = authenticate_request(
-        sidecar.settings.secret, body, request.headers, request.url.path
-    )
-    return body, parse_json(body), signature, timestamp
-
-
-async def _answer(
-    sidecar: Sidecar, awakeable_id: str, how: str, forward: Callable[[], Awaitable[None]]
-) -> None:
-    """Answer a parked call once: ledger claim, parked check, then Restate."""
-    sidecar.ledger.claim(awakeable_id)
-    try:
-        await sidecar.parked.require(awakeable_id)
-        await forward()
-    except BaseException:
-        sidecar.ledger.release(awakeable_id)
-        raise
-    sidecar.ledger.done(awakeable_id, how)
-    sidecar.parked.forget(awakeable_id)
-    log.info("awakeable %s %s", awakeable_id, how)
-
-
-async def _answer_signed(
-    sidecar: Sidecar,
-    awakeable_id: str,
-    signature: str,
-    timestamp: int,
-    how: str,
-    forward: Callable[[], Awaitable[None]],
-) -> None:
-    sidecar.replay_guard.claim(signature, timestamp)
-    try:
-        await _answer(sidecar, awakeable_id, how, forward)
-    except BaseException:
-        sidecar.replay_guard.release(signature)  # nothing happened: the sender may retry
-        raise
-
-
-@router.post(f"{AWAKEABLE}/resolve")
-async def resolve(awakeable_id: str, request: Request, sidecar: SidecarDep) -> JSONResponse:
-    """Resolve the awakeable with the JSON body as its value (HMAC-signed request)."""
-    awakeable_id = checked_awakeable_id(awakeable_id)
-    body, _, signature, timestamp = await _signed_json_body(request, sidecar)
-
-    async def forward() -> None:
-        await sidecar.restate.resolve_awakeable(awakeable_id, body)
-
-    await _answer_signed(
-        sidecar, awakeable_id, signature, timestamp, "resolved by webhook", forward
-    )
-    count("resolved")
-    return JSONResponse({"awakeable_id": awakeable_id, "status": "resolved"}, status_code=202)
-
-
-@router.post(f"{AWAKEABLE}/reject")
-async def reject(awakeable_id: str, request: Request, sidecar: SidecarDep) -> JSONResponse:
-    """Reject the awakeable with `{"reason": "..."}` (HMAC-signed request)."""
-    awakeable_id = checked_awakeable_id(awakeable_id)
-    _, value, signature, timestamp = await _signed_json_body(request, sidecar)
-    reason = value.get("reason") if isinstance(value, dict) else None
-    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
-        raise Rejection(
-            400, "bad_body", f'expected {{"reason": "<1-{MAX_REASON_CHARS} characters>"}}'
-        )
-
-    async def forward() -> None:
-        await sidecar.restate.reject_awakeable(awakeable_id, reason)
-
-    await _answer_signed(
-        sidecar, awakeable_id, signature, timestamp, "rejected by webhook", forward
-    )
-    count("rejected")
-    return JSONResponse({"awakeable_id": awakeable_id, "status": "rejected"}, status_code=202)
 
 
 async def _follow_link(
@@ -130,7 +40,7 @@ async def _follow_link(
         await sidecar.restate.resolve_awakeable(awakeable_id, value)
 
     how = "approved by link" if approved else "denied by link"
-    await _answer(sidecar, awakeable_id, how, forward)
+    await sidecar.answer(awakeable_id, how, forward)
     count("approved" if approved else "denied")
     if approved:
         return link_page(200, "Approved", "The call was approved; the agent goes on.")

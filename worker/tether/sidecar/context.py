@@ -1,8 +1,11 @@
 """`Sidecar`: what the request handlers share (settings, the Restate client, the parked-call
-reader, the replay guard and the resolution ledger), kept on `app.state.sidecar`."""
+reader, the replay guard and the resolution ledger), kept on `app.state.sidecar`, and the one
+way to answer a parked call with them."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -15,6 +18,9 @@ from .parked_calls import ParkedCalls
 from .restate_client import RestateClient
 from .settings import SidecarSettings
 
+log = logging.getLogger("tether.sidecar")
+Forward = Callable[[], Awaitable[None]]
+
 
 @dataclass
 class Sidecar:
@@ -23,6 +29,31 @@ class Sidecar:
     parked: ParkedCalls
     replay_guard: ReplayGuard = field(default_factory=ReplayGuard)
     ledger: ResolutionLedger = field(default_factory=ResolutionLedger)
+
+    async def answer(self, awakeable_id: str, how: str, forward: Forward) -> None:
+        """Answer a parked call once: ledger claim, parked check, then `forward` to Restate.
+        If any of it fails the call stays answerable."""
+        self.ledger.claim(awakeable_id)
+        try:
+            await self.parked.require(awakeable_id)
+            await forward()
+        except BaseException:
+            self.ledger.release(awakeable_id)
+            raise
+        self.ledger.done(awakeable_id, how)
+        self.parked.forget(awakeable_id)
+        log.info("awakeable %s %s", awakeable_id, how)
+
+    async def answer_signed(
+        self, awakeable_id: str, signature: str, timestamp: int, how: str, forward: Forward
+    ) -> None:
+        """`answer` for a signed request, which is accepted once (replay guard)."""
+        self.replay_guard.claim(signature, timestamp)
+        try:
+            await self.answer(awakeable_id, how, forward)
+        except BaseException:
+            self.replay_guard.release(signature)  # nothing happened: the sender may retry
+            raise
 
 
 async def sidecar_of(request: Request) -> Sidecar:

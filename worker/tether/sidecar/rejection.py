@@ -1,9 +1,14 @@
 """`Rejection`: why the sidecar refused a webhook request, with its HTTP status and the outcome
-label it is counted under in `tether_webhook_requests_total`."""
+label it is counted under in `tether_webhook_requests_total`; `refused` logs and counts one."""
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
+
+from ..metrics import WEBHOOK_REQUESTS
+
+log = logging.getLogger("tether.sidecar")
 
 Outcome = Literal[
     "resolved",
@@ -34,3 +39,25 @@ class Rejection(Exception):
         self.status = status
         self.outcome = outcome
         self.message = message
+
+
+def count(outcome: Outcome) -> None:
+    WEBHOOK_REQUESTS.labels(outcome).inc()
+
+
+def refused(
+    error: Rejection, *, method: str, route: str, logged_id: str, client: str | None
+) -> None:
+    """Log a refusal (by route template, never the raw path or query) and count its outcome;
+    `logged_id` is the awakeable id as `awakeable_id.loggable_id` shows it."""
+    log.warning(
+        "refused %s %s: %s %s (%s) id=%s client=%s",
+        method,
+        route,
+        error.status,
+        error.outcome,
+        error.message,
+        logged_id,
+        client or "-",
+    )
+    count(error.outcome)

@@ -30,8 +30,12 @@ class RestateClient:
         # Created on first use: a session belongs to the running event loop.
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=200, limit_per_host=200)
+            # No cookie jar: Restate sets no cookies, and a jar costs on every request.
             self._session = aiohttp.ClientSession(
-                timeout=TIMEOUT, connector=connector, trust_env=False
+                timeout=TIMEOUT,
+                connector=connector,
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

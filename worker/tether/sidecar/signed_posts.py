@@ -1,0 +1,89 @@
+"""The two signed webhooks as plain ASGI middleware in front of the FastAPI routes:
+
+    POST /v1/awakeables/{id}/resolve    the JSON body is the awakeable's value
+    POST /v1/awakeables/{id}/reject     {"reason": "..."}; the waiting call fails with it
+
+Every answer to a parked call passes here, and FastAPI's per-request machinery (Request objects,
+dependency solving, routing, responses) cost about as much CPU as all the work below; so this
+reads the ASGI scope directly. A request reaches Restate only after every check passed: the id
+is well formed, the body is JSON within the size limit, the signature is valid, fresh and not
+seen before, this sidecar has not answered the id yet, and the id is parked by this agent.
+"""
+
+from __future__ import annotations
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .auth import authenticate_request
+from .awakeable_id import checked_awakeable_id, loggable_id
+from .body import parse_json, read_limited_body, require_json_content_type
+from .context import Sidecar
+from .rejection import Rejection, count, refused
+
+PREFIX = "/v1/awakeables/"
+ROUTE = PREFIX + "{awakeable_id:path}/"  # how refusals are logged (never the raw path)
+MAX_REASON_CHARS = 2000
+JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class SignedPosts:
+    def __init__(self, app: ASGIApp, sidecar: Sidecar) -> None:
+        self.app = app
+        self.sidecar = sidecar
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith(PREFIX):
+            return await self.app(scope, receive, send)
+        raw_id, _, verb = path[len(PREFIX) :].rpartition("/")
+        if verb not in ("resolve", "reject"):
+            return await self.app(scope, receive, send)
+        try:
+            awakeable_id = checked_awakeable_id(raw_id)
+            await self._answer(awakeable_id, verb, path, scope, receive)
+            status, answer = 202, {"awakeable_id": awakeable_id, "status": f"{verb}d"}
+        except Rejection as error:
+            client = scope.get("client")
+            refused(
+                error,
+                method="POST",
+                route=ROUTE + verb,
+                logged_id=loggable_id(raw_id),
+                client=client[0] if client else None,
+            )
+            status, answer = error.status, {"error": error.message, "outcome": error.outcome}
+        body = orjson.dumps(answer)
+        headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _answer(
+        self, awakeable_id: str, verb: str, path: str, scope: Scope, receive: Receive
+    ) -> None:
+        sidecar = self.sidecar
+        headers = Headers(scope=scope)
+        require_json_content_type(headers)
+        body = await read_limited_body(receive, headers, sidecar.settings.max_body_bytes)
+        signature, timestamp = authenticate_request(sidecar.settings.secret, body, headers, path)
+        value = parse_json(body)
+        if verb == "resolve":
+
+            async def forward() -> None:
+                await sidecar.restate.resolve_awakeable(awakeable_id, body)
+
+        else:
+            reason = value.get("reason") if isinstance(value, dict) else None
+            if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
+                raise Rejection(
+                    400, "bad_body", f'expected {{"reason": "<1-{MAX_REASON_CHARS} characters>"}}'
+                )
+
+            async def forward() -> None:
+                await sidecar.restate.reject_awakeable(awakeable_id, reason)
+
+        await sidecar.answer_signed(
+            awakeable_id, signature, timestamp, f"{verb}d by webhook", forward
+        )
+        count("resolved" if verb == "resolve" else "rejected")
