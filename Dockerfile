@@ -10,13 +10,13 @@ COPY operator operator
 RUN pip install --no-cache-dir --prefix=/install ".[restate,sidecar,operator]"
 
 FROM python:3.11-slim
-RUN useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin tether
+RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin tether
 COPY --from=build /install /usr/local
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
     TETHER_WORKSPACE=/workspace
-USER 10001:10001
+USER 65532:65532
 EXPOSE 9080 8000
 ENTRYPOINT ["tether"]
 CMD ["worker", "--spec", "/etc/tether/agent.yaml"]

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit venv bench restate-server kube-bins clean
+.PHONY: demo test lint typecheck unit venv bench restate-server kube-bins helm-bin clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,11 @@ restate-server:
 kube-bins:
 	bash scripts/build-control-plane.sh >/dev/null
 
-unit: $(STAMP) restate-server kube-bins
+# The helm CLI for the chart tests (tests/helm), built the same way (about a minute, once).
+helm-bin:
+	bash scripts/build-helm.sh >/dev/null
+
+unit: $(STAMP) restate-server kube-bins helm-bin
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

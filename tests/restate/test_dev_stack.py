@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -84,6 +85,14 @@ def test_approve_by_signed_link_and_reject_by_tether_resolve(
 
     second = start_run(stack, "b")
     [call] = wait_until(lambda: approvals(stack), what="the second parked call")
+    cli = [sys.executable, "-m", "tether", "approvals", "--sidecar", stack.sidecar_url]
+    cli += ["--data-dir", str(stack.data_dir)]
+    listed = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    [line] = listed.stdout.splitlines()
+    assert line.startswith(f"{call['awakeable_id']}  approval  session=b  tool=")
+    as_json = subprocess.run([*cli, "--json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(as_json.stdout)["parked"] == [call]
     resolve = [
         sys.executable,
         "-m",

@@ -77,11 +77,26 @@ def _resolve_parser(commands: Any) -> None:
         "data dir) and posts to the sidecar.",
     )
     resolve.add_argument("awakeable_id", help="the parked call's awakeable id")
-    resolve.add_argument("--sidecar", default="http://127.0.0.1:8000", help="sidecar base URL")
     resolve.add_argument("--value", default='{"approved": true}', help="JSON value to resolve with")
     resolve.add_argument("--reject", action="store_true", help="reject instead of resolving")
     resolve.add_argument("--reason", default="rejected", help="reason given with --reject")
-    resolve.add_argument(
+    _sidecar_client_arguments(resolve)
+
+
+def _approvals_parser(commands: Any) -> None:
+    approvals = commands.add_parser(
+        "approvals",
+        help="list the calls parked for a person, through the sidecar (signed)",
+        description="Signs with TETHER_WEBHOOK_SECRET (or the secret `tether dev` keeps in its "
+        "data dir) and reads the sidecar's /v1/approvals: one line per parked call, oldest first.",
+    )
+    approvals.add_argument("--json", action="store_true", help="print the sidecar's JSON answer")
+    _sidecar_client_arguments(approvals)
+
+
+def _sidecar_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sidecar", default="http://127.0.0.1:8000", help="sidecar base URL")
+    parser.add_argument(
         "--data-dir", default=".tether/dev", help="where `tether dev` keeps its secret"
     )
 
@@ -102,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sidecar_parser(commands)
     _dev_parser(commands)
     _resolve_parser(commands)
+    _approvals_parser(commands)
     _crd_parser(commands)
     return parser
 
@@ -134,26 +150,49 @@ def dev_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def resolve_command(args: argparse.Namespace) -> int:
-    import json
-
+def _signed_call(args: argparse.Namespace, method: str, path: str, body: bytes) -> Any:
+    """A request to the sidecar, signed with the webhook secret (an `httpx2.Response`)."""
     import httpx2
 
     from .dev import webhook_secret
     from .webhooks import sign_request
 
-    secret = webhook_secret(Path(args.data_dir)).encode()
+    headers = sign_request(webhook_secret(Path(args.data_dir)).encode(), body, path=path)
+    if body:
+        headers["content-type"] = "application/json"
+    url = f"{args.sidecar.rstrip('/')}{path}"
+    return httpx2.request(method, url, content=body, headers=headers, timeout=30)
+
+
+def resolve_command(args: argparse.Namespace) -> int:
+    import json
+
     if args.reject:
         action, value = "reject", {"reason": args.reason}
     else:
         action, value = "resolve", json.loads(args.value)
-    body = json.dumps(value).encode()
     path = f"/v1/awakeables/{args.awakeable_id}/{action}"
-    headers = {"content-type": "application/json", **sign_request(secret, body, path=path)}
-    url = f"{args.sidecar.rstrip('/')}{path}"
-    response = httpx2.post(url, content=body, headers=headers, timeout=30)
+    response = _signed_call(args, "POST", path, json.dumps(value).encode())
     print(f"{response.status_code} {response.text}".strip())
     return 0 if response.is_success else 1
+
+
+def approvals_command(args: argparse.Namespace) -> int:
+    import json
+
+    response = _signed_call(args, "GET", "/v1/approvals", b"")
+    if not response.is_success:
+        print(f"{response.status_code} {response.text}".strip(), file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(response.json(), indent=2))
+        return 0
+    for call in response.json()["parked"]:
+        print(
+            f"{call['awakeable_id']}  {call['kind']}  session={call['session']}  "
+            f"tool={call['tool']}  input={call['input_summary']}"
+        )
+    return 0
 
 
 def worker_command(args: argparse.Namespace) -> int:
@@ -188,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
             code = dev_command(args)
         elif args.command == "resolve":
             code = resolve_command(args)
+        elif args.command == "approvals":
+            code = approvals_command(args)
         elif args.command == "crd":
             from .crd import durableagent_crd_yaml
 

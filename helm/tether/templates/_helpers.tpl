@@ -1,0 +1,50 @@
+{{/* Names are the release name plus a suffix, within 63 characters. */}}
+{{- define "tether.name" -}}
+{{- printf "%s-%s" .root.Release.Name .suffix | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tether.operatorName" -}}{{ include "tether.name" (dict "root" . "suffix" "operator") }}{{- end -}}
+{{- define "tether.restateName" -}}{{ include "tether.name" (dict "root" . "suffix" "restate") }}{{- end -}}
+
+{{- define "tether.labels" -}}
+app.kubernetes.io/part-of: tether
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "tether.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* Either both external URLs or neither: one alone is a mistake worth stopping for. */}}
+{{- define "tether.restateExternal" -}}
+{{- $external := .Values.restate.external -}}
+{{- if and $external.adminUrl $external.ingressUrl -}}true
+{{- else if or $external.adminUrl $external.ingressUrl -}}
+{{- fail "restate.external: set both adminUrl and ingressUrl to use an existing Restate, or neither to install one" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tether.restateAdminUrl" -}}
+{{- if include "tether.restateExternal" . -}}{{ trimSuffix "/" .Values.restate.external.adminUrl }}
+{{- else -}}{{ printf "http://%s.%s.svc:9070" (include "tether.restateName" .) .Release.Namespace }}
+{{- end -}}
+{{- end -}}
+
+{{- define "tether.restateIngressUrl" -}}
+{{- if include "tether.restateExternal" . -}}{{ trimSuffix "/" .Values.restate.external.ingressUrl }}
+{{- else -}}{{ printf "http://%s.%s.svc:8080" (include "tether.restateName" .) .Release.Namespace }}
+{{- end -}}
+{{- end -}}
+
+{{/* The restricted Pod Security Standard, for every container of the chart. */}}
+{{- define "tether.containerSecurity" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}

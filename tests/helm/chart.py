@@ -1,0 +1,59 @@
+"""Running helm on the chart, and reading what it renders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "tether"
+Manifest = dict[str, Any]
+
+
+def helm(
+    helm_bin: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run helm (with `env`, e.g. a control plane's KUBECONFIG); fail with its stderr."""
+    result = subprocess.run(
+        [str(helm_bin), *args],
+        capture_output=True,
+        text=True,
+        env=env or dict(os.environ),
+        timeout=300,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def render(helm_bin: Path, *sets: str, namespace: str = "tether-system") -> list[Manifest]:
+    """The objects `helm template` renders with `--set` values."""
+    args = ["template", "t", str(CHART), "--namespace", namespace]
+    for value in sets:
+        args += ["--set", value]
+    return [doc for doc in yaml.safe_load_all(helm(helm_bin, *args).stdout) if doc]
+
+
+def by_kind(objects: list[Manifest], kind: str) -> list[Manifest]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def one(objects: list[Manifest], kind: str) -> Manifest:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def pod_specs(objects: list[Manifest]) -> Iterator[tuple[str, Manifest]]:
+    for o in objects:
+        if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            yield f"{o['kind']}/{o['metadata']['name']}", o["spec"]["template"]["spec"]
+
+
+def env_of(container: Manifest) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}

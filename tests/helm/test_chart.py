@@ -1,0 +1,168 @@
+"""The Helm chart, rendered and linted by the real helm CLI (no cluster needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
+
+from tether.crd import CRD_NAME, durableagent_crd
+
+EXTERNAL = (
+    "restate.external.adminUrl=http://r.ns.svc:9070/",
+    "restate.external.ingressUrl=http://r.ns.svc:8080",
+)
+
+
+def test_lint_strict(helm_bin: Path) -> None:
+    for sets in (
+        (),
+        EXTERNAL,
+        ("operator.watchNamespaces={a,b}", "restate.persistence.enabled=false"),
+    ):
+        args = ["lint", "--strict", str(CHART)]
+        for value in sets:
+            args += ["--set", value]
+        assert "0 chart(s) failed" in helm(helm_bin, *args).stdout
+
+
+def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path) -> None:
+    objects = render(helm_bin)
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(
+        [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Service",
+            "StatefulSet",
+        ]
+    )
+    crd = one(objects, "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == CRD_NAME
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["spec"] == durableagent_crd()["spec"], "the chart's CRD is crds/durableagent.yaml"
+
+    role = one(objects, "ClusterRole")
+    source = yaml.safe_load((REPO / "operator" / "rbac" / "clusterrole.yaml").read_text())
+    assert role["rules"] == source["rules"], "the chart grants exactly operator/rbac's rules"
+    binding = one(objects, "ClusterRoleBinding")
+    account = one(objects, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": "tether-system",
+        }
+    ]
+
+    operator = one(objects, "Deployment")
+    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"]["type"] == "Recreate"
+    pod = operator["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    container = pod["containers"][0]
+    env = env_of(container)
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (
+        container["image"]
+        == env["TETHER_WORKER_IMAGE"]
+        == f"ghcr.io/tether-dev/tether:{chart['appVersion']}"
+    )
+    # The operator reaches the Restate this chart installs, through its Service.
+    restate, service = one(objects, "StatefulSet"), one(objects, "Service")
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    host = f"http://{service['metadata']['name']}.tether-system.svc"
+    assert env["TETHER_RESTATE_ADMIN_URL"] == f"{host}:{ports['admin']}"
+    assert env["TETHER_RESTATE_INGRESS_URL"] == f"{host}:{ports['ingress']}"
+    assert (
+        service["spec"]["selector"].items()
+        <= restate["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert env["TETHER_NAMESPACES"] == ""
+    claim = restate["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    assert env_of(restate["spec"]["template"]["spec"]["containers"][0])["DO_NOT_TRACK"] == "1"
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), EXTERNAL, ("restate.persistence.enabled=false", "operator.watchNamespaces={a}")],
+    ids=["default", "external-restate", "no-persistence"],
+)
+def test_every_pod_meets_the_restricted_pod_security_standard(
+    helm_bin: Path, sets: tuple[str, ...]
+) -> None:
+    specs = list(pod_specs(render(helm_bin, *sets)))
+    assert specs
+    for name, spec in specs:
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["seccompProfile"]["type"] == "RuntimeDefault", (
+            name
+        )
+        assert not spec.get("hostNetwork") and not spec.get("hostPID"), name
+        for container in spec["containers"]:
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, name
+            assert security["readOnlyRootFilesystem"] is True, name
+            assert security["capabilities"]["drop"] == ["ALL"], name
+            assert "add" not in security["capabilities"], name
+            assert container["resources"]["limits"]["memory"], name
+        volumes = [v for v in spec.get("volumes", []) if "hostPath" in v]
+        assert volumes == [], name
+
+
+def test_an_existing_restate_takes_two_values(helm_bin: Path) -> None:
+    objects = render(helm_bin, *EXTERNAL)
+    assert by_kind(objects, "StatefulSet") == [] and by_kind(objects, "Service") == []
+    env = env_of(one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["TETHER_RESTATE_ADMIN_URL"] == "http://r.ns.svc:9070"
+    assert env["TETHER_RESTATE_INGRESS_URL"] == "http://r.ns.svc:8080"
+
+
+def test_watched_namespaces_get_role_bindings_only(helm_bin: Path) -> None:
+    objects = render(helm_bin, "operator.watchNamespaces={team-a,team-b}")
+    assert by_kind(objects, "ClusterRoleBinding") == []
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(b["roleRef"]["kind"] == "ClusterRole" for b in bindings)
+    env = env_of(one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["TETHER_NAMESPACES"] == "team-a,team-b"
+
+
+def test_without_crds(helm_bin: Path) -> None:
+    assert by_kind(render(helm_bin, "crds.install=false"), "CustomResourceDefinition") == []
+
+
+BAD_VALUES = {
+    "one external url": (
+        ("restate.external.adminUrl=http://r:9070",),
+        "set both adminUrl and ingressUrl",
+    ),
+    "two operators": (("operator.replicas=2",), "/operator/replicas"),
+    "pull policy": (("image.pullPolicy=Sometimes",), "/image/pullPolicy"),
+    "namespace name": (("operator.watchNamespaces={Team_A}",), "/operator/watchNamespaces/0"),
+    "unknown value": (("operator.replica=1",), "replica"),
+    "interval": (("operator.reconcileInterval=0",), "/operator/reconcileInterval"),
+    "service type": (("operator.workerServiceType=LoadBalancer",), "/operator/workerServiceType"),
+    "volume size": (("restate.persistence.size=lots",), "/restate/persistence/size"),
+    "restate url": (
+        ("restate.external.adminUrl=r:9070", "restate.external.ingressUrl=r:8080"),
+        "adminUrl",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES), ids=list(BAD_VALUES))
+def test_bad_values_are_refused_naming_the_value(helm_bin: Path, case: str) -> None:
+    sets, named = BAD_VALUES[case]
+    args = ["template", "t", str(CHART)]
+    for value in sets:
+        args += ["--set", value]
+    result = helm(helm_bin, *args, check=False)
+    assert result.returncode != 0
+    assert named in result.stderr, result.stderr

@@ -1,0 +1,122 @@
+"""`helm install` of the chart on the tier-2 control plane (kwok makes the pods Ready), into a
+namespace that enforces the restricted Pod Security Standard: the release only becomes ready if
+the API server admitted every pod of it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from chart import CHART, helm
+
+from kube.controlplane import ControlPlane
+from tether.crd import CRD_NAME
+
+RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
+
+
+@pytest.fixture
+def namespace(kube_cluster: ControlPlane) -> Iterator[str]:
+    name = f"tether-helm-{uuid.uuid4().hex[:6]}"
+    kube_cluster.kubectl("create", "namespace", name)
+    kube_cluster.kubectl("label", "namespace", name, RESTRICTED)
+    yield name
+    kube_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def adopt_crd(kube: ControlPlane, release: str, namespace: str) -> None:
+    """Earlier tests of the session may have applied the CRD without Helm: hand it to the
+    release, as an operator of a cluster would when moving to the chart."""
+    if kube.kubectl("get", "crd", CRD_NAME, check=False).returncode != 0:
+        return
+    kube.kubectl("label", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    kube.kubectl(
+        "annotate",
+        "crd",
+        CRD_NAME,
+        f"meta.helm.sh/release-name={release}",
+        f"meta.helm.sh/release-namespace={namespace}",
+        "--overwrite",
+    )
+
+
+def can(kube: ControlPlane, account: str, verb: str, resource: str, namespace: str) -> bool:
+    result = kube.kubectl(
+        "auth", "can-i", verb, resource, "-n", namespace, f"--as={account}", check=False
+    )
+    assert result.stdout.strip() in ("yes", "no"), result.stderr
+    return result.stdout.strip() == "yes"
+
+
+def test_install_upgrade_uninstall(
+    helm_bin: Path,
+    kube_cluster: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    kube = kube_cluster
+    env = kube.env() | {
+        f"HELM_{kind}_HOME": str(tmp_path / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")
+    }
+    release = namespace  # cluster-scoped names (ClusterRole, bindings) carry the release name
+    # The namespace really enforces the restricted standard: a root pod is refused.
+    root_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "root", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    refused = kube.kubectl("create", "-f", "-", input=json.dumps(root_pod), check=False)
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
+
+    adopt_crd(kube, release, namespace)
+    install = [
+        "install", release, str(CHART), "-n", namespace,
+        "--set", "restate.persistence.enabled=false",
+        "--set", f"operator.watchNamespaces={{{namespace}}}",
+        "--wait", "--timeout", "180s",
+    ]  # fmt: skip
+    helm(helm_bin, *install, env=env)
+
+    # Everything the release runs is up: the API server admitted its pods.
+    operator, restate = f"{release}-operator", f"{release}-restate"
+    kube.kubectl("-n", namespace, "rollout", "status", f"deployment/{operator}", "--timeout=60s")
+    kube.kubectl("-n", namespace, "rollout", "status", f"statefulset/{restate}", "--timeout=60s")
+    kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    crd = json.loads(kube.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+    # Least privilege, in the watched namespace only.
+    account = f"system:serviceaccount:{namespace}:{operator}"
+    assert can(kube, account, "patch", "durableagents.tether.dev", namespace)
+    assert can(kube, account, "create", "deployments.apps", namespace)
+    assert can(kube, account, "get", "secrets", namespace)
+    assert not can(kube, account, "list", "secrets", namespace)
+    assert not can(kube, account, "get", "pods", namespace)
+    assert not can(kube, account, "delete", "namespaces", namespace)
+    assert not can(kube, account, "create", "clusterroles.rbac.authorization.k8s.io", namespace)
+    assert not can(kube, account, "patch", "durableagents.tether.dev", "default")
+
+    # Watching all namespaces is one value away.
+    upgrade = ["upgrade", release, str(CHART), "-n", namespace,
+               "--set", "restate.persistence.enabled=false", "--wait", "--timeout", "120s"]  # fmt: skip
+    helm(helm_bin, *upgrade, env=env)
+    assert can(kube, account, "patch", "durableagents.tether.dev", "default")
+    assert not can(kube, account, "list", "secrets", "default")
+
+    # Uninstalling removes the platform but keeps the CRD (and so every DurableAgent).
+    helm(helm_bin, "uninstall", release, "-n", namespace, "--wait", env=env)
+    assert kube.kubectl("get", "crd", CRD_NAME, check=False).returncode == 0
+    left = kube.kubectl("-n", namespace, "get", "deployments,statefulsets,services", "-o", "name")
+    assert left.stdout.strip() == ""
+    gone = kube.kubectl("get", "clusterrolebinding", operator, check=False)
+    assert gone.returncode != 0
+
+
+def test_helm_is_the_pinned_build(helm_bin: Path) -> None:
+    version = subprocess.run([str(helm_bin), "version", "--short"], capture_output=True, text=True)
+    assert version.stdout.startswith("v3.22.0"), version.stdout
