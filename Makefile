@@ -21,6 +21,7 @@ demo: $(STAMP) restate-server
 lint: $(STAMP)
 	$(BIN)/ruff check worker operator tests bench examples
 	$(BIN)/ruff format --check worker operator tests bench examples
+	$(BIN)/shellcheck scripts/*.sh e2e/*.sh .ci/run
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -11,12 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chart import CHART, helm
+from chart import CHART, REPO, helm
 
 from kube.controlplane import ControlPlane
 from tether.crd import CRD_NAME
 
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
+E2E_AGENT = REPO / "e2e" / "agent.yaml"
 
 
 @pytest.fixture
@@ -89,6 +90,9 @@ def test_install_upgrade_uninstall(
     kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
     crd = json.loads(kube.kubectl("get", "crd", CRD_NAME, "-o", "json").stdout)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # The agent e2e/kind.sh applies is accepted by the installed CRD (schema and CEL rules).
+    agent = kube.kubectl("-n", namespace, "apply", "--dry-run=server", "-f", str(E2E_AGENT))
+    assert "e2e-clerk created (server dry run)" in agent.stdout
 
     # Least privilege, in the watched namespace only.
     account = f"system:serviceaccount:{namespace}:{operator}"
@@ -102,8 +106,8 @@ def test_install_upgrade_uninstall(
     assert not can(kube, account, "patch", "durableagents.tether.dev", "default")
 
     # Watching all namespaces is one value away.
-    upgrade = ["upgrade", release, str(CHART), "-n", namespace,
-               "--set", "restate.persistence.enabled=false", "--wait", "--timeout", "120s"]  # fmt: skip
+    upgrade = ["upgrade", release, str(CHART), "-n", namespace, "--wait", "--timeout", "120s"]
+    upgrade += ["--set", "restate.persistence.enabled=false"]
     helm(helm_bin, *upgrade, env=env)
     assert can(kube, account, "patch", "durableagents.tether.dev", "default")
     assert not can(kube, account, "list", "secrets", "default")
