@@ -48,6 +48,7 @@ from .conditions import (
 from .context import AgentMemory, Operator
 from .kube import KubeError
 from .names import RESTATE_AGENT_KEY, RESTATE_VERSION_KEY, restate_agent, restate_metadata
+from .ownership import other_owner
 from .restate_admin import InFlight, RestateError
 
 log = logging.getLogger("tether_operator")
@@ -183,6 +184,13 @@ async def register_desired(
     if url is None:
         return
     try:
+        taken_by = await other_owner(op, namespace, name)
+        if taken_by is not None:
+            raise RestateError(
+                "ServiceNameTaken",
+                f"the Restate service {name!r} is served by {taken_by}; Restate's service names "
+                "are shared by all namespaces, so give this agent another name",
+            )
         deployment_id = await op.restate.register(url, restate_metadata(namespace, name, desired))
     except RestateError as error:
         delay = mem.registration.failed()

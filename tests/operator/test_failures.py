@@ -3,6 +3,7 @@ condition with a clear reason, retries with backoff, no crash, no working versio
 
 from __future__ import annotations
 
+from kubernetes import client
 from op_harness import Cluster, OperatorFactory, Restate, free_port, wait_for
 from test_children import AGENT, manifest, registered, with_secrets
 
@@ -104,3 +105,53 @@ def test_an_unreachable_restate_is_a_condition_and_nothing_is_removed(
         what="v2 active and v1 retired",
     )
     assert working_id not in restate.deployments()
+
+
+def test_an_agent_name_taken_in_another_namespace_is_a_condition(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    """Restate's service names are flat: the same agent name in a second namespace must not take
+    the service (and so the runs) of the first; it waits, with a condition, until the name is
+    free."""
+    other = Cluster(cluster.api, f"{cluster.namespace}-b")
+    client.CoreV1Api(cluster.api).create_namespace(
+        client.V1Namespace.model_validate({"metadata": {"name": other.namespace}})
+    )
+    try:
+        with_secrets(cluster), with_secrets(other)
+        # One operator for both namespaces (`tether-operator` reads TETHER_NAMESPACES).
+        run_operator(entry="module", TETHER_NAMESPACES=f"{cluster.namespace},{other.namespace}")
+        cluster.apply_agent(manifest(system="first"))
+        wait_for(lambda: registered(cluster), timeout=60, what="the first agent registered")
+        first_version = cluster.status(AGENT)["activeVersion"]
+
+        other.apply_agent(manifest(system="second"))
+        taken = wait_for(
+            lambda: (
+                (c := other.condition(AGENT, "Registered")).get("reason") == "ServiceNameTaken"
+                and c
+            ),
+            timeout=60,
+            what="Registered=False ServiceNameTaken in the second namespace",
+        )
+        assert f"DurableAgent {cluster.namespace}/{AGENT}" in taken["message"]
+        assert "another name" in taken["message"]
+        assert any(e["reason"] == "ServiceNameTaken" for e in other.events(AGENT))
+        assert other.status(AGENT)["phase"] == "Degraded"
+        # The first agent keeps its service: its version still serves the runs.
+        assert registered(cluster)
+        assert restate.call(AGENT, "s1", "who?")["version"] == first_version
+        assert restate.deployments_of(other.namespace, AGENT) == set()
+
+        # Once the first agent is gone, the name is free and the second one registers.
+        cluster.delete_agent(AGENT)
+        wait_for(lambda: cluster.agent(AGENT) is None, timeout=60, what="the first agent deleted")
+        wait_for(lambda: registered(other), timeout=90, what="the second agent registered")
+        second_version = other.status(AGENT)["activeVersion"]
+        assert restate.call(AGENT, "s2", "who?")["version"] == second_version
+    finally:
+        for name in other.agents():
+            restate.kill_runs(name)
+            other.delete_agent(name)
+        wait_for(lambda: not other.agents(), timeout=60, what="the second agent deleted")
+        client.CoreV1Api(cluster.api).delete_namespace(other.namespace)

@@ -1,0 +1,44 @@
+"""Who owns a Restate service name.
+
+A DurableAgent's versions serve one Restate service named after the agent, and Restate's service
+namespace is flat: `triage` in team-a and `triage` in team-b would take the service from each
+other (registrations are forced, so the last one wins and the other's runs go to its worker).
+Before registering, the operator looks for another owner of the name and refuses while one
+exists: another DurableAgent that still exists, or a deployment tether did not register.
+"""
+
+from __future__ import annotations
+
+from .context import Operator
+from .kube import KubeError
+from .names import GROUP, RESTATE_AGENT_KEY, VERSION, restate_agent
+
+
+async def _agent_exists(op: Operator, owner: str) -> bool:
+    namespace, _, name = owner.partition("/")
+    try:
+        return await op.kube.get(f"{GROUP}/{VERSION}", "DurableAgent", namespace, name) is not None
+    except KubeError:
+        return True  # not allowed to look (or no answer): assume it is there
+
+
+async def other_owner(op: Operator, namespace: str, agent: str) -> str | None:
+    """What else serves the Restate service `agent`, in words, or None if nothing does.
+
+    A deployment registered for a DurableAgent that no longer exists (deleted while no operator
+    ran) does not count: the agent that now has the name takes the service over."""
+    mine = restate_agent(namespace, agent)
+    for deployment in await op.restate.deployments():
+        if not any(service.get("name") == agent for service in deployment.get("services", [])):
+            continue
+        owner = (deployment.get("metadata") or {}).get(RESTATE_AGENT_KEY)
+        if owner == mine:
+            continue
+        if owner is None:
+            return (
+                f"Restate deployment {deployment.get('id')} at {deployment.get('uri')}, "
+                "which tether did not register"
+            )
+        if await _agent_exists(op, owner):
+            return f"DurableAgent {owner}"
+    return None
