@@ -3,9 +3,20 @@ condition with a clear reason, retries with backoff, no crash, no working versio
 
 from __future__ import annotations
 
+from typing import Any
+
 from kubernetes import client
 from op_harness import Cluster, OperatorFactory, Restate, free_port, wait_for
 from test_children import AGENT, manifest, registered, with_secrets
+
+
+def condition_with_reason(cluster: Cluster, kind: str, reason: str) -> dict[str, Any]:
+    """The agent's `kind` condition once its reason is `reason`."""
+    return wait_for(
+        lambda: (c := cluster.condition(AGENT, kind)).get("reason") == reason and c,
+        timeout=60,
+        what=f"{kind} with reason {reason} in {cluster.namespace}",
+    )
 
 
 def test_a_missing_secret_is_a_condition_until_it_exists(
@@ -13,13 +24,7 @@ def test_a_missing_secret_is_a_condition_until_it_exists(
 ) -> None:
     operator = run_operator(entry="module")  # `python -m tether_operator`, as tether-operator
     cluster.apply_agent(manifest())
-    blocked = wait_for(
-        lambda: (
-            (c := cluster.condition(AGENT, "Progressing")).get("reason") == "SecretNotFound" and c
-        ),
-        timeout=30,
-        what="Progressing=False SecretNotFound",
-    )
+    blocked = condition_with_reason(cluster, "Progressing", "SecretNotFound")
     assert blocked["status"] == "False"
     assert (
         f"Secret {cluster.namespace}/llm named by spec.model.apiKeySecretRef" in blocked["message"]
@@ -49,11 +54,7 @@ def test_a_change_that_cannot_roll_out_keeps_the_working_version(
     working = cluster.status(AGENT)["activeVersion"]
 
     cluster.apply_agent(manifest(webhook={"secretRef": {"name": "missing", "key": "k"}}))
-    wait_for(
-        lambda: cluster.condition(AGENT, "Progressing").get("reason") == "SecretNotFound",
-        timeout=30,
-        what="SecretNotFound for the new spec",
-    )
+    condition_with_reason(cluster, "Progressing", "SecretNotFound")
     status = cluster.status(AGENT)
     assert status["activeVersion"] == working and status["phase"] == "Degraded"
     assert cluster.condition(AGENT, "Ready")["status"] == "True"
@@ -76,14 +77,7 @@ def test_an_unreachable_restate_is_a_condition_and_nothing_is_removed(
     dead = f"http://127.0.0.1:{free_port()}"
     blind = run_operator(TETHER_RESTATE_ADMIN_URL=dead)
     cluster.apply_agent(manifest(system="v2"))
-    unreachable = wait_for(
-        lambda: (
-            (c := cluster.condition(AGENT, "Registered")).get("reason") == "RestateUnreachable"
-            and c
-        ),
-        timeout=60,
-        what="Registered=False RestateUnreachable",
-    )
+    unreachable = condition_with_reason(cluster, "Registered", "RestateUnreachable")
     assert dead in unreachable["message"]
     status = cluster.status(AGENT)
     assert status["phase"] == "Degraded" and status["activeVersion"] == working
@@ -126,14 +120,7 @@ def test_an_agent_name_taken_in_another_namespace_is_a_condition(
         first_version = cluster.status(AGENT)["activeVersion"]
 
         other.apply_agent(manifest(system="second"))
-        taken = wait_for(
-            lambda: (
-                (c := other.condition(AGENT, "Registered")).get("reason") == "ServiceNameTaken"
-                and c
-            ),
-            timeout=60,
-            what="Registered=False ServiceNameTaken in the second namespace",
-        )
+        taken = condition_with_reason(other, "Registered", "ServiceNameTaken")
         assert f"DurableAgent {cluster.namespace}/{AGENT}" in taken["message"]
         assert "another name" in taken["message"]
         assert any(e["reason"] == "ServiceNameTaken" for e in other.events(AGENT))
