@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -159,3 +160,27 @@ def test_the_tether_dev_command_prints_its_urls_and_stops_everything(tmp_path: P
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["approve-then-deny", "deny-then-approve"])
+def test_the_first_answer_wins_when_two_reach_restate(
+    stack: DevStack, tmp_path: Path, first: bool
+) -> None:
+    """Each sidecar refuses a second answer itself (409), but two sidecars of one agent (two
+    replicas, or two versions during a rollout) each forward theirs. Restate keeps the first
+    completion of an awakeable and ignores later ones; this pins that behaviour, which the
+    approval decision relies on."""
+    invocation = start_run(stack, "twice")
+    [call] = wait_until(lambda: approvals(stack), what="a parked call")
+    assert stack.worker.popen is not None
+    worker = stack.worker.popen.pid
+    os.killpg(worker, signal.SIGSTOP)  # both answers arrive before the worker can take one
+    try:
+        for approved in (first, not first):
+            url = f"{stack.server.ingress_url}/restate/awakeables/{call['awakeable_id']}/resolve"
+            response = httpx2.post(url, json={"approved": approved}, timeout=30)
+            assert response.status_code == 202, response.text
+    finally:
+        os.killpg(worker, signal.SIGCONT)
+    assert result_of(stack, invocation)["status"] == "completed"
+    assert (tmp_path / "out.txt").exists() == first
