@@ -15,14 +15,12 @@ each process group gets SIGTERM, then SIGKILL. The binaries come from
 from __future__ import annotations
 
 import atexit
-import contextlib
 import datetime
 import ipaddress
 import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -40,6 +38,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tether.process_group import stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
@@ -319,20 +319,8 @@ class _Process:
                 f"{self.log_tail()}"
             )
 
-    def _signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
-
     def stop(self, grace: float) -> None:
-        if self.popen.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
-                self.popen.wait()
-        # Anything the process left behind in its group goes too.
-        self._signal_group(signal.SIGKILL)
+        stop_group(self.popen, grace=grace)
         self._log.close()
 
 

@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient, ApiException
 
 from tether.crd import GROUP, PLURAL, VERSION
+from tether.process_group import signal_group, stop_group
 from tether.restate_server import RestateServer
 
 T = TypeVar("T")
@@ -106,21 +107,13 @@ class Process:
         return self.popen.poll() is None
 
     def signal(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
+        signal_group(self.popen, sig)
 
     def stop(self, grace: float = 10.0) -> None:
-        if self.alive():
-            self.signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=grace)
-        self.signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=10)
+        stop_group(self.popen, grace=grace)
 
     def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.popen.wait(timeout=10)
+        stop_group(self.popen, grace=0, sig=signal.SIGKILL)
 
     def tail(self, chars: int = 6000) -> str:
         try:

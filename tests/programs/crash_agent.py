@@ -13,76 +13,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
-from tether import Behavior, ToolContext, create_agent, tool
+from errands import SCRIPT, die, effect, errand_tools
+
+from tether import Behavior, ToolContext, ToolDef, create_agent
 from tether._sqlite import Database
 from tether.durable import sqlite_runtime
 from tether.providers import scripted
 from tether.session import create_session, load_session
 
-SCRIPT = [
-    {"text": "start", "tool_calls": [{"name": "charge", "input": {"amount": 1}}]},
-    {"tool_calls": [{"name": "lookup", "input": {"key": "a"}}]},
-    {
-        "tool_calls": [
-            {"name": "lookup", "input": {"key": "b"}},
-            {"name": "lookup", "input": {"key": "c"}},
-            {"name": "notify", "input": {"to": "ops"}},
-        ]
-    },
-    {"tool_calls": [{"name": "charge", "input": {"amount": 2}}]},
-    {
-        "tool_calls": [
-            {"name": "notify", "input": {"to": "dev"}},
-            {"name": "notify", "input": {"to": "qa"}},
-        ]
-    },
-    {"tool_calls": [{"name": "lookup", "input": {"key": "d"}}]},
-    {"tool_calls": [{"name": "charge", "input": {"amount": 3}}]},
-    {"text": "all done"},
-]
 
-
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def effect(path: Path, line: str) -> None:
-    with path.open("a") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def build_tools(effects: Path, kill_in_call: str | None) -> list[object]:
-    def record(name: str, ctx: ToolContext) -> None:
+def build_tools(effects: Path, kill_in_call: str | None) -> list[ToolDef]:
+    async def record(name: str, ctx: ToolContext) -> None:
         effect(effects, f"{name} {ctx.call_id}")
         if ctx.call_id == kill_in_call:
             die()
 
-    @tool
-    async def charge(amount: int, ctx: ToolContext) -> str:
-        """Charges a card (a side effect that must not repeat)."""
-        record("charge", ctx)
-        return f"charged {amount}"
-
-    @tool(concurrency_safe=True)
-    async def notify(to: str, ctx: ToolContext) -> str:
-        """Sends a notification (not safe to repeat)."""
-        record("notify", ctx)
-        return f"notified {to}"
-
-    @tool(replay="safe", concurrency_safe=True)
-    async def lookup(key: str, ctx: ToolContext) -> str:
-        """Reads a value (safe to repeat)."""
-        record("lookup", ctx)
-        return f"value of {key}"
-
-    return [charge, notify, lookup]
+    return errand_tools(record)
 
 
 def kill_after_commits(n: int) -> None:
@@ -115,7 +64,7 @@ async def main() -> None:
         session = await load_session(store, "s") or await create_session(id="s", store=store)
         agent = create_agent(
             provider=scripted(SCRIPT),
-            tools=tools,  # type: ignore[arg-type]
+            tools=tools,
             durable=durable,
             session=session,
             behavior=Behavior(max_concurrent_tools=4),

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
+from tether.process_group import signal_group
 from tether.restate_server import RestateServer
 
 T = TypeVar("T")
@@ -252,8 +253,7 @@ class HypercornWorker:
         if proc is None:
             return
         pgid = proc.pid  # session leader: pgid == pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
+        signal_group(proc, sig)
         deadline = time.monotonic() + timeout
         while proc.poll() is None or group_alive(pgid):
             if time.monotonic() > deadline:

@@ -22,6 +22,7 @@ from typing import Self
 
 import httpx2
 
+from .process_group import stop_group
 from .restate_server import RestateServer, find_or_install_restate_server
 from .spec import load_agent
 
@@ -70,17 +71,9 @@ class Process:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole group (hypercorn and uvicorn run the app in child processes)."""
-        if self.popen is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, sig)
-        try:
-            self.popen.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait()
-        self.popen = None
+        if self.popen is not None:
+            stop_group(self.popen, grace=20, sig=sig)
+            self.popen = None
 
 
 def wait_for(url: str, what: str, process: Process, timeout: float = 60) -> None:

@@ -10,13 +10,11 @@ Only the standard library is used, so this module imports without the ``restate`
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -28,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+from .process_group import stop_group
 
 __all__ = [
     "DEFAULT_RESTATE_VERSION",
@@ -443,25 +443,10 @@ class RestateServer:
                 )
             time.sleep(0.05)
 
-    def _signal_group(self, sig: signal.Signals) -> None:
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, sig)
-
     def _terminate(self, grace: float) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace)
-        # Whatever is left of the process group (the server runs in its own session).
-        self._signal_group(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10.0)
-        self._proc = None
+        if self._proc is not None:
+            stop_group(self._proc, grace=grace)
+            self._proc = None
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM, then SIGKILL of the process group after ``timeout`` seconds."""

@@ -40,14 +40,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import signal
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, cast
 
 import restate
 from restate import RunOptions
 
-from tether import Behavior, ToolContext, ToolDef, create_agent, tool
+from tether import Behavior, ToolContext, ToolDef, create_agent
 from tether.agent import Hooks
 from tether.providers import scripted
 from tether.providers.base import ModelRequest, ModelResponse, TextCallback
@@ -66,60 +67,20 @@ from tether.restate import (
 from tether.restate.runtime import RestateRuntime
 from tether.session import create_session, load_session
 
-SCRIPT: list[dict[str, Any]] = [
-    {"text": "start", "tool_calls": [{"name": "charge", "input": {"amount": 1}}]},
-    {"tool_calls": [{"name": "lookup", "input": {"key": "a"}}]},
-    {
-        "tool_calls": [
-            {"name": "lookup", "input": {"key": "b"}},
-            {"name": "lookup", "input": {"key": "c"}},
-            {"name": "notify", "input": {"to": "ops"}},
-        ]
-    },
-    {"tool_calls": [{"name": "charge", "input": {"amount": 2}}]},
-    {
-        "tool_calls": [
-            {"name": "notify", "input": {"to": "dev"}},
-            {"name": "notify", "input": {"to": "qa"}},
-        ]
-    },
-    {"tool_calls": [{"name": "lookup", "input": {"key": "d"}}]},
-    {"tool_calls": [{"name": "charge", "input": {"amount": 3}}]},
-    {"text": "all done"},
-]
+# The errands (script, tools) are shared with the SQLite crash matrix's program.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "programs"))
+from errands import SCRIPT, die, effect, errand_tools
 
-#: The crash matrix's script: `SCRIPT` with an awakeable call before an unsafe one in one turn,
-#: and a safe call next to a spawned child in another.
+#: The crash matrix's script: `SCRIPT` with an awakeable call before an unsafe one in one turn
+#: (the 4th), and a safe call next to a spawned child in another (the 6th).
+APPROVE = {"name": "approve", "input": {"what": "release v3"}}
+SPAWN = {"name": "spawn", "input": {"task": "settle the invoices"}}
 MATRIX_SCRIPT: list[dict[str, Any]] = [
-    {"text": "start", "tool_calls": [{"name": "charge", "input": {"amount": 1}}]},
-    {"tool_calls": [{"name": "lookup", "input": {"key": "a"}}]},
-    {
-        "tool_calls": [
-            {"name": "lookup", "input": {"key": "b"}},
-            {"name": "lookup", "input": {"key": "c"}},
-            {"name": "notify", "input": {"to": "ops"}},
-        ]
-    },
-    {
-        "tool_calls": [
-            {"name": "approve", "input": {"what": "release v3"}},
-            {"name": "charge", "input": {"amount": 2}},
-        ]
-    },
-    {
-        "tool_calls": [
-            {"name": "notify", "input": {"to": "dev"}},
-            {"name": "notify", "input": {"to": "qa"}},
-        ]
-    },
-    {
-        "tool_calls": [
-            {"name": "lookup", "input": {"key": "d"}},
-            {"name": "spawn", "input": {"task": "settle the invoices"}},
-        ]
-    },
-    {"tool_calls": [{"name": "charge", "input": {"amount": 3}}]},
-    {"text": "all done"},
+    *SCRIPT[:3],
+    {"tool_calls": [APPROVE, *SCRIPT[3]["tool_calls"]]},
+    SCRIPT[4],
+    {"tool_calls": [*SCRIPT[5]["tool_calls"], SPAWN]},
+    *SCRIPT[6:],
 ]
 
 #: The spawned child's script: an unsafe call alone, then a safe and an unsafe call together.
@@ -137,19 +98,6 @@ CHILD_SCRIPT: list[dict[str, Any]] = [
 CHILD_PREFIX = "child:"
 KILL_AFTER = int(os.environ.get("TETHER_KILL_AFTER_LIVE_STEPS", "0"))
 KILL_IN_CALL = os.environ.get("TETHER_KILL_IN_CALL")
-
-
-def die() -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def effect(path: str, line: str) -> None:
-    # O_APPEND with one small write: lines from concurrent or killed processes never interleave.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{line}\n".encode())
-    finally:
-        os.close(fd)
 
 
 # Step boundaries ------------------------------------------------------------------------------
@@ -286,25 +234,7 @@ def build_tools(path: str, seconds: float = 0.0, prefix: str = "") -> list[ToolD
         if seconds:
             await asyncio.sleep(seconds)
 
-    @tool
-    async def charge(amount: int, ctx: ToolContext) -> str:
-        """Charges a card (a side effect that must not repeat)."""
-        await record("charge", ctx)
-        return f"charged {amount}"
-
-    @tool(concurrency_safe=True)
-    async def notify(to: str, ctx: ToolContext) -> str:
-        """Sends a notification (not safe to repeat)."""
-        await record("notify", ctx)
-        return f"notified {to}"
-
-    @tool(replay="safe", concurrency_safe=True)
-    async def lookup(key: str, ctx: ToolContext) -> str:
-        """Reads a value (safe to repeat)."""
-        await record("lookup", ctx)
-        return f"value of {key}"
-
-    return [charge, notify, lookup]
+    return errand_tools(record)
 
 
 def approve_tool(ctx: restate.ObjectContext, path: str, seconds: float) -> ToolDef:
