@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -50,6 +51,14 @@ def first_attempt(workspace: Path) -> bool:
     for line in process.stdout:
         print(f"  | {line}", end="", flush=True)
         if "→ deploy(" in line:
+            # The call is announced just before its body runs: kill once the body has written
+            # its first effect, so the deploy is cut off in the middle (it takes 2 s).
+            deadline = time.monotonic() + 10
+            ledger = workspace / "ledger.log"
+            while "deploy 1.4.0 started" not in (ledger.read_text() if ledger.exists() else ""):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
             os.killpg(process.pid, signal.SIGKILL)
             killed = True
             break
@@ -94,8 +103,11 @@ def verify(workspace: Path, result: dict[str, object], killed: bool) -> list[str
     if repeated:
         problems.append(f"side effects ran twice: {repeated}")
     if killed:
-        if ledger.count("deploy 1.4.0 started") != 1 or "deploy 1.4.0 finished" in ledger:
+        started = ledger.count("deploy 1.4.0 started")
+        if started > 1 or "deploy 1.4.0 finished" in ledger:
             problems.append("the interrupted deploy was run again")
+        elif started == 0:
+            problems.append("the kill came before the deploy started (nothing was cut off)")
         else:
             print("  the deploy cut off by SIGKILL started once and was never re-run: the model")
             print("  was told its outcome is unknown and checked health instead")
