@@ -1,0 +1,120 @@
+"""The chart's containers start with the environment the chart gives them: restate-server (the
+npm build of the binary in Restate's image) with the StatefulSet's variables, and
+`tether-operator` with the operator Deployment's, against the local control plane. Only what a
+pod provides differently is replaced: the data directory, loopback addresses, the kubeconfig."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from chart import REPO, env_of, one, render
+
+from kube.controlplane import ControlPlane
+from tether.dev import free_port
+from tether.process_group import stop_group
+from tether.restate_server import RestateServer, find_or_install_restate_server
+
+
+def wait_until(check: Any, what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return value
+
+
+def test_restate_starts_with_the_charts_settings(helm_bin: Path) -> None:
+    container = one(render(helm_bin), "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    settings = env_of(container)
+    assert settings.pop("RESTATE_BASE_DIR") == "/restate-data"  # the PVC's mount: a temp dir here
+    with RestateServer(find_or_install_restate_server(), extra_env=settings) as server:
+        assert httpx2.get(f"{server.ingress_url}/restate/health", timeout=10).status_code == 200
+        # RESTATE_LOG_FORMAT=json took effect: the server logs JSON lines.
+        lines = [line for line in server.log_tail(20_000).splitlines() if line.startswith("{")]
+        assert lines and all(isinstance(json.loads(line), dict) for line in lines)
+
+
+def test_the_operator_starts_with_the_charts_settings(
+    helm_bin: Path,
+    kube_cluster: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    kube = kube_cluster
+    namespace = f"tether-chart-{uuid.uuid4().hex[:6]}"
+    objects = render(helm_bin, f"operator.watchNamespaces={{{namespace}}}")
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    settings = env_of(container)
+    assert settings["TETHER_NAMESPACES"] == namespace
+    command = shutil.which(container["command"][0], path=str(Path(sys.executable).parent))
+    assert command, f"{container['command'][0]} is not installed next to {sys.executable}"
+    liveness = free_port()
+    env = {
+        **os.environ,
+        **settings,
+        # The pod's address and Restate's Service are out of reach here: loopback and a port
+        # where nothing listens (registration then waits, as the condition will say).
+        "TETHER_LIVENESS_URL": f"http://127.0.0.1:{liveness}/healthz",
+        "TETHER_RESTATE_ADMIN_URL": f"http://127.0.0.1:{free_port()}",
+        "KUBECONFIG": str(kube.kubeconfig),
+    }
+    # The chart's CRD (other tests of the session may have applied it already).
+    crd = one(objects, "CustomResourceDefinition")
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
+    kube.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")
+    kube.kubectl("create", "namespace", namespace)
+    kube.kubectl("-n", namespace, "create", "secret", "generic", "e2e-webhook",
+                 "--from-literal=secret=not-a-real-secret-0123456789")  # fmt: skip
+    log = (tmp_path / "operator.log").open("wb")
+    operator = subprocess.Popen(
+        [command, *container.get("args", [])],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+
+        def healthy() -> bool:
+            assert operator.poll() is None, (tmp_path / "operator.log").read_text()[-4000:]
+            try:
+                return httpx2.get(env["TETHER_LIVENESS_URL"], timeout=2).status_code == 200
+            except httpx2.HTTPError:
+                return False
+
+        wait_until(healthy, "the operator's liveness endpoint")
+        kube.kubectl("-n", namespace, "apply", "-f", str(REPO / "e2e" / "agent.yaml"))
+
+        def version_deployment() -> dict[str, Any] | None:
+            listed = kube.kubectl(
+                "-n", namespace, "get", "deployments", "-l", "tether.dev/agent=e2e-clerk",
+                "-o", "json",
+            )  # fmt: skip
+            items = json.loads(listed.stdout)["items"]
+            return items[0] if items else None
+
+        deployment = wait_until(version_deployment, "the agent's version Deployment")
+        pod = deployment["spec"]["template"]["spec"]
+        images = {c["image"] for c in pod["containers"]}
+        assert images == {settings["TETHER_WORKER_IMAGE"]}
+        assert {c["imagePullPolicy"] for c in pod["containers"]} == {"IfNotPresent"}
+
+        def unreachable() -> bool:
+            got = kube.kubectl("-n", namespace, "get", "durableagent", "e2e-clerk", "-o", "json")
+            conditions = json.loads(got.stdout).get("status", {}).get("conditions", [])
+            return any(c.get("reason") == "RestateUnreachable" for c in conditions)
+
+        wait_until(unreachable, "Registered=False RestateUnreachable")
+        kube.kubectl("-n", namespace, "delete", "durableagent", "e2e-clerk", "--wait=false")
+    finally:
+        stop_group(operator, grace=10)
+        log.close()
+        kube.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
