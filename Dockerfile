@@ -7,6 +7,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker worker
 COPY operator operator
+# This project from source; its dependencies' compatible ranges are pinned in pyproject.toml.
+# hadolint ignore=DL3013
 RUN pip install --no-cache-dir --prefix=/install ".[restate,sidecar,operator]"
 
 FROM python:3.11-slim

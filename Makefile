@@ -22,6 +22,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check worker operator tests bench examples
 	$(BIN)/ruff format --check worker operator tests bench examples
 	$(BIN)/shellcheck scripts/*.sh e2e/*.sh .ci/run
+	$(BIN)/hadolint Dockerfile
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
