@@ -7,7 +7,8 @@ parked, for a fresh worker started while they all stay parked (parked runs are s
 Restate: they must not hold worker memory), and after they finished; and the resolutions per
 second through the sidecar (signed webhooks) against the same kind of resolutions sent straight
 to Restate's ingress, in the same run, with the CPU each process spent per resolution. Goal:
-ratio >= 0.8 and every run completes.
+ratio >= 0.8 and every run completes. A third path, bench/minimal_proxy.py (a bare ASGI app that
+forwards and checks nothing), shows the floor of any Python hop on the same machine.
 
 The client is aiohttp: its cost per request (~0.1 ms) is below the ingress's own, so the rates
 measure the two paths rather than the client (an httpx2 client, at ~0.6 ms per request, bounded
@@ -21,6 +22,9 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -30,9 +34,11 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tether.dev import DevStack
+from tether.dev import DevStack, free_port
+from tether.process_group import stop_group
 from tether.webhooks import sign_request
 
+BENCH = str(Path(__file__).resolve().parent)
 SCRIPT = [
     {"tool_calls": [{"name": "ask", "input": {"question": "Ship it?"}}]},
     {"text": "done"},
@@ -130,40 +136,82 @@ async def bench(stack: DevStack, sessions: int, concurrency: int) -> dict[str, A
         async def via_ingress(awakeable: str) -> None:
             await post(f"{ingress}/restate/awakeables/{awakeable}/resolve", answer, {})
 
-        # The worker is stopped (SIGSTOP) while resolutions are timed, so both paths are measured
+        async def via_proxy(awakeable: str) -> None:
+            await post(f"{proxy.url}/v1/awakeables/{awakeable}/resolve", answer, {})
+
+        # The worker is stopped (SIGSTOP) while resolutions are timed, so the paths are measured
         # on the same quiet machine rather than against the worker resuming runs; Restate keeps
-        # the completions and the runs go on when it continues. Alternating quarters even out
-        # what drift is left.
-        os.killpg(worker_pid, signal.SIGSTOP)
-        processes = {"sidecar": stack.sidecar.popen.pid if stack.sidecar.popen else 0}
-        processes["restate"] = stack.server.pid or 0
-        quarter = len(ids) // 4
-        seconds = {"sidecar": 0.0, "ingress": 0.0}
-        cpu = {f"{path} {name}": 0.0 for path in seconds for name in [*processes, "client"]}
-        for n in range(4):
-            path, send = ("sidecar", via_sidecar) if n % 2 == 0 else ("ingress", via_ingress)
-            chunk = ids[n * quarter : (n + 1) * quarter]
-            cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
-            client_before = time.process_time()
-            seconds[path] += await bounded([lambda a=a, s=send: s(a) for a in chunk], concurrency)
-            for name, pid in processes.items():
-                cpu[f"{path} {name}"] += cpu_seconds(pid) - cpu_before[name]
-            cpu[f"{path} client"] += time.process_time() - client_before
-        os.killpg(worker_pid, signal.SIGCONT)
-        await wait_for(lambda: count(stack, "completed") >= 4 * quarter, "all runs completed")
+        # the completions and the runs go on when it continues. The paths take turns in the
+        # order A B C C B A, which evens out what drift is left.
+        paths = {"sidecar": via_sidecar, "proxy": via_proxy, "ingress": via_ingress}
+        order = [*paths, *reversed(paths)]
+        chunk_size = len(ids) // len(order)
+        with MinimalProxy(ingress) as proxy:
+            processes = {
+                "sidecar": stack.sidecar.popen.pid if stack.sidecar.popen else 0,
+                "proxy": proxy.pid,
+                "restate": stack.server.pid or 0,
+            }
+            os.killpg(worker_pid, signal.SIGSTOP)
+            seconds = dict.fromkeys(paths, 0.0)
+            cpu = {f"{path} {name}": 0.0 for path in paths for name in [*processes, "client"]}
+            for n, path in enumerate(order):
+                chunk = ids[n * chunk_size : (n + 1) * chunk_size]
+                send = paths[path]
+                cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
+                client_before = time.process_time()
+                jobs = [lambda a=a, s=send: s(a) for a in chunk]
+                seconds[path] += await bounded(jobs, concurrency)
+                for name, pid in processes.items():
+                    cpu[f"{path} {name}"] += cpu_seconds(pid) - cpu_before[name]
+                cpu[f"{path} client"] += time.process_time() - client_before
+            os.killpg(worker_pid, signal.SIGCONT)
+        timed = chunk_size * len(order)
+        await bounded([lambda a=a: via_sidecar(a) for a in ids[timed:]], concurrency)  # the rest
+        await wait_for(lambda: count(stack, "completed") >= sessions, "all runs completed")
         after = rss_mib(worker_pid)
-    resolved = 2 * quarter  # per path
+    resolved = 2 * chunk_size  # per path
+    rates = {path: resolved / spent for path, spent in seconds.items()}
     return {
         "rss_before": before,
         "rss_parked": parked_rss,
         "rss_fresh": fresh_rss,
         "rss_after": after,
-        "sidecar_rate": resolved / seconds["sidecar"],
-        "ingress_rate": resolved / seconds["ingress"],
-        "ratio": seconds["ingress"] / seconds["sidecar"],
+        "rates": rates,
         "cpu_ms": {key: 1000 * value / resolved for key, value in cpu.items()},
         "completed": count(stack, "completed"),
+        "timed": timed,
     }
+
+
+class MinimalProxy:
+    """bench/minimal_proxy.py on uvicorn, on a free loopback port, for the `with` block."""
+
+    def __init__(self, ingress: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "uvicorn", "minimal_proxy:app", "--app-dir", BENCH]
+        command += ["--port", str(self.port), "--loop", "uvloop", "--http", "httptools"]
+        command += ["--no-access-log", "--log-level", "warning"]
+        self.popen = subprocess.Popen(
+            command, env={**os.environ, "INGRESS": ingress}, start_new_session=True
+        )
+        self.pid = self.popen.pid
+
+    def __enter__(self) -> MinimalProxy:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline or self.popen.poll() is not None:
+                    stop_group(self.popen, grace=5)
+                    raise RuntimeError("the minimal proxy did not start") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        stop_group(self.popen, grace=5)
 
 
 def main() -> None:
@@ -195,13 +243,22 @@ def main() -> None:
         f"parked (suspended), {r['rss_fresh']:.0f} MiB for a fresh worker while all stay parked, "
         f"{r['rss_after']:.0f} MiB after all finished"
     )
+    rates = r["rates"]
     print(
-        f"  resolutions: sidecar {r['sidecar_rate']:.0f}/s, ingress {r['ingress_rate']:.0f}/s, "
-        f"ratio {r['ratio']:.2f} (goal >= 0.8); completed {r['completed']}/{args.sessions}"
+        f"  resolutions: sidecar {rates['sidecar']:.0f}/s, ingress {rates['ingress']:.0f}/s, "
+        f"ratio {rates['sidecar'] / rates['ingress']:.2f} (goal >= 0.8); completed "
+        f"{r['completed']}/{args.sessions} ({r['timed']} timed)"
     )
-    for path in ("sidecar", "ingress"):
+    print(
+        f"  floor of any Python hop: a proxy that checks nothing {rates['proxy']:.0f}/s, ratio "
+        f"{rates['proxy'] / rates['ingress']:.2f} to the ingress; the sidecar makes "
+        f"{rates['sidecar'] / rates['proxy']:.2f} of its rate"
+    )
+    for path in r["rates"]:
         spent = ", ".join(
-            f"{key.split()[1]} {ms:.2f}" for key, ms in r["cpu_ms"].items() if key.startswith(path)
+            f"{key.split()[1]} {ms:.2f}"
+            for key, ms in r["cpu_ms"].items()
+            if key.startswith(f"{path} ")
         )
         print(f"  CPU ms per resolution via {path}: {spent}")
 
