@@ -146,6 +146,22 @@ def session_of(stack: DevStack, session: str) -> Any:
     return response.json()
 
 
+def pending_of(stack: DevStack, session: str) -> list[dict[str, Any]]:
+    url = f"{stack.server.ingress_url}/{stack.agent}/{session}/pending"
+    response = httpx2.post(url, timeout=30)
+    assert response.status_code == 200, response.text
+    calls: list[dict[str, Any]] = response.json()
+    return calls
+
+
+def state_keys(stack: DevStack, session: str) -> list[str]:
+    """The object's state keys for one session, from Restate's SQL introspection."""
+    rows = stack.server.query(
+        f"SELECT key FROM state WHERE service_name = '{stack.agent}' AND service_key = '{session}'"
+    )
+    return [row["key"] for row in rows]
+
+
 def kill_and_restart_worker(stack: DevStack) -> None:
     """SIGKILL the worker's process group, wait until every member is gone, start it again on
     the same port (Restate retries the killed attempt there)."""
@@ -322,6 +338,9 @@ def test_a_grandchild_parks_on_an_approval_under_the_agent(workspace: Path) -> N
         assert (call["kind"], call["tool"], call["agent"]) == ("approval", "write_file", AGENT)
         assert call["session"] == "s2::child-1::child-1"
         assert not (workspace / "notes.txt").exists()
+        # The session's own `pending` shows what its run waits for, two spawns down.
+        assert pending_of(stack, "s2") == [call]
+        assert pending_of(stack, "s2::child-1") == [call]
         expires = int(time.time()) + 600
         link = signed_link(
             stack.sidecar_url, stack.secret.encode(), "approve", call["awakeable_id"], expires
@@ -338,6 +357,8 @@ def test_a_grandchild_parks_on_an_approval_under_the_agent(workspace: Path) -> N
         ]
         assert runs[2]["parent_run_id"] == runs[1]["id"]
         wait_until(lambda: parked(stack) == [], timeout=30, what="the record to go")
+        assert pending_of(stack, "s2") == []
+        assert not [k for k in state_keys(stack, "s2") if k.startswith("tether:child:")]
         metrics = scrape(stack)
         assert value(metrics, "tether_runs_total", status="completed") == 3
         assert series(metrics, "tether_tool_calls_total") == {

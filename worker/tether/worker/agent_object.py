@@ -10,6 +10,9 @@ agent's provider, tools, system prompt and behavior. So a child can park on an a
 `ask_human` like the agent itself, and its parked record lives under the agent's service name,
 where the sidecar finds it. Children spawn in turn while they are shallower than `maxDepth`;
 one spawn call runs at most `maxConcurrent` children at once (in waves, in task order).
+
+While a run has children, each has a marker `tether:child:<key>` in the spawner's state (cleared
+when the run ends), so `pending` of a session lists the calls its children (and theirs) parked.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ parked runs hold no worker; a step that is still running is not cut by it."""
 LONGEST_STEP = timedelta(minutes=30)
 """After the suspension request, how long a running step (a long model stream) may still take
 before Restate aborts the attempt and retries it."""
+
+
+CHILD_MARKER = "tether:child:"
+"""State key prefix of the markers a run leaves for the children it started."""
 
 
 class RunRequest(BaseModel):
@@ -93,6 +100,13 @@ SPAWN_TOOL = "spawn"
 def child_key(parent_key: str, label: str) -> str:
     """The object key of a child: its parent's key and the label the parent gave it."""
     return f"{parent_key}::{label}"
+
+
+async def forget_children(ctx: restate.ObjectContext) -> None:
+    """Clear the markers of the children a finished run started (they finished before it)."""
+    for key in await ctx.state_keys():
+        if key.startswith(CHILD_MARKER):
+            ctx.clear(key)
 
 
 def check_subagents(spec: DurableAgentSpec) -> None:
@@ -160,6 +174,7 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
 
         def dispatch(request: ChildRunRequest, tool_ctx: ToolContext) -> Any:
             key = child_key(ctx.key(), request["label"])
+            ctx.set(CHILD_MARKER + key, True)  # `pending` looks there while the run goes on
             return ctx.object_call(child, key=key, arg=dict(request))
 
         options = RestateSpawnToolOptions(
@@ -187,7 +202,10 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
             behavior=behavior,
             hooks=hooks_for(durable),
         )
-        return RunResult.of(await agent.run(request.prompt))
+        stats = await agent.run(request.prompt)
+        if subagents is not None:
+            await forget_children(ctx)
+        return RunResult.of(stats)
 
     @obj.handler(ingress_private=True)
     async def child(ctx: restate.ObjectContext, request: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +221,8 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
             max_depth=subagents.max_depth if subagents is not None else 0,
             hooks=hooks_for,
         )
+        if subagents is not None:
+            await forget_children(ctx)
         return dict(result)
 
     @obj.handler(kind="shared")
@@ -220,7 +240,13 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
 
     @obj.handler(kind="shared")
     async def pending(ctx: restate.ObjectSharedContext) -> list[ParkedCall]:
+        """The calls parked in this session and in the children its runs are waiting for."""
         parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
-        return sorted(parked.values(), key=lambda call: call["created_at"])
+        calls = list(parked.values())
+        for key in await ctx.state_keys():
+            if key.startswith(CHILD_MARKER):
+                child_session = key.removeprefix(CHILD_MARKER)
+                calls += await ctx.object_call(pending, key=child_session, arg=None)
+        return sorted(calls, key=lambda call: call["created_at"])
 
     return obj
