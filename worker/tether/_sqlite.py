@@ -28,6 +28,11 @@ CREATE TABLE IF NOT EXISTS tether_turns (
 CREATE TABLE IF NOT EXISTS tether_session_runs (
   session_id TEXT NOT NULL, run_id TEXT NOT NULL, started_at REAL NOT NULL, data TEXT NOT NULL,
   PRIMARY KEY (session_id, run_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tether_answers (
+  run_id TEXT NOT NULL, call_key TEXT NOT NULL, call_id TEXT NOT NULL, kind TEXT NOT NULL,
+  tool TEXT NOT NULL, input_summary TEXT NOT NULL, parked_at REAL NOT NULL,
+  answer TEXT, answered_at REAL,
+  PRIMARY KEY (run_id, call_key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS tether_tool_state (
   session_id TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   PRIMARY KEY (session_id, tool, key)) WITHOUT ROWID;

@@ -7,7 +7,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -18,6 +18,7 @@ from .spec import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
 from .tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .tools.builtin import BUILTINS, Workspace
 from .tools.decorator import build_tool
+from .tools.human import Wait, approval_gate, ask_human_tool
 
 DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
@@ -118,19 +119,30 @@ ParkingTool = Callable[[ToolSpecEntry, ToolDef | None], ToolDef]
 approval gate around the inner tool."""
 
 
+def parking_with(wait: Wait, on_timeout: Literal["deny", "approve"]) -> ParkingTool:
+    """The `ParkingTool` of a runtime that waits for people through `wait`."""
+
+    def parking(entry: ToolSpecEntry, inner: ToolDef | None) -> ToolDef:
+        if inner is None:
+            return ask_human_tool(entry.name, wait)
+        return approval_gate(inner, wait, on_timeout)
+
+    return parking
+
+
 def tools_from_spec(
     spec: DurableAgentSpec, workspace: str | Path, parking: ParkingTool | None = None
 ) -> list[ToolDef]:
     """The spec's tools; built-in file tools are confined to `workspace`. Entries that wait for
-    a person (`requireApproval`, `ask_human`) need `parking`, which only a runtime that can park
-    (Restate) provides."""
+    a person (`requireApproval`, `ask_human`) are built by `parking`, which knows how the
+    runtime waits (`tether worker`: Restate awakeables; `tether run`: the embedded answers)."""
     root = Workspace(workspace)
     tools = []
     for entry in spec.tools:
         if (entry.require_approval or entry.builtin == "ask_human") and parking is None:
             raise SpecError(
-                f"tools[{entry.name}]: approvals and ask_human park on a Restate awakeable; "
-                "serve this agent with `tether worker` (the embedded runtime cannot park)"
+                f"tools[{entry.name}]: approvals and ask_human wait for a person; build the "
+                "tools with a `parking` function for the runtime"
             )
         if entry.builtin == "ask_human":
             assert parking is not None

@@ -33,6 +33,25 @@ def _run_parser(commands: Any) -> None:
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
 
+def _answer_parser(commands: Any) -> None:
+    answer = commands.add_parser(
+        "answer",
+        help="answer a call that `tether run` parked for a person (embedded runtime)",
+        description="Record the answer in the run's SQLite file; then run the same `tether run` "
+        "command again to resume. Without --call, the run's only waiting call is answered.",
+    )
+    answer.add_argument("run_id", help="the run's id")
+    decision = answer.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--approve", action="store_true", help="approve the call")
+    decision.add_argument("--deny", action="store_true", help="deny the call")
+    decision.add_argument("--value", help="JSON answer (an ask_human answer, for instance)")
+    answer.add_argument("--reason", help="why (sent to the model with --approve or --deny)")
+    answer.add_argument("--call", help="the waiting call's id, when the run has several")
+    answer.add_argument(
+        "--db", default=".tether/runs.db", help="SQLite file (default: %(default)s)"
+    )
+
+
 def _worker_parser(commands: Any) -> None:
     worker = commands.add_parser(
         "worker",
@@ -113,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="Durable AI agents.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(commands)
+    _answer_parser(commands)
     _worker_parser(commands)
     _sidecar_parser(commands)
     _dev_parser(commands)
@@ -147,6 +167,37 @@ def dev_command(args: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             stopped.wait()
         print("stopping the stack...", flush=True)
+    return 0
+
+
+def answer_command(args: argparse.Namespace) -> int:
+    import json
+
+    from ._sqlite import Database
+    from .durable.answers import AnswerBook, AnswerError
+
+    if args.value is not None:
+        try:
+            value = json.loads(args.value)
+        except ValueError:
+            print(f"tether: --value is not JSON: {args.value!r}", file=sys.stderr)
+            return 2
+    else:
+        value = {"approved": bool(args.approve)}
+        if args.reason:
+            value["reason"] = args.reason
+    if not Path(args.db).exists():
+        print(f"tether: {args.db} does not exist (pass the run's --db)", file=sys.stderr)
+        return 2
+    db = Database(args.db)
+    try:
+        call = AnswerBook(db).answer(args.run_id, args.call, value)
+    except AnswerError as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return 2
+    finally:
+        db.close()
+    print(f"answered {call.tool} [{call.call_id}] of run {args.run_id}; resume it with tether run")
     return 0
 
 
@@ -219,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
             from .run_command import run_command
 
             code = run_command(args, dict(os.environ))
+        elif args.command == "answer":
+            code = answer_command(args)
         elif args.command == "worker":
             code = worker_command(args)
         elif args.command == "sidecar":

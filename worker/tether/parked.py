@@ -8,10 +8,18 @@ it through the admin API's SQL (`state` table) and the object's shared `pending`
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypedDict
+import json
+from typing import Any, Literal, NotRequired, TypedDict
 
 PARKED_STATE_KEY = "tether:parked"
 ParkedKind = Literal["approval", "ask_human"]
+SUMMARY_CHARS = 300
+
+
+def summarize(value: Any) -> str:
+    """A call's input as compact JSON, cut to `SUMMARY_CHARS` for a person to read."""
+    text = json.dumps(value, separators=(",", ":"), default=str)
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 3] + "..."
 
 
 class ParkedCall(TypedDict):

@@ -1,4 +1,9 @@
-"""`tether run`: one agent run on the embedded SQLite runtime, with progress output."""
+"""`tether run`: one agent run on the embedded SQLite runtime, with progress output.
+
+Calls that wait for a person (`requireApproval`, `ask_human`) stop the run: it exits with
+`PARKED_EXIT` and names them; `tether answer` records the answer and the same `tether run`
+command resumes the run from its journal (`tether.durable.answers`).
+"""
 
 from __future__ import annotations
 
@@ -17,17 +22,20 @@ from .assemble import (
     api_key_for,
     behavior_from_spec,
     load_script,
+    parking_with,
     provider_from_spec,
     tools_from_spec,
 )
 from .durable import sqlite_runtime
+from .durable.answers import AnswerBook, Parked, WaitingCall, embedded_wait
 from .providers.base import Provider
 from .providers.scripted import scripted
 from .session import create_session, load_session
-from .spec import DurableAgentSpec, SpecError, load_agent
-from .tools.base import ToolDef
+from .spec import DurableAgentSpec, SpecError, load_agent, parse_duration
 
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
+PARKED_EXIT = 3
+"""Exit code of `tether run` when the run stopped to wait for a person."""
 
 
 def choose_provider(
@@ -35,10 +43,11 @@ def choose_provider(
 ) -> tuple[Provider, str]:
     """The provider to use and a line saying why: the spec's provider if its key is set, else
     whichever of ANTHROPIC_API_KEY / OPENAI_API_KEY is set, else the example's script."""
-    if spec.model.provider == "scripted" or (key := api_key_for(spec, env)):
-        return provider_from_spec(
-            spec, key or ""
-        ), f"model: {spec.model.provider}/{spec.model.name}"
+    key = api_key_for(spec, env)
+    if spec.model.provider == "scripted" or key:
+        return provider_from_spec(spec, key or ""), (
+            f"model: {spec.model.provider}/{spec.model.name}"
+        )
     for provider, variable in DEFAULT_KEY_ENV.items():
         if env.get(variable):
             fallback = spec.model_copy(
@@ -119,22 +128,22 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
     # `python:` tools of an example may sit next to its manifest.
     sys.path.insert(0, str(spec_path.resolve().parent))
     provider, provider_note = choose_provider(manifest.spec, spec_path, args.script, env)
-    tools = tools_from_spec(manifest.spec, args.workspace)
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     progress = Progress(not args.quiet)
     progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
     progress.say(f"  {provider_note}")
-    return asyncio.run(_run(args, manifest.spec, provider, tools, progress))
+    return asyncio.run(_run(args, manifest.spec, provider, progress))
 
 
 async def _run(
-    args: argparse.Namespace,
-    spec: DurableAgentSpec,
-    provider: Provider,
-    tools: list[ToolDef],
-    progress: Progress,
+    args: argparse.Namespace, spec: DurableAgentSpec, provider: Provider, progress: Progress
 ) -> int:
     with sqlite_runtime(args.db, args.run_id) as durable:
+        timeout = parse_duration(spec.approvals.timeout)
+        book = AnswerBook(durable.db)
+        wait = embedded_wait(book, args.run_id, timeout)
+        parking = parking_with(wait, spec.approvals.on_timeout)
+        tools = tools_from_spec(spec, args.workspace, parking)
         if durable.resuming:
             progress.say(f"  resuming: {len(durable.journal)} steps are journaled, replaying them")
 
@@ -162,10 +171,26 @@ async def _run(
             behavior=behavior_from_spec(spec),
             hooks=progress.hooks(),
         )
-        stats = await agent.run(prompt)
+        try:
+            stats = await agent.run(prompt)
+        except Parked:
+            waiting = book.waiting(args.run_id)
+            durable.close("parked")
+            report_parked(waiting, args, progress)
+            return PARKED_EXIT
         durable.close(stats.status)
     report(stats, durable.counters.live, durable.counters.replayed, args, progress)
     return 0 if stats.status == "completed" else 1
+
+
+def report_parked(waiting: list[WaitingCall], args: argparse.Namespace, progress: Progress) -> None:
+    progress.say(f"run {args.run_id}: parked, waiting for a person")
+    for call in waiting:
+        progress.say(f"  {call.kind}: {call.tool}({call.input_summary})  [{call.call_id}]")
+    progress.say(
+        f"  answer with `tether answer {args.run_id} --approve` (or --deny, or --value JSON for "
+        "ask_human), then run the same command again to resume"
+    )
 
 
 def report(

@@ -25,7 +25,13 @@ from pydantic import BaseModel, Field
 
 from ..agent import AgentStats, create_agent
 from ..agent.hooks import HookFn
-from ..assemble import api_key_for, behavior_from_spec, provider_from_spec, tools_from_spec
+from ..assemble import (
+    api_key_for,
+    behavior_from_spec,
+    parking_with,
+    provider_from_spec,
+    tools_from_spec,
+)
 from ..durable.protocol import DurableRuntime
 from ..metrics import agent_hooks
 from ..parked import PARKED_STATE_KEY, ParkedCall
@@ -39,10 +45,9 @@ from ..restate import (
     run_child,
 )
 from ..session import create_session, load_session
-from ..spec import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
+from ..spec import DurableAgentSpec, SpecError, parse_duration
 from ..tools.base import ToolContext, ToolDef
-from .gates import approval_gate, ask_human_tool
-from .parking import ParkSettings
+from .parking import ParkSettings, restate_wait
 from .settings import WorkerSettings
 
 PARK_AFTER = timedelta(seconds=10)
@@ -154,11 +159,7 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
     )
 
     def tools_for(ctx: restate.ObjectContext) -> list[ToolDef]:
-        def parking(entry: ToolSpecEntry, inner: ToolDef | None) -> ToolDef:
-            if inner is None:
-                return ask_human_tool(entry.name, ctx, park_settings)
-            return approval_gate(inner, ctx, park_settings, approvals.on_timeout)
-
+        parking = parking_with(restate_wait(ctx, park_settings), approvals.on_timeout)
         return tools_from_spec(spec, settings.workspace, parking)
 
     def hooks_for(durable: DurableRuntime) -> dict[str, HookFn]:

@@ -20,16 +20,16 @@ import restate
 from restate.exceptions import TerminalError
 
 from ..messages import JSON
-from ..parked import PARKED_STATE_KEY, ParkedCall, ParkedKind
+from ..parked import PARKED_STATE_KEY, ParkedCall, ParkedKind, summarize
 from ..restate.awakeable import race_with_timeout
 from ..restate.errors import is_restate_cancellation
 from ..restate.runtime import default_run_options
 from ..restate.types import AwakeableOutcome, AwakeableWithTimeoutOptions
 from ..tools.base import ToolContext
+from ..tools.human import Answer, Wait
 from ..webhooks import LinkAction, sign_request, signed_link
 
 log = logging.getLogger("tether.worker")
-SUMMARY_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,6 @@ class ParkSettings:
     notify_url: str | None
     webhook_secret: bytes | None
     webhook_base_url: str | None
-
-
-def summarize(value: Any) -> str:
-    text = json.dumps(value, separators=(",", ":"), default=str)
-    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 3] + "..."
 
 
 async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
@@ -122,6 +117,22 @@ async def park(
     await _unpark(ctx, awakeable_id)
     await _ended(tool_ctx, {"timed_out": outcome.timed_out})
     return outcome
+
+
+def restate_wait(ctx: restate.ObjectContext, settings: ParkSettings) -> Wait:
+    """The tools' `Wait` on Restate: `park` on an awakeable; a rejection becomes an answer, a
+    cancellation of the invocation goes on up."""
+
+    async def wait(tool_ctx: ToolContext, kind: ParkedKind, arguments: dict[str, Any]) -> Answer:
+        try:
+            outcome = await park(ctx, tool_ctx, settings, kind=kind, arguments=arguments)
+        except TerminalError as error:
+            if is_restate_cancellation(error):
+                raise
+            return Answer(rejected=error.message)
+        return Answer(value=outcome.value, timed_out=outcome.timed_out)
+
+    return wait
 
 
 async def _ended(tool_ctx: ToolContext, how: dict[str, Any]) -> None:

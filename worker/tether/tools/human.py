@@ -1,25 +1,43 @@
-"""Tools that wait for a person: the approval gate around a tool, and `ask_human`."""
+"""Tools that wait for a person: the approval gate around a tool, and `ask_human`.
+
+How a call waits belongs to the runtime, behind `Wait`: on Restate it parks on an awakeable and
+the invocation suspends (`tether.worker.parking`); on the embedded runtime the run stops and is
+resumed once the answer is in its database (`tether.durable.answers`). Either way the answer is
+journaled, so a replay gets the same decision.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
-
-import restate
-from restate.exceptions import TerminalError
 
 from ..durable.protocol import StepCall
 from ..messages import JSON
-from ..restate.errors import is_restate_cancellation
+from ..parked import ParkedKind
 from ..session.session import INTERRUPTED_RESULT
-from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
-from .parking import ParkSettings, park
+from .base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 
 ASK_HUMAN_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"question": {"type": "string", "description": "What to ask the person."}},
     "required": ["question"],
 }
+
+
+@dataclass(frozen=True)
+class Answer:
+    """How a wait for a person ended."""
+
+    value: Any = None
+    timed_out: bool = False
+    rejected: str | None = None
+    """Set when the answer was a rejection: its reason."""
+
+
+Wait = Callable[[ToolContext, ParkedKind, dict[str, Any]], Awaitable[Answer]]
+"""Wait for a person's answer to the call the context is running (kind, call input)."""
 
 
 def _approved(value: Any) -> tuple[bool, str | None]:
@@ -55,27 +73,19 @@ async def _run_approved(inner: ToolDef, arguments: dict[str, Any], ctx: ToolCont
     return output
 
 
-def approval_gate(
-    inner: ToolDef,
-    ctx: restate.ObjectContext,
-    settings: ParkSettings,
-    on_timeout: Literal["deny", "approve"],
-) -> ToolDef:
-    """`inner`, parked for a person's approval before every call. The approval carries the
+def approval_gate(inner: ToolDef, wait: Wait, on_timeout: Literal["deny", "approve"]) -> ToolDef:
+    """`inner`, waiting for a person's approval before every call. The approval carries the
     tool's name and input; without a decision in time `on_timeout` applies."""
 
     async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
-        try:
-            outcome = await park(ctx, tool_ctx, settings, kind="approval", arguments=arguments)
-        except TerminalError as error:
-            if is_restate_cancellation(error):
-                raise
-            raise ToolError(f"Denied: the approval was rejected ({error.message}).") from None
+        answer = await wait(tool_ctx, "approval", arguments)
+        if answer.rejected is not None:
+            raise ToolError(f"Denied: the approval was rejected ({answer.rejected}).")
         reason: str | None
-        if outcome.timed_out:
+        if answer.timed_out:
             approved, reason = on_timeout == "approve", "no decision in time"
         else:
-            approved, reason = _approved(outcome.value)
+            approved, reason = _approved(answer.value)
         if not approved:
             raise ToolError(f"Denied: {reason or 'a person denied it'}. The call was not run.")
         return await _run_approved(inner, arguments, tool_ctx)
@@ -89,19 +99,16 @@ def approval_gate(
     )
 
 
-def ask_human_tool(name: str, ctx: restate.ObjectContext, settings: ParkSettings) -> ToolDef:
-    """A tool that asks a person a question and waits (suspended) for the answer."""
+def ask_human_tool(name: str, wait: Wait) -> ToolDef:
+    """A tool that asks a person a question and waits for the answer."""
 
     async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
-        try:
-            outcome = await park(ctx, tool_ctx, settings, kind="ask_human", arguments=arguments)
-        except TerminalError as error:
-            if is_restate_cancellation(error):
-                raise
-            raise ToolError(f"The person declined to answer ({error.message}).") from None
-        if outcome.timed_out:
+        answer = await wait(tool_ctx, "ask_human", arguments)
+        if answer.rejected is not None:
+            raise ToolError(f"The person declined to answer ({answer.rejected}).")
+        if answer.timed_out:
             raise ToolError("No answer in time.")
-        value = outcome.value
+        value = answer.value
         if isinstance(value, dict) and "answer" in value:
             value = value["answer"]
         return value if isinstance(value, str) else json.dumps(value)

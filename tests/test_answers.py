@@ -1,0 +1,148 @@
+"""Calls that wait for a person on the embedded runtime: `tether run` stops (exit 3) at an
+approval or `ask_human`, `tether answer` records the answer, the same `tether run` resumes from
+the journal. Real processes, a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from test_cli import tether
+from tether.session import load_session, sqlite_store
+
+SHIP = {"name": "ship", "input": {"path": "shipped.txt", "content": "v1"}}
+ASK = {"name": "ask", "input": {"question": "Which color?"}}
+
+
+def write_agent(directory: Path, script: list[dict[str, Any]], **approvals: str) -> Path:
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "shipper"},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": script},
+            "tools": [
+                {"name": "ship", "builtin": "write_file", "requireApproval": True},
+                {"name": "ask", "builtin": "ask_human"},
+            ],
+            "approvals": approvals,
+        },
+    }
+    path = directory / "agent.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def run(directory: Path, *extra: str) -> Any:
+    return tether("run", "agent.yaml", "--run-id", "r1", *extra, cwd=directory)
+
+
+def tool_results(directory: Path) -> list[str]:
+    async def read() -> list[str]:
+        session = await load_session(sqlite_store(directory / ".tether" / "runs.db"), "r1")
+        assert session is not None
+        return [
+            str(block["content"])
+            for turn in session.turns
+            for block in turn.content
+            if block["type"] == "tool_result"
+        ]
+
+    return asyncio.run(read())
+
+
+def run_status(directory: Path) -> str:
+    with sqlite3.connect(directory / ".tether" / "runs.db") as db:
+        [(status,)] = db.execute("SELECT status FROM tether_runs WHERE run_id = 'r1'").fetchall()
+    return str(status)
+
+
+def test_an_approval_parks_the_run_until_it_is_answered(tmp_path: Path) -> None:
+    write_agent(tmp_path, [{"tool_calls": [SHIP]}, {"text": "shipped"}])
+    parked = run(tmp_path, "--prompt", "ship it")
+    assert parked.returncode == 3, parked.stdout + parked.stderr
+    assert "run r1: parked, waiting for a person" in parked.stdout
+    assert 'approval: ship({"content":"v1","path":"shipped.txt"})  [call_0_0]' in parked.stdout
+    assert not (tmp_path / "shipped.txt").exists()
+    assert run_status(tmp_path) == "parked"
+    # Resuming without an answer parks again, and runs nothing.
+    again = run(tmp_path)
+    assert again.returncode == 3 and not (tmp_path / "shipped.txt").exists()
+
+    answered = tether("answer", "r1", "--approve", cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    assert "answered ship [call_0_0] of run r1" in answered.stdout
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "run r1: completed" in done.stdout
+    assert (tmp_path / "shipped.txt").read_text() == "v1"
+    assert tool_results(tmp_path) == ["wrote 2 bytes to shipped.txt"]
+    assert run_status(tmp_path) == "completed"
+    # The answer is in the journal: nothing waits any more, and a replay decides the same.
+    late = tether("answer", "r1", "--deny", cwd=tmp_path)
+    assert late.returncode == 2 and "nothing waits for an answer in run 'r1'" in late.stderr
+    (tmp_path / "shipped.txt").unlink()
+    replayed = run(tmp_path)
+    assert replayed.returncode == 0 and not (tmp_path / "shipped.txt").exists()
+
+
+def test_a_denial_reaches_the_model_and_nothing_runs(tmp_path: Path) -> None:
+    write_agent(tmp_path, [{"tool_calls": [SHIP]}, {"text": "not shipped"}])
+    assert run(tmp_path, "--prompt", "ship it").returncode == 3
+    denied = tether("answer", "r1", "--deny", "--reason", "freeze week", cwd=tmp_path)
+    assert denied.returncode == 0, denied.stderr
+    assert run(tmp_path).returncode == 0
+    assert not (tmp_path / "shipped.txt").exists()
+    assert tool_results(tmp_path) == ["Tool error: Denied: freeze week. The call was not run."]
+
+
+def test_ask_human_returns_the_answer(tmp_path: Path) -> None:
+    write_agent(tmp_path, [{"tool_calls": [ASK]}, {"text": "blue it is"}])
+    parked = run(tmp_path, "--prompt", "pick a color")
+    assert parked.returncode == 3
+    assert 'ask_human: ask({"question":"Which color?"})  [call_0_0]' in parked.stdout
+    assert tether("answer", "r1", "--value", '"blue"', cwd=tmp_path).returncode == 0
+    assert run(tmp_path).returncode == 0
+    assert tool_results(tmp_path) == ["blue"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "result"),
+    [
+        ("approve", "wrote 2 bytes to shipped.txt"),
+        ("deny", "Tool error: Denied: no decision in time. The call was not run."),
+    ],
+)
+def test_the_deadline_applies_when_the_run_resumes(
+    tmp_path: Path, policy: str, result: str
+) -> None:
+    write_agent(tmp_path, [{"tool_calls": [SHIP]}, {"text": "ok"}], timeout="1h", onTimeout=policy)
+    assert run(tmp_path, "--prompt", "ship it").returncode == 3
+    # Two hours pass (the deadline counts from the first park).
+    with sqlite3.connect(tmp_path / ".tether" / "runs.db") as db:
+        db.execute("UPDATE tether_answers SET parked_at = parked_at - 7200")
+    resumed = run(tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert tool_results(tmp_path) == [result]
+    assert (tmp_path / "shipped.txt").exists() == (policy == "approve")
+
+
+def test_answer_errors_are_clear(tmp_path: Path) -> None:
+    write_agent(tmp_path, [{"tool_calls": [SHIP]}, {"text": "ok"}])
+    missing = tether("answer", "r1", "--approve", cwd=tmp_path)
+    assert missing.returncode == 2 and ".tether/runs.db does not exist" in missing.stderr
+    assert run(tmp_path, "--prompt", "ship it").returncode == 3
+    unknown = tether("answer", "r9", "--approve", cwd=tmp_path)
+    assert unknown.returncode == 2 and "nothing waits for an answer in run 'r9'" in unknown.stderr
+    wrong_call = tether("answer", "r1", "--approve", "--call", "call_7_0", cwd=tmp_path)
+    assert wrong_call.returncode == 2 and "call 'call_7_0' of run 'r1'" in wrong_call.stderr
+    not_json = tether("answer", "r1", "--value", "blue", cwd=tmp_path)
+    assert not_json.returncode == 2 and "--value is not JSON" in not_json.stderr
+    both = tether("answer", "r1", "--approve", "--deny", cwd=tmp_path)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    assert "Traceback" not in missing.stderr + unknown.stderr + wrong_call.stderr
