@@ -48,9 +48,12 @@ json() { python3 -c "import json, sys; d = json.load(sys.stdin); print($1)"; }
 
 status_field() { kubectl -n "$NS" get durableagent "$AGENT" -o "jsonpath={.status.$1}"; }
 
+# forward <namespace> <service> <local:remote>: a port-forward in the background; its pid is
+# left in FORWARDED (and kept in FORWARDS for the cleanup).
 forward() {
   kubectl -n "$1" port-forward "svc/$2" "$3" >/dev/null 2>&1 &
-  FORWARDS+=($!)
+  FORWARDED=$!
+  FORWARDS+=("$FORWARDED")
 }
 
 cleanup() {
@@ -93,6 +96,7 @@ echo "active version: $FIRST_VERSION"
 
 forward "$SYSTEM_NS" tether-restate "$RESTATE_PORT:8080"
 forward "$NS" "$AGENT-sidecar" "$SIDECAR_PORT:8000"
+SIDECAR_FORWARD=$FORWARDED
 INGRESS=http://127.0.0.1:$RESTATE_PORT
 SIDECAR=http://127.0.0.1:$SIDECAR_PORT
 wait_until "Restate's ingress" 60 curl -sf "$INGRESS/restate/health"
@@ -113,7 +117,9 @@ step "kill the worker pod while the run is parked"
 POD=$(kubectl -n "$NS" get pods -l "tether.dev/agent=$AGENT" -o jsonpath='{.items[0].metadata.name}')
 kubectl -n "$NS" delete pod "$POD" --grace-period=0 --force
 kubectl -n "$NS" rollout status "deployment/$AGENT-$FIRST_VERSION" --timeout=3m
-# The sidecar's port-forward went with the pod: forward again to the replacement.
+# The sidecar's port-forward went with the pod: forward again, to the replacement.
+kill "$SIDECAR_FORWARD" 2>/dev/null || true
+wait "$SIDECAR_FORWARD" 2>/dev/null || true
 forward "$NS" "$AGENT-sidecar" "$SIDECAR_PORT:8000"
 wait_until "the new sidecar" 60 curl -sf "$SIDECAR/readyz"
 wait_until "the call still parked after the kill" 60 parked
