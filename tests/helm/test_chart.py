@@ -9,6 +9,7 @@ import yaml
 from chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
 
 from tether.crd import CRD_NAME, durableagent_crd
+from tether_operator.names import version_labels
 
 EXTERNAL = (
     "restate.external.adminUrl=http://r.ns.svc:9070/",
@@ -132,6 +133,28 @@ def test_watched_namespaces_get_role_bindings_only(helm_bin: Path) -> None:
     assert all(b["roleRef"]["kind"] == "ClusterRole" for b in bindings)
     env = env_of(one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0])
     assert env["TETHER_NAMESPACES"] == "team-a,team-b"
+
+
+def test_pod_monitors_select_the_agents_and_restate(helm_bin: Path) -> None:
+    assert by_kind(render(helm_bin), "PodMonitor") == []  # off by default: needs their CRD
+    objects = render(helm_bin, "monitoring.podMonitors=true", "operator.watchNamespaces={a,b}")
+    agents, restate = by_kind(objects, "PodMonitor")
+    # The operator's worker pods carry these labels (tether_operator.render).
+    pod_labels = version_labels("clerk", "0123456789")
+    assert agents["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert agents["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
+    assert agents["spec"]["podMetricsEndpoints"][0] == {
+        "port": "http", "path": "/metrics", "interval": "30s"
+    }  # fmt: skip
+    statefulset = one(objects, "StatefulSet")
+    assert (
+        restate["spec"]["selector"]["matchLabels"].items()
+        <= statefulset["spec"]["template"]["metadata"]["labels"].items()
+    )
+    ports = {p["name"] for p in statefulset["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert restate["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    external = render(helm_bin, "monitoring.podMonitors=true", *EXTERNAL)
+    assert [m["metadata"]["name"] for m in by_kind(external, "PodMonitor")] == ["t-agents"]
 
 
 def test_without_crds(helm_bin: Path) -> None:
