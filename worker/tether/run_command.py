@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ._sqlite import Database
 from .agent import AgentStats, create_agent
 from .agent.hooks import HooksInit
 from .assemble import (
@@ -32,6 +33,7 @@ from .providers.base import Provider
 from .providers.scripted import scripted
 from .session import create_session, load_session
 from .spec import DurableAgentSpec, SpecError, load_agent, parse_duration
+from .tools.base import ToolDef
 
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
 PARKED_EXIT = 3
@@ -127,23 +129,32 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
     manifest = load_agent(spec_path)
     # `python:` tools of an example may sit next to its manifest.
     sys.path.insert(0, str(spec_path.resolve().parent))
-    provider, provider_note = choose_provider(manifest.spec, spec_path, args.script, env)
+    spec = manifest.spec
+    provider, provider_note = choose_provider(spec, spec_path, args.script, env)
     Path(args.db).parent.mkdir(parents=True, exist_ok=True)
-    progress = Progress(not args.quiet)
-    progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
-    progress.say(f"  {provider_note}")
-    return asyncio.run(_run(args, manifest.spec, provider, progress))
+    answers = Database(args.db)
+    try:
+        book = AnswerBook(answers)
+        wait = embedded_wait(book, args.run_id, parse_duration(spec.approvals.timeout))
+        # Built before the run is opened: a tool the spec gets wrong fails here, touching nothing.
+        tools = tools_from_spec(spec, args.workspace, parking_with(wait, spec.approvals.on_timeout))
+        progress = Progress(not args.quiet)
+        progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
+        progress.say(f"  {provider_note}")
+        return asyncio.run(_run(args, spec, provider, tools, book, progress))
+    finally:
+        answers.close()
 
 
 async def _run(
-    args: argparse.Namespace, spec: DurableAgentSpec, provider: Provider, progress: Progress
+    args: argparse.Namespace,
+    spec: DurableAgentSpec,
+    provider: Provider,
+    tools: list[ToolDef],
+    book: AnswerBook,
+    progress: Progress,
 ) -> int:
     with sqlite_runtime(args.db, args.run_id) as durable:
-        timeout = parse_duration(spec.approvals.timeout)
-        book = AnswerBook(durable.db)
-        wait = embedded_wait(book, args.run_id, timeout)
-        parking = parking_with(wait, spec.approvals.on_timeout)
-        tools = tools_from_spec(spec, args.workspace, parking)
         if durable.resuming:
             progress.say(f"  resuming: {len(durable.journal)} steps are journaled, replaying them")
 
