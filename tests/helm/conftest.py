@@ -6,6 +6,8 @@ There is no `__init__.py` here, as in tests/operator.
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +33,25 @@ def helm_bin() -> Path:
         timeout=1800,
     )
     return Path(built.stdout.strip())
+
+
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
+
+
+@pytest.fixture(scope="session")
+def podmonitor_crd() -> Path:
+    """The PodMonitor CRD of the Prometheus Operator, from its Go module (the proxy serves the
+    module's files; cached with the other Go modules outside the repository)."""
+    cache = Path(os.environ.get("TETHER_CACHE") or Path.home() / ".cache" / "tether")
+    env = {**os.environ, "GOMODCACHE": str(cache / "go" / "mod"), "GOFLAGS": "-modcacherw"}
+    downloaded = subprocess.run(
+        ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cache,
+        timeout=600,
+    )
+    assert downloaded.returncode == 0, downloaded.stdout + downloaded.stderr
+    module = Path(json.loads(downloaded.stdout)["Dir"])
+    return module / "example" / "prometheus-operator-crd" / "monitoring.coreos.com_podmonitors.yaml"

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chart import CHART, REPO, helm
+from chart import CHART, REPO, helm, render
 
 from kube.controlplane import ControlPlane
 from tether.crd import CRD_NAME
@@ -124,3 +124,32 @@ def test_install_upgrade_uninstall(
 def test_helm_is_the_pinned_build(helm_bin: Path) -> None:
     version = subprocess.run([str(helm_bin), "version", "--short"], capture_output=True, text=True)
     assert version.stdout.startswith("v3.22.0"), version.stdout
+
+
+def test_the_pod_monitors_are_valid_for_the_prometheus_operator_crd(
+    helm_bin: Path,
+    kube_cluster: ControlPlane,
+    podmonitor_crd: Path,
+    namespace: str,
+) -> None:
+    kube = kube_cluster
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(podmonitor_crd))
+    kube.kubectl("wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com")
+    monitors = [
+        o
+        for o in render(helm_bin, "monitoring.podMonitors=true", namespace=namespace)
+        if o["kind"] == "PodMonitor"
+    ]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        checked = kube.kubectl(
+            "apply", "--dry-run=server", "-f", "-", input=json.dumps(monitor), check=False
+        )
+        assert checked.returncode == 0, checked.stderr
+        assert "created (server dry run)" in checked.stdout
+    # The schema is really enforced: a PodMonitor with a bad endpoint is refused.
+    broken = {**monitors[0], "spec": {**monitors[0]["spec"], "podMetricsEndpoints": [{"port": 1}]}}
+    refused = kube.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=json.dumps(broken), check=False
+    )
+    assert refused.returncode != 0
