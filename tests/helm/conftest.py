@@ -43,6 +43,7 @@ def podmonitor_crd() -> Path:
     """The PodMonitor CRD of the Prometheus Operator, from its Go module (the proxy serves the
     module's files; cached with the other Go modules outside the repository)."""
     cache = Path(os.environ.get("TETHER_CACHE") or Path.home() / ".cache" / "tether")
+    cache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GOMODCACHE": str(cache / "go" / "mod"), "GOFLAGS": "-modcacherw"}
     downloaded = subprocess.run(
         ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR],
