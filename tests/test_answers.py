@@ -146,3 +146,42 @@ def test_answer_errors_are_clear(tmp_path: Path) -> None:
     both = tether("answer", "r1", "--approve", "--deny", cwd=tmp_path)
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert "Traceback" not in missing.stderr + unknown.stderr + wrong_call.stderr
+
+
+def test_a_sub_agent_parks_the_run_and_resumes_with_it(tmp_path: Path) -> None:
+    """`spec.subagents` gives `tether run` the in-process spawn tool; a child's approval stops
+    the whole run, and the resumed run replays parent and child up to it."""
+    spawn = {"name": "spawn", "input": {"task": "do the ship"}}
+    script = {
+        "ship it": [{"tool_calls": [spawn]}, {"text": "done"}],
+        "do the ship": [{"tool_calls": [SHIP]}, {"text": "child shipped"}],
+    }
+    path = write_agent(tmp_path, [])
+    document = yaml.safe_load(path.read_text())
+    document["spec"]["model"]["script"] = script
+    document["spec"]["subagents"] = {"maxDepth": 1}
+    path.write_text(yaml.safe_dump(document))
+    parked = run(tmp_path, "--prompt", "ship it")
+    assert parked.returncode == 3, parked.stdout + parked.stderr
+    assert "approval: ship(" in parked.stdout and not (tmp_path / "shipped.txt").exists()
+    assert tether("answer", "r1", "--approve", cwd=tmp_path).returncode == 0
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "final answer: done" in done.stdout
+    assert (tmp_path / "shipped.txt").read_text() == "v1"
+    # Replaying the finished run decides the same and runs nothing again.
+    (tmp_path / "shipped.txt").unlink()
+    assert run(tmp_path).returncode == 0 and not (tmp_path / "shipped.txt").exists()
+
+
+def test_spawn_is_the_sub_agent_tool(tmp_path: Path) -> None:
+    path = write_agent(tmp_path, [{"text": "ok"}])
+    document = yaml.safe_load(path.read_text())
+    document["spec"]["subagents"] = {"maxDepth": 1}
+    document["spec"]["tools"].append({"name": "spawn", "builtin": "read_file"})
+    path.write_text(yaml.safe_dump(document))
+    refused = run(tmp_path, "--prompt", "go")
+    assert refused.returncode == 2
+    assert "'spawn' is the sub-agent tool of `spec.subagents`" in refused.stderr
+    with sqlite3.connect(tmp_path / ".tether" / "runs.db") as db:  # the run was never opened
+        assert db.execute("SELECT * FROM tether_runs").fetchall() == []

@@ -114,6 +114,22 @@ def with_timeout(tool: ToolDef, seconds: float) -> ToolDef:
     return dataclasses.replace(tool, execute=execute)
 
 
+SPAWN_TOOL = "spawn"
+"""The name of the sub-agent tool that `spec.subagents` adds."""
+
+
+def check_subagents(spec: DurableAgentSpec) -> None:
+    """With sub-agents, the name `spawn` belongs to the sub-agent tool."""
+    if spec.subagents is None:
+        return
+    for index, entry in enumerate(spec.tools):
+        if entry.name == SPAWN_TOOL:
+            raise SpecError(
+                f"spec.tools[{index}].name: {SPAWN_TOOL!r} is the sub-agent tool of "
+                "`spec.subagents`; rename this tool"
+            )
+
+
 ParkingTool = Callable[[ToolSpecEntry, ToolDef | None], ToolDef]
 """Builds the tool for an entry that waits for a person: `ask_human` (no inner tool) or an
 approval gate around the inner tool."""

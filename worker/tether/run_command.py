@@ -20,8 +20,10 @@ from .agent import AgentStats, create_agent
 from .agent.hooks import HooksInit
 from .assemble import (
     DEFAULT_KEY_ENV,
+    SPAWN_TOOL,
     api_key_for,
     behavior_from_spec,
+    check_subagents,
     load_script,
     parking_with,
     provider_from_spec,
@@ -34,6 +36,7 @@ from .providers.scripted import scripted
 from .session import create_session, load_session
 from .spec import DurableAgentSpec, SpecError, load_agent, parse_duration
 from .tools.base import ToolDef
+from .tools.spawn import spawn_tool
 
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
 PARKED_EXIT = 3
@@ -137,7 +140,10 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
         book = AnswerBook(answers)
         wait = embedded_wait(book, args.run_id, parse_duration(spec.approvals.timeout))
         # Built before the run is opened: a tool the spec gets wrong fails here, touching nothing.
+        check_subagents(spec)
         tools = tools_from_spec(spec, args.workspace, parking_with(wait, spec.approvals.on_timeout))
+        if spec.subagents is not None:  # in-process children, journaled in the run's scopes
+            tools.append(spawn_tool(name=SPAWN_TOOL, max_depth=spec.subagents.max_depth))
         progress = Progress(not args.quiet)
         progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
         progress.say(f"  {provider_note}")

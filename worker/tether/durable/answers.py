@@ -8,9 +8,9 @@ call, finds the answer and journals it as the call's decision step, so every lat
 the same decision without reading the table. A deadline (`approvals.timeout`) counts from the
 first park and is checked when the run is resumed.
 
-Stopping unwinds the whole run. A call that waits for a person never runs beside the agent's
-other calls, but in-process sub-agents run side by side: a park in one stops its siblings too,
-as a crash would (their unsafe calls in flight are reported interrupted when the run resumes).
+Stopping unwinds the whole run, and interrupts nothing in flight: a call that waits for a person
+never runs beside other calls (approval gates, `ask_human` and `spawn` are not
+concurrency-safe), in the agent or in a sub-agent.
 """
 
 from __future__ import annotations

@@ -26,8 +26,10 @@ from pydantic import BaseModel, Field
 from ..agent import AgentStats, create_agent
 from ..agent.hooks import HookFn
 from ..assemble import (
+    SPAWN_TOOL,
     api_key_for,
     behavior_from_spec,
+    check_subagents,
     parking_with,
     provider_from_spec,
     tools_from_spec,
@@ -45,7 +47,7 @@ from ..restate import (
     run_child,
 )
 from ..session import create_session, load_session
-from ..spec import DurableAgentSpec, SpecError, parse_duration
+from ..spec import SpecError, parse_duration
 from ..tools.base import ToolContext, ToolDef
 from .parking import ParkSettings, restate_wait
 from .settings import WorkerSettings
@@ -98,7 +100,6 @@ class RunResult(BaseModel):
         )
 
 
-SPAWN_TOOL = "spawn"
 """The name of the sub-agent tool an agent with `spec.subagents` gets."""
 
 
@@ -112,18 +113,6 @@ async def forget_children(ctx: restate.ObjectContext) -> None:
     for key in await ctx.state_keys():
         if key.startswith(CHILD_MARKER):
             ctx.clear(key)
-
-
-def check_subagents(spec: DurableAgentSpec) -> None:
-    """With sub-agents, the name `spawn` belongs to the sub-agent tool."""
-    if spec.subagents is None:
-        return
-    for index, entry in enumerate(spec.tools):
-        if entry.name == SPAWN_TOOL:
-            raise SpecError(
-                f"spec.tools[{index}].name: {SPAWN_TOOL!r} is the sub-agent tool of "
-                "`spec.subagents`; rename this tool"
-            )
 
 
 def build_provider(settings: WorkerSettings) -> Provider:
