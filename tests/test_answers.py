@@ -70,6 +70,10 @@ def test_an_approval_parks_the_run_until_it_is_answered(tmp_path: Path) -> None:
     assert 'approval: ship({"content":"v1","path":"shipped.txt"})  [call_0_0]' in parked.stdout
     assert not (tmp_path / "shipped.txt").exists()
     assert run_status(tmp_path) == "parked"
+    listed = tether("waiting", cwd=tmp_path)
+    assert listed.returncode == 0
+    [line] = listed.stdout.splitlines()
+    assert line.startswith('r1  call_0_0  approval  ship({"content":"v1","path":"shipped.txt"})')
     # Resuming without an answer parks again, and runs nothing.
     again = run(tmp_path)
     assert again.returncode == 3 and not (tmp_path / "shipped.txt").exists()
@@ -84,6 +88,7 @@ def test_an_approval_parks_the_run_until_it_is_answered(tmp_path: Path) -> None:
     assert tool_results(tmp_path) == ["wrote 2 bytes to shipped.txt"]
     assert run_status(tmp_path) == "completed"
     # The answer is in the journal: nothing waits any more, and a replay decides the same.
+    assert tether("waiting", cwd=tmp_path).stdout == ""
     late = tether("answer", "r1", "--deny", cwd=tmp_path)
     assert late.returncode == 2 and "nothing waits for an answer in run 'r1'" in late.stderr
     (tmp_path / "shipped.txt").unlink()

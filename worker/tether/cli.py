@@ -52,6 +52,15 @@ def _answer_parser(commands: Any) -> None:
     )
 
 
+def _waiting_parser(commands: Any) -> None:
+    waiting = commands.add_parser(
+        "waiting",
+        help="list the calls of `tether run` runs that wait for a person (embedded runtime)",
+        description="One line per waiting call, oldest first: run, call, kind, tool and input.",
+    )
+    waiting.add_argument("--db", default=".tether/runs.db", help="the runs' SQLite file")
+
+
 def _worker_parser(commands: Any) -> None:
     worker = commands.add_parser(
         "worker",
@@ -133,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(commands)
     _answer_parser(commands)
+    _waiting_parser(commands)
     _worker_parser(commands)
     _sidecar_parser(commands)
     _dev_parser(commands)
@@ -167,6 +177,29 @@ def dev_command(args: argparse.Namespace) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             stopped.wait()
         print("stopping the stack...", flush=True)
+    return 0
+
+
+def waiting_command(args: argparse.Namespace) -> int:
+    import time
+
+    from ._sqlite import Database
+    from .durable.answers import AnswerBook
+
+    if not Path(args.db).exists():
+        print(f"tether: {args.db} does not exist (pass the runs' --db)", file=sys.stderr)
+        return 2
+    db = Database(args.db)
+    try:
+        calls = AnswerBook(db).waiting()
+    finally:
+        db.close()
+    for call in calls:
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(call.parked_at))
+        print(
+            f"{call.run_id}  {call.call_id}  {call.kind}  {call.tool}({call.input_summary})  "
+            f"since {since}"
+        )
     return 0
 
 
@@ -272,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
             code = run_command(args, dict(os.environ))
         elif args.command == "answer":
             code = answer_command(args)
+        elif args.command == "waiting":
+            code = waiting_command(args)
         elif args.command == "worker":
             code = worker_command(args)
         elif args.command == "sidecar":

@@ -102,14 +102,15 @@ class AnswerBook:
             return False, None, parked_at
         return True, jsoncodec.loads(answer), parked_at
 
-    def waiting(self, run_id: str) -> list[WaitingCall]:
-        """The run's calls that wait for an answer, oldest first."""
+    def waiting(self, run_id: str | None = None) -> list[WaitingCall]:
+        """The calls that wait for an answer (in one run, or in all), oldest first."""
         rows = self._db.query(
-            "SELECT call_key, call_id, kind, tool, input_summary, parked_at FROM tether_answers "
-            "WHERE run_id = ? AND answer IS NULL ORDER BY parked_at, call_id",
-            (run_id,),
+            "SELECT run_id, call_key, call_id, kind, tool, input_summary, parked_at "
+            "FROM tether_answers WHERE answer IS NULL AND (? IS NULL OR run_id = ?) "
+            "ORDER BY parked_at, run_id, call_id",
+            (run_id, run_id),
         )
-        return [WaitingCall(run_id, *row) for row in rows]
+        return [WaitingCall(*row) for row in rows]
 
     def answer(self, run_id: str, call: str | None, value: JSON) -> WaitingCall:
         """Answer the waiting call `call` (a call id or key) of the run, or its only one."""
