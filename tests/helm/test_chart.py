@@ -41,6 +41,7 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
             "Deployment",
             "Service",
             "StatefulSet",
+            "NetworkPolicy",
         ]
     )
     crd = one(objects, "CustomResourceDefinition")
@@ -155,6 +156,33 @@ def test_pod_monitors_select_the_agents_and_restate(helm_bin: Path) -> None:
     assert restate["spec"]["podMetricsEndpoints"][0]["port"] in ports
     external = render(helm_bin, "monitoring.podMonitors=true", *EXTERNAL)
     assert [m["metadata"]["name"] for m in by_kind(external, "PodMonitor")] == ["t-agents"]
+
+
+def test_restates_admin_api_is_open_to_the_operator_and_the_agents_only(helm_bin: Path) -> None:
+    objects = render(helm_bin)
+    policy = one(objects, "NetworkPolicy")
+    restate_pod = one(objects, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= restate_pod.items()
+    admin, ingress = policy["spec"]["ingress"]
+    assert admin["ports"] == [{"port": "admin"}] and ingress["ports"] == [{"port": "ingress"}]
+    operator_pod = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    operator_peer, agent_peer = admin["from"]
+    assert "namespaceSelector" not in operator_peer  # the operator's own namespace only
+    assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    agent_pod = version_labels("clerk", "0123456789")
+    assert agent_peer["podSelector"]["matchLabels"].items() <= agent_pod.items()
+    assert ingress["from"] == [{"namespaceSelector": {}}]  # runs start from anywhere by default
+
+    narrowed = render(helm_bin, "restate.networkPolicy.ingressFromNamespaces={apps}")
+    _, ingress = one(narrowed, "NetworkPolicy")["spec"]["ingress"]
+    assert ingress["from"][0] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}
+    }
+    assert ingress["from"][1] == agent_peer  # the sidecars resolve awakeables through it
+    scraped = render(helm_bin, "monitoring.podMonitors=true")
+    assert len(one(scraped, "NetworkPolicy")["spec"]["ingress"]) == 3
+    assert by_kind(render(helm_bin, "restate.networkPolicy.enabled=false"), "NetworkPolicy") == []
+    assert by_kind(render(helm_bin, *EXTERNAL), "NetworkPolicy") == []
 
 
 def test_without_crds(helm_bin: Path) -> None:
