@@ -131,7 +131,18 @@ class FakeRestate:
             return web.Response(status=200 if self.healthy else 503)
         if path.startswith("/ingress/restate/awakeables/"):
             return web.Response(status=self.ingress_status)
+        if path.startswith(f"/ingress/{AGENT}/") and path.endswith("/run/send"):
+            key = headers.get("idempotency-key")
+            seen = key is not None and any(
+                r.headers.get("idempotency-key") == key for r in self.requests[:-1]
+            )
+            status = "PreviouslyAccepted" if seen else "Accepted"
+            return web.json_response({"invocationId": f"inv_{key or 'x'}", "status": status})
         return web.Response(status=404)
+
+    @property
+    def runs(self) -> list[Recorded]:
+        return [r for r in self.requests if r.url.path.endswith("/run/send")]
 
 
 def settings(**overrides: Any) -> SidecarSettings:
@@ -724,3 +735,83 @@ async def test_only_signed_posts_take_the_webhook_path(sidecar: Sidecar) -> None
     assert (await sidecar.client.post(f"/v1/awakeables/{ID_A}/approve")).status_code == 405
     assert (await sidecar.client.post(f"/v1/awakeables/{ID_A}/cancel")).status_code == 404
     assert sidecar.restate.completions == []
+
+
+# --------------------------------------------------------------------------------------------
+# Runs started by webhook
+
+
+def signed_run(
+    body: bytes, path: str, timestamp: int | None = None, **extra: str
+) -> dict[str, str]:
+    return {
+        **sign_request(SECRET.encode(), body, path=path, timestamp=timestamp),
+        "content-type": "application/json",
+        **extra,
+    }
+
+
+async def test_a_signed_webhook_starts_a_run_once(sidecar: Sidecar) -> None:
+    path = "/v1/sessions/ticket-42/runs"
+    body = json.dumps({"prompt": "triage ticket 42"}).encode()
+    started = await sidecar.client.post(
+        path, content=body, headers=signed_run(body, path, **{"idempotency-key": "delivery-7"})
+    )
+    assert started.status_code == 202, started.text
+    assert started.json() == {
+        "session": "ticket-42", "invocation_id": "inv_delivery-7", "status": "Accepted"
+    }  # fmt: skip
+    [sent] = sidecar.restate.runs
+    assert sent.url.path == f"/ingress/{AGENT}/ticket-42/run/send"
+    assert json.loads(sent.content) == {"prompt": "triage ticket 42"}
+    assert sent.headers["idempotency-key"] == "delivery-7"
+    # The sender retries the delivery a second later (a fresh signature, the same key): one run.
+    retry = signed_run(body, path, int(time.time()) + 1, **{"idempotency-key": "delivery-7"})
+    again = await sidecar.client.post(path, content=body, headers=retry)
+    assert again.json()["status"] == "PreviouslyAccepted"
+    assert await sidecar.metric("tether_webhook_requests_total", outcome="run_started") == 2
+
+
+BAD_RUNS: dict[str, tuple[str, bytes, dict[str, str], int, str]] = {
+    "unsigned": ("ok", b'{"prompt": "x"}', {"x-tether-signature": ""}, 401, "bad_signature"),
+    "bad session id": ("a%20b", b'{"prompt": "x"}', {}, 400, "bad_id"),
+    "no prompt": ("ok", b'{"task": "x"}', {}, 400, "bad_body"),
+    "empty prompt": ("ok", b'{"prompt": " "}', {}, 400, "bad_body"),
+    "extra keys": ("ok", b'{"prompt": "x", "model": "y"}', {}, 400, "bad_body"),
+    "not json": ("ok", b"prompt=x", {}, 400, "bad_body"),
+    "form": (
+        "ok",
+        b'{"prompt": "x"}',
+        {"content-type": "text/plain"},
+        415,
+        "unsupported_media_type",
+    ),
+    "bad key": ("ok", b'{"prompt": "x"}', {"idempotency-key": "a b"}, 400, "bad_body"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RUNS), ids=list(BAD_RUNS))
+async def test_bad_run_requests_start_nothing(sidecar: Sidecar, case: str) -> None:
+    session, body, headers, status, outcome = BAD_RUNS[case]
+    path = f"/v1/sessions/{session}/runs"
+    signed = {**signed_run(body, path.replace("%20", " ")), **headers}
+    response = await sidecar.client.post(path, content=body, headers=signed)
+    assert (response.status_code, response.json()["outcome"]) == (status, outcome), response.text
+    assert sidecar.restate.runs == []
+
+
+async def test_a_run_request_is_not_replayed_and_survives_restate_being_down(
+    sidecar: Sidecar,
+) -> None:
+    path = "/v1/sessions/s9/runs"
+    body = b'{"prompt": "go"}'
+    headers = signed_run(body, path)
+    sidecar.restate.reachable = False
+    down = await sidecar.client.post(path, content=body, headers=headers)
+    assert (down.status_code, down.json()["outcome"]) == (503, "restate_unavailable")
+    sidecar.restate.reachable = True
+    sent = await sidecar.client.post(path, content=body, headers=headers)  # the same signature
+    assert sent.status_code == 202, sent.text
+    replayed = await sidecar.client.post(path, content=body, headers=headers)
+    assert (replayed.status_code, replayed.json()["outcome"]) == (409, "replayed")
+    assert len([r for r in sidecar.restate.runs if r.content == body]) == 2  # down + sent

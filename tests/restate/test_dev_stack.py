@@ -62,6 +62,20 @@ def result_of(stack: DevStack, invocation: str) -> Any:
     return httpx2.get(url, timeout=120).json()
 
 
+def approve_and_finish(stack: DevStack, invocation: str, workspace: Path) -> dict[str, Any]:
+    """Approve the one parked call by its signed link; the run completes and writes out.txt.
+    Returns the call's record."""
+    [call] = wait_until(lambda: approvals(stack), what="a parked call")
+    expires = int(time.time()) + 600
+    link = signed_link(
+        stack.sidecar_url, stack.secret.encode(), "approve", call["awakeable_id"], expires
+    )
+    assert httpx2.get(link, timeout=30).status_code == 200
+    assert result_of(stack, invocation)["status"] == "completed"
+    assert (workspace / "out.txt").read_text() == "yes"
+    return call
+
+
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
@@ -74,14 +88,7 @@ def test_approve_by_signed_link_and_reject_by_tether_resolve(
     stack: DevStack, tmp_path: Path
 ) -> None:
     invocation = start_run(stack, "a")
-    [call] = wait_until(lambda: approvals(stack), what="a parked call")
-    expires = int(time.time()) + 600
-    link = signed_link(
-        stack.sidecar_url, stack.secret.encode(), "approve", call["awakeable_id"], expires
-    )
-    assert httpx2.get(link, timeout=30).status_code == 200
-    assert result_of(stack, invocation)["status"] == "completed"
-    assert (tmp_path / "out.txt").read_text() == "yes"
+    approve_and_finish(stack, invocation, tmp_path)
     (tmp_path / "out.txt").unlink()
 
     second = start_run(stack, "b")
@@ -184,3 +191,29 @@ def test_the_first_answer_wins_when_two_reach_restate(
         os.killpg(worker, signal.SIGCONT)
     assert result_of(stack, invocation)["status"] == "completed"
     assert (tmp_path / "out.txt").exists() == first
+
+
+def test_a_signed_webhook_starts_a_run_once(stack: DevStack, tmp_path: Path) -> None:
+    """`POST /v1/sessions/{id}/runs` through the real sidecar and ingress: a retried delivery
+    with the same Idempotency-Key is the same run."""
+    path = "/v1/sessions/hooked/runs"
+    body = json.dumps({"prompt": "write it"}).encode()
+
+    def deliver(timestamp: int | None = None) -> httpx2.Response:
+        headers = {
+            **sign_request(stack.secret.encode(), body, path=path, timestamp=timestamp),
+            "content-type": "application/json",
+            "idempotency-key": "delivery-1",
+        }
+        return httpx2.post(f"{stack.sidecar_url}{path}", content=body, headers=headers, timeout=30)
+
+    first = deliver()
+    assert first.status_code == 202, first.text
+    invocation = first.json()["invocation_id"]
+    assert first.json()["status"] == "Accepted"
+    retried = deliver(int(time.time()) + 1)
+    assert retried.status_code == 202, retried.text
+    assert retried.json() == {
+        "session": "hooked", "invocation_id": invocation, "status": "PreviouslyAccepted"
+    }  # fmt: skip
+    assert approve_and_finish(stack, invocation, tmp_path)["session"] == "hooked"

@@ -16,6 +16,7 @@ Outcome = Literal[
     "approved",
     "denied",
     "listed",
+    "run_started",
     "bad_signature",
     "expired",
     "replayed",

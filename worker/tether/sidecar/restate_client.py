@@ -43,8 +43,16 @@ class RestateClient:
         if self._session is not None:
             await self._session.close()
 
-    async def _post(self, url: str, body: bytes, content_type: str, what: str) -> tuple[int, bytes]:
+    async def _post(
+        self,
+        url: str,
+        body: bytes,
+        content_type: str,
+        what: str,
+        extra_headers: dict[str, str] | None = None,
+    ) -> tuple[int, bytes]:
         headers = {"content-type": content_type, "accept": "application/json"}
+        headers.update(extra_headers or {})
         try:
             async with self._client().post(url, data=body, headers=headers) as response:
                 return response.status, await response.read()
@@ -73,6 +81,20 @@ class RestateClient:
         """`POST {ingress}/restate/awakeables/{id}/reject`; the text becomes the failure message
         (a `TerminalError` in the waiting handler)."""
         await self._complete(awakeable_id, "reject", reason.encode(), "text/plain; charset=utf-8")
+
+    async def send_run(
+        self, agent: str, session: str, request_json: bytes, idempotency_key: str | None
+    ) -> dict[str, Any]:
+        """`POST {ingress}/{agent}/{session}/run/send`: Restate's answer (`invocationId`,
+        `status`: `Accepted`, or `PreviouslyAccepted` for a known idempotency key)."""
+        url = f"{self._ingress}/{agent}/{session}/run/send"
+        headers = {"idempotency-key": idempotency_key} if idempotency_key else None
+        status, answer = await self._post(url, request_json, "application/json", "run", headers)
+        if not 200 <= status < 300:
+            log.warning("run of %s: Restate answered HTTP %s: %s", session, status, answer[:300])
+            raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
+        sent: dict[str, Any] = json.loads(answer)
+        return sent
 
     async def query(self, sql: str) -> list[dict[str, Any]]:
         """Rows of an admin-API SQL query (`POST {admin}/query`, JSON rows)."""
