@@ -3,6 +3,7 @@
 from .agent import Agent, AgentBusyError, create_agent
 from .behavior import Behavior
 from .hooks import HOOK_NAMES, Hooks
+from .inbox import Inbox, MemoryInbox
 from .stats import AgentStats, AgentStatus
 
 __all__ = [
@@ -13,5 +14,7 @@ __all__ = [
     "AgentStatus",
     "Behavior",
     "Hooks",
+    "Inbox",
+    "MemoryInbox",
     "create_agent",
 ]

@@ -16,6 +16,7 @@ from ..tools.base import ToolDef
 from .abort import AbortSignal
 from .behavior import Behavior
 from .hooks import Hooks, HooksInit
+from .inbox import Inbox
 from .loop import AgentRun
 from .stats import AgentStats
 
@@ -39,6 +40,7 @@ class Agent:
         hooks: Hooks | HooksInit | None = None,
         depth: int = 0,
         tool_extras: dict[str, Any] | None = None,
+        inbox: Inbox | None = None,
     ) -> None:
         names = [t.name for t in tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -53,6 +55,7 @@ class Agent:
         self.hooks = hooks if isinstance(hooks, Hooks) else Hooks(hooks)
         self.depth = depth
         self.tool_extras = dict(tool_extras or {})
+        self.inbox = inbox
         self._abort: AbortSignal | None = None
         self._running = False
         self.durable.on_live(self._replay_done)
@@ -125,9 +128,11 @@ def create_agent(
     session: Session | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
     hooks: Hooks | HooksInit | None = None,
+    inbox: Inbox | None = None,
 ) -> Agent:
     """Build an agent. `durable=None` runs on the in-memory runtime; `session=None` keeps the
-    conversation in a session of the runtime's store."""
+    conversation in a session of the runtime's store; `inbox` lets messages reach it while it
+    runs (`tether.agent.inbox`)."""
     return Agent(
         provider=provider,
         tools=tools,
@@ -136,4 +141,5 @@ def create_agent(
         session=session,
         behavior=behavior,
         hooks=hooks,
+        inbox=inbox,
     )

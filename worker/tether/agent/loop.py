@@ -99,10 +99,24 @@ class AgentRun:
             self.stats.text = text_of(content) or self.stats.text
             calls = tool_uses(content)
             if not calls:
-                return "completed", None
+                follow_ups = await self._take_messages(turn)
+                if not follow_ups:
+                    return "completed", None
+                await self._append("user", follow_ups, created_at=response["at"])
+                turn += 1
+                continue
             results, finished_at = await self.tools.execute(calls, turn_id)
-            await self._append("user", list(results), created_at=finished_at)
+            steering = await self._take_messages(turn)
+            await self._append("user", [*results, *steering], created_at=finished_at)
             turn += 1
+
+    async def _take_messages(self, turn: int) -> list[Any]:
+        """The inbox's messages at the end of `turn`, as text blocks (none without an inbox)."""
+        inbox = self.agent.inbox
+        if inbox is None:
+            return []
+        messages = await inbox.take(self.durable, f"inbox:{turn}")
+        return [text_block(message) for message in messages]
 
     def _decide(self) -> str:
         behavior = self.behavior

@@ -1,0 +1,94 @@
+"""Messages for a running agent (`MemoryInbox`): taken at turn boundaries, journaled, replayed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from helpers import RecordingProvider, calls
+from tether import create_agent, tool
+from tether.agent import Agent, MemoryInbox
+from tether.durable import MemoryJournal, memory_runtime
+
+
+def make_agent(journal: MemoryJournal, provider: Any, tools: list[Any], inbox: Any) -> Agent:
+    durable = memory_runtime(journal=journal, run_id="run-1")
+    return create_agent(provider=provider, tools=tools, durable=durable, inbox=inbox)
+
+
+def texts(content: list[dict[str, Any]]) -> list[str]:
+    return [b["text"] for b in content if b["type"] == "text"]
+
+
+async def test_a_message_posted_while_a_tool_runs_joins_its_results() -> None:
+    inbox = MemoryInbox()
+
+    @tool
+    async def deploy() -> str:
+        """Deploys."""
+        inbox.post("use the blue cluster")  # a person writes while the call runs
+        return "deployed"
+
+    provider = RecordingProvider([calls("deploy"), {"text": "done"}])
+    agent = make_agent(MemoryJournal(), provider, [deploy], inbox)
+    stats = await agent.run("deploy it")
+    assert stats.status == "completed" and stats.turns == 2
+    assert agent.session is not None
+    results = agent.session.turns[2]
+    assert results.role == "user"
+    assert [b["type"] for b in results.content] == ["tool_result", "text"]
+    assert texts(results.content) == ["use the blue cluster"]
+    # The model's second request carries the message after the tool result.
+    last = provider.requests[1].messages[-1]
+    assert texts(last["content"]) == ["use the blue cluster"]
+
+
+async def test_a_message_after_the_answer_is_a_follow_up() -> None:
+    inbox = MemoryInbox()
+    inbox.post("and the changelog?")
+    provider = RecordingProvider([{"text": "notes written"}, {"text": "changelog written"}])
+    agent = make_agent(MemoryJournal(), provider, [], inbox)
+    stats = await agent.run("write the notes")
+    assert (stats.status, stats.text, stats.turns) == ("completed", "changelog written", 2)
+    assert agent.session is not None
+    assert [(t.role, texts(t.content)) for t in agent.session.turns] == [
+        ("user", ["write the notes"]),
+        ("assistant", ["notes written"]),
+        ("user", ["and the changelog?"]),
+        ("assistant", ["changelog written"]),
+    ]
+
+
+async def test_a_replay_sees_the_same_messages_at_the_same_places() -> None:
+    journal = MemoryJournal()
+    inbox = MemoryInbox()
+    executions = []
+
+    @tool
+    async def step(n: int) -> str:
+        """Steps."""
+        executions.append(n)
+        if n == 1:
+            inbox.post("go faster")
+        return f"step {n}"
+
+    script = [calls("step", step={"n": 1}), calls("step", step={"n": 2}), {"text": "done"}]
+    first = make_agent(journal, RecordingProvider(script), [step], inbox)
+    await first.run("go")
+    # A replay with a different message waiting: the journal decides, nothing is taken twice,
+    # and the new message stays for a later run.
+    later = MemoryInbox()
+    later.post("a message for later")
+    provider = RecordingProvider(script)
+    second = make_agent(journal, provider, [step], later)
+    await second.run("go")
+    assert executions == [1, 2] and provider.requests == []
+    assert first.session is not None and second.session is not None
+    assert [t.content for t in second.session.turns] == [t.content for t in first.session.turns]
+    assert await later.take(memory_runtime(), "check") == ["a message for later"]
+
+
+async def test_without_an_inbox_the_journal_is_unchanged() -> None:
+    journal = MemoryJournal()
+    await make_agent(journal, RecordingProvider([{"text": "hi"}]), [], None).run("hello")
+    names = journal.names()
+    assert names and not [name for name in names if name.startswith("inbox:")]
