@@ -74,7 +74,7 @@ def agent_worker(
 ) -> Iterator[Callable[[dict[str, Any]], HypercornWorker]]:
     workers: list[HypercornWorker] = []
 
-    def start(document: dict[str, Any]) -> HypercornWorker:
+    def start(document: dict[str, Any], **extra_env: str) -> HypercornWorker:
         spec = tmp_path / f"{document['metadata']['name']}.yaml"
         spec.write_text(yaml.safe_dump(document))
         command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
@@ -83,6 +83,7 @@ def agent_worker(
             "TETHER_WORKSPACE": str(tmp_path),
             "TETHER_WEBHOOK_SECRET": "s3cret",
             "TETHER_WEBHOOK_BASE_URL": "http://sidecar.example",
+            **extra_env,
         }
         worker = HypercornWorker("", command=command, env=env)
         workers.append(worker)
@@ -256,3 +257,44 @@ def test_a_sigtermed_worker_exits_and_its_run_resumes_elsewhere(
     worker.restart()  # "elsewhere": a new worker behind the same URL
     result = result_of(restate_server, invocation)
     assert result["status"] == "completed" and result["text"] == "done"
+
+
+STUBBORN_TOOL = """
+import asyncio
+import os
+from pathlib import Path
+
+from tether import tool
+
+
+@tool
+async def stubborn() -> str:
+    \"\"\"Works forever and ignores cancellation.\"\"\"
+    (Path(os.environ["TETHER_WORKSPACE"]) / "stubborn.started").write_text("yes")
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            continue
+"""
+
+
+def test_a_worker_that_does_not_drain_is_stopped_after_its_graceful_timeout(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path
+) -> None:
+    """hypercorn waits for in-flight work on SIGTERM; a stream that never ends would keep the
+    worker alive until Kubernetes kills the pod. `tether worker` ends it itself."""
+    (tmp_path / "stubborn_tools.py").write_text(STUBBORN_TOOL)
+    agent = name()
+    document = manifest(agent, [{"tool_calls": [{"name": "stubborn", "input": {}}]}])
+    document["spec"]["tools"] = [{"name": "stubborn", "python": "stubborn_tools:stubborn"}]
+    worker = agent_worker(document, TETHER_WORKER_GRACEFUL_TIMEOUT="3")
+    send_run(restate_server, agent, "s1", "work")
+    wait_until(lambda: (tmp_path / "stubborn.started").exists(), what="the tool to start")
+    assert worker.pid is not None
+    os.kill(worker.pid, signal.SIGTERM)
+    started = time.monotonic()
+    wait_until(lambda: worker.returncode() is not None, timeout=30, what="the worker to exit")
+    assert time.monotonic() - started < 3 + 2 + 2  # graceful timeout + margin + polling
+    assert worker.returncode() == 1
+    assert "did not stop within its graceful timeout" in worker.log_tail()

@@ -280,9 +280,12 @@ def approvals_command(args: argparse.Namespace) -> int:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    """Check the manifest and settings here (clear errors), then become the hypercorn CLI."""
+    """Check the manifest and settings here (clear errors), then run the hypercorn CLI under a
+    hard deadline after SIGTERM (`tether.worker.supervise`)."""
     from .worker.agent_object import build_provider
+    from .worker.hypercorn_config import graceful_timeout
     from .worker.settings import settings_from_env
+    from .worker.supervise import run_supervised
 
     env = {
         **os.environ,
@@ -293,7 +296,7 @@ def worker_command(args: argparse.Namespace) -> int:
     build_provider(settings_from_env(env))
     command = [sys.executable, "-m", "hypercorn", "--config"]
     command += ["python:tether.worker.hypercorn_config", "tether.worker.asgi:app"]
-    os.execvpe(sys.executable, command, env)
+    return run_supervised(command, env, graceful_timeout)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,8 @@
 HTTP/2 cleartext, so Restate keeps one bidirectional stream per invocation; the limits are
 Restate's recommendation. The hypercorn CLI runs the app in a child process and handles
 SIGTERM in the parent, which stops accepting work and waits `graceful_timeout` for in-flight
-invocations; Restate resumes any it cuts off on another worker from the journal.
+invocations; `tether worker` kills what is left soon after (`tether.worker.supervise`), and
+Restate resumes what was cut off on another worker from the journal.
 """
 
 import os

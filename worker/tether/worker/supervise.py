@@ -1,0 +1,70 @@
+"""`tether worker`'s own process: hypercorn as a child, with a hard deadline after SIGTERM.
+
+On SIGTERM hypercorn stops taking connections and waits `graceful_timeout` for the invocations
+in flight. It does not always stop there: a stream that ignores cancellation, or a new invocation
+Restate opens on the draining worker (a call that a run there waits for), keeps it alive until
+Kubernetes SIGKILLs the pod at the end of its grace period. This process ends it a moment after
+the graceful timeout, so Restate takes the runs elsewhere as soon as it can: they resume from
+their journals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+
+log = logging.getLogger("tether.worker")
+HARD_EXIT_MARGIN = 2.0
+"""Seconds past the graceful timeout before the worker's processes are killed."""
+
+
+def _descendants(pid: int) -> list[int]:
+    """`pid`'s children, grandchildren, ... (Linux `/proc`; empty elsewhere)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        found += [int(c) for c in children]
+        pending += [int(c) for c in children]
+    return found
+
+
+def run_supervised(command: list[str], env: Mapping[str, str], graceful_timeout: float) -> int:
+    """Run `command` (the hypercorn CLI) until it exits; forward SIGTERM and SIGINT to it, and
+    kill it and its workers if it is still there `graceful_timeout` + a margin after."""
+    # The same process group as this process, so that a kill of the group reaches it too.
+    child = subprocess.Popen(command, env=dict(env))
+    deadline: float | None = None
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        nonlocal deadline
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+        if deadline is None:
+            deadline = time.monotonic() + graceful_timeout + HARD_EXIT_MARGIN
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while True:
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if deadline is None or time.monotonic() < deadline:
+                continue
+        log.warning("the worker did not stop within its graceful timeout; killing it")
+        for pid in [*_descendants(child.pid), child.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        child.wait()
+        return 1
