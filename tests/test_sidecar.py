@@ -131,6 +131,8 @@ class FakeRestate:
             return web.Response(status=200 if self.healthy else 503)
         if path.startswith("/ingress/restate/awakeables/"):
             return web.Response(status=self.ingress_status)
+        if path.startswith(f"/ingress/{AGENT}-inbox/") and path.endswith("/post"):
+            return web.json_response({"waiting": len(self.messages)})
         if path.startswith(f"/ingress/{AGENT}/") and path.endswith("/run/send"):
             key = headers.get("idempotency-key")
             seen = key is not None and any(
@@ -139,6 +141,10 @@ class FakeRestate:
             status = "PreviouslyAccepted" if seen else "Accepted"
             return web.json_response({"invocationId": f"inv_{key or 'x'}", "status": status})
         return web.Response(status=404)
+
+    @property
+    def messages(self) -> list[Recorded]:
+        return [r for r in self.requests if r.url.path.startswith(f"/ingress/{AGENT}-inbox/")]
 
     @property
     def runs(self) -> list[Recorded]:
@@ -815,3 +821,25 @@ async def test_a_run_request_is_not_replayed_and_survives_restate_being_down(
     replayed = await sidecar.client.post(path, content=body, headers=headers)
     assert (replayed.status_code, replayed.json()["outcome"]) == (409, "replayed")
     assert len([r for r in sidecar.restate.runs if r.content == body]) == 2  # down + sent
+
+
+async def test_a_signed_message_goes_to_the_sessions_inbox(sidecar: Sidecar) -> None:
+    path = "/v1/sessions/ticket-42/messages"
+    body = json.dumps({"text": "the customer called back"}).encode()
+    posted = await sidecar.client.post(path, content=body, headers=signed_run(body, path))
+    assert posted.status_code == 202, posted.text
+    assert posted.json() == {"session": "ticket-42", "waiting": 1}
+    [sent] = sidecar.restate.messages
+    assert sent.url.path == f"/ingress/{AGENT}-inbox/ticket-42/post"
+    assert json.loads(sent.content) == {"text": "the customer called back"}
+    replayed = await sidecar.client.post(path, content=body, headers=signed_run(body, path))
+    assert (replayed.status_code, replayed.json()["outcome"]) == (409, "replayed")
+    unsigned = await sidecar.client.post(
+        path, content=body, headers={"content-type": "application/json"}
+    )
+    assert unsigned.status_code == 401
+    for bad in (b'{"text": ""}', b'{"text": "x", "to": "y"}', b'{"prompt": "x"}'):
+        refused = await sidecar.client.post(path, content=bad, headers=signed_run(bad, path))
+        assert (refused.status_code, refused.json()["outcome"]) == (400, "bad_body")
+    assert len(sidecar.restate.messages) == 1
+    assert await sidecar.metric("tether_webhook_requests_total", outcome="message_posted") == 1

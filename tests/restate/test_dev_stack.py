@@ -217,3 +217,28 @@ def test_a_signed_webhook_starts_a_run_once(stack: DevStack, tmp_path: Path) -> 
         "session": "hooked", "invocation_id": invocation, "status": "PreviouslyAccepted"
     }  # fmt: skip
     assert approve_and_finish(stack, invocation, tmp_path)["session"] == "hooked"
+
+
+def test_a_message_reaches_the_running_agent_at_its_next_turn(
+    stack: DevStack, tmp_path: Path
+) -> None:
+    """Posted through the sidecar while the run waits for an approval, the message joins the
+    tool results of that turn: the model reads it before it goes on."""
+    invocation = start_run(stack, "talk")
+    wait_until(lambda: approvals(stack), what="the parked call")
+    path = "/v1/sessions/talk/messages"
+    body = json.dumps({"text": "ship it to staging first"}).encode()
+    headers = {
+        **sign_request(stack.secret.encode(), body, path=path),
+        "content-type": "application/json",
+    }
+    posted = httpx2.post(f"{stack.sidecar_url}{path}", content=body, headers=headers, timeout=30)
+    assert posted.status_code == 202, posted.text
+    assert posted.json() == {"session": "talk", "waiting": 1}
+    approve_and_finish(stack, invocation, tmp_path)
+    url = f"{stack.server.ingress_url}/{stack.agent}/talk/session"
+    turns = httpx2.post(url, timeout=30).json()["turns"]
+    results = turns[2]
+    assert results["role"] == "user"
+    assert [b["type"] for b in results["content"]] == ["tool_result", "text"]
+    assert results["content"][1]["text"] == "ship it to staging first"

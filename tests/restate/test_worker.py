@@ -83,6 +83,8 @@ def agent_worker(
             "TETHER_WORKSPACE": str(tmp_path),
             "TETHER_WEBHOOK_SECRET": "s3cret",
             "TETHER_WEBHOOK_BASE_URL": "http://sidecar.example",
+            # Teardown stops workers that may be mid-run: do not wait the default 20 s for them.
+            "TETHER_WORKER_GRACEFUL_TIMEOUT": "3",
             **extra_env,
         }
         worker = HypercornWorker("", command=command, env=env)

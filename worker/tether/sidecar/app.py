@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from . import approvals, health, metrics, runs
+from . import approvals, health, metrics, sessions
 from .awakeable_id import loggable_id
 from .context import Sidecar
 from .pages import link_page
@@ -66,7 +66,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.add_exception_handler(Rejection, _rejected)
     app.add_middleware(SignedPosts, sidecar=sidecar)
     app.include_router(approvals.router)
-    app.include_router(runs.router)
+    app.include_router(sessions.router)
     app.include_router(metrics.router)
     app.include_router(health.router)
     return app

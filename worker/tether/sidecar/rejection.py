@@ -17,6 +17,7 @@ Outcome = Literal[
     "denied",
     "listed",
     "run_started",
+    "message_posted",
     "bad_signature",
     "expired",
     "replayed",

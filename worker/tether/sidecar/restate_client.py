@@ -82,6 +82,17 @@ class RestateClient:
         (a `TerminalError` in the waiting handler)."""
         await self._complete(awakeable_id, "reject", reason.encode(), "text/plain; charset=utf-8")
 
+    async def _call_json(
+        self, url: str, body: bytes, what: str, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """POST JSON to a handler through the ingress; its JSON answer, or a 502 `Rejection`."""
+        status, answer = await self._post(url, body, "application/json", what, headers)
+        if not 200 <= status < 300:
+            log.warning("%s: Restate answered HTTP %s: %s", what, status, answer[:300])
+            raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
+        result: dict[str, Any] = json.loads(answer)
+        return result
+
     async def send_run(
         self, agent: str, session: str, request_json: bytes, idempotency_key: str | None
     ) -> dict[str, Any]:
@@ -89,12 +100,12 @@ class RestateClient:
         `status`: `Accepted`, or `PreviouslyAccepted` for a known idempotency key)."""
         url = f"{self._ingress}/{agent}/{session}/run/send"
         headers = {"idempotency-key": idempotency_key} if idempotency_key else None
-        status, answer = await self._post(url, request_json, "application/json", "run", headers)
-        if not 200 <= status < 300:
-            log.warning("run of %s: Restate answered HTTP %s: %s", session, status, answer[:300])
-            raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
-        sent: dict[str, Any] = json.loads(answer)
-        return sent
+        return await self._call_json(url, request_json, f"run of {session}", headers)
+
+    async def post_message(self, agent: str, session: str, message_json: bytes) -> dict[str, Any]:
+        """`POST {ingress}/{agent}-inbox/{session}/post`: the inbox's answer (`waiting`)."""
+        url = f"{self._ingress}/{agent}-inbox/{session}/post"
+        return await self._call_json(url, message_json, f"message to {session}")
 
     async def query(self, sql: str) -> list[dict[str, Any]]:
         """Rows of an admin-API SQL query (`POST {admin}/query`, JSON rows)."""

@@ -1,7 +1,8 @@
 """The agent as Restate services: a virtual object per session, keyed by session id.
 
 `<agent>/<session>/run` (exclusive) runs the agent on `restate_runtime` with the session in the
-object's state; `session` and `pending` (shared) read it while a run is going on.
+object's state; `session` and `pending` (shared) read it while a run is going on;
+`<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`).
 
 With `spec.subagents`, the agent has a `spawn` tool (`restate_spawn_tool`). Each child is an
 invocation of the exclusive `child` handler of the same object, keyed `<parent key>::<label>`
@@ -49,6 +50,7 @@ from ..restate import (
 from ..session import create_session, load_session
 from ..spec import SpecError, parse_duration
 from ..tools.base import ToolContext, ToolDef
+from .inbox import RestateInbox, inbox_object
 from .parking import ParkSettings, restate_wait
 from .settings import WorkerSettings
 
@@ -124,8 +126,8 @@ def build_provider(settings: WorkerSettings) -> Provider:
     return provider_from_spec(spec, key or "")
 
 
-def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
-    """The agent's virtual object, named after the agent."""
+def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
+    """The agent's virtual object, named after the agent, and its sessions' inbox."""
     manifest = settings.manifest
     spec = manifest.spec
     check_subagents(spec)
@@ -140,6 +142,7 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
         webhook_secret=settings.webhook_secret,
         webhook_base_url=settings.webhook_base_url,
     )
+    inbox, take_messages = inbox_object(manifest.metadata.name)
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -191,6 +194,7 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
             session=session,
             behavior=behavior,
             hooks=hooks_for(durable),
+            inbox=RestateInbox(ctx, take_messages),
         )
         stats = await agent.run(request.prompt)
         if subagents is not None:
@@ -239,4 +243,4 @@ def agent_object(settings: WorkerSettings) -> restate.VirtualObject:
                 calls += await ctx.object_call(pending, key=child_session, arg=None)
         return sorted(calls, key=lambda call: call["created_at"])
 
-    return obj
+    return [obj, inbox]

@@ -8,10 +8,10 @@ import sys
 
 import restate
 
-from .agent_object import agent_object
+from .agent_object import agent_services
 from .settings import settings_from_env
 
 settings = settings_from_env()
 # `python:` tools of a manifest may sit next to it (an example); images install them instead.
 sys.path.insert(0, str(settings.spec_path.parent))
-app = restate.app([agent_object(settings)])
+app = restate.app(agent_services(settings))

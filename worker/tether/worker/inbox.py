@@ -1,0 +1,68 @@
+"""The inbox of a session on Restate: messages for a running agent (`tether.agent.inbox`).
+
+A running session holds its agent object's lock (the exclusive `run` handler), so messages go
+to a second virtual object, `<agent>-inbox`, keyed by the same session id: `post` appends a
+message to its state, `take` hands over and clears what is there. The run calls `take` at each
+turn boundary; Restate journals the call and its answer, so a replay gets the same messages and
+a message is taken once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import restate
+from restate.exceptions import TerminalError
+
+from ..durable.protocol import DurableRuntime
+
+INBOX_SUFFIX = "-inbox"
+MESSAGES_STATE_KEY = "messages"
+MAX_MESSAGE_CHARS = 20_000
+
+
+def inbox_service_name(agent: str) -> str:
+    return f"{agent}{INBOX_SUFFIX}"
+
+
+class RestateInbox:
+    """The `Inbox` of the session the run handler's context is keyed by."""
+
+    def __init__(self, ctx: restate.ObjectContext, take: Any) -> None:
+        self._ctx = ctx
+        self._take = take
+
+    async def take(self, durable: DurableRuntime, where: str) -> list[str]:
+        messages: list[str] = await self._ctx.object_call(self._take, key=self._ctx.key(), arg=None)
+        return messages
+
+
+def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
+    """The inbox object of `agent`, and its `take` handler (for `RestateInbox`)."""
+    obj = restate.VirtualObject(
+        inbox_service_name(agent),
+        description=f"Messages for the {agent} agent's running sessions (key: session id).",
+    )
+
+    @obj.handler()
+    async def post(ctx: restate.ObjectContext, message: dict[str, Any]) -> dict[str, int]:
+        """Leave `{"text": "..."}` for the session's agent; it reads it at its next turn."""
+        text = message.get("text") if isinstance(message, dict) else None
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_MESSAGE_CHARS:
+            raise TerminalError(
+                f'expected {{"text": "<1-{MAX_MESSAGE_CHARS} characters>"}}', status_code=400
+            )
+        messages: list[str] = await ctx.get(MESSAGES_STATE_KEY) or []
+        messages.append(text)
+        ctx.set(MESSAGES_STATE_KEY, messages)
+        return {"waiting": len(messages)}
+
+    @obj.handler()
+    async def take(ctx: restate.ObjectContext) -> list[str]:
+        """Everything posted since the last take (and nothing again)."""
+        messages: list[str] = await ctx.get(MESSAGES_STATE_KEY) or []
+        if messages:
+            ctx.clear(MESSAGES_STATE_KEY)
+        return messages
+
+    return obj, take
