@@ -188,8 +188,8 @@ async def register_desired(
         if taken_by is not None:
             raise RestateError(
                 "ServiceNameTaken",
-                f"the Restate service {name!r} is served by {taken_by}; Restate's service names "
-                "are shared by all namespaces, so give this agent another name",
+                f"the Restate services of {name!r} are served by {taken_by}; Restate's service "
+                "names are shared by all namespaces, so give this agent another name",
             )
         deployment_id = await op.restate.register(url, restate_metadata(namespace, name, desired))
     except RestateError as error:

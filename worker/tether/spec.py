@@ -378,6 +378,15 @@ class Metadata(BaseModel):
     namespace: str | None = None
 
 
+INBOX_SUFFIX = "-inbox"
+
+
+def restate_services(agent: str) -> tuple[str, str]:
+    """The Restate services an agent's worker serves: the agent's object (a session per key)
+    and its sessions' inbox (`tether.worker.inbox`)."""
+    return agent, f"{agent}{INBOX_SUFFIX}"
+
+
 class DurableAgent(BaseModel):
     """A `DurableAgent` manifest."""
 

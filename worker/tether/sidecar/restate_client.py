@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from ..spec import restate_services
 from .rejection import Rejection
 
 log = logging.getLogger("tether.sidecar")
@@ -104,7 +105,7 @@ class RestateClient:
 
     async def post_message(self, agent: str, session: str, message_json: bytes) -> dict[str, Any]:
         """`POST {ingress}/{agent}-inbox/{session}/post`: the inbox's answer (`waiting`)."""
-        url = f"{self._ingress}/{agent}-inbox/{session}/post"
+        url = f"{self._ingress}/{restate_services(agent)[1]}/{session}/post"
         return await self._call_json(url, message_json, f"message to {session}")
 
     async def query(self, sql: str) -> list[dict[str, Any]]:

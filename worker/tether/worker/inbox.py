@@ -15,14 +15,10 @@ import restate
 from restate.exceptions import TerminalError
 
 from ..durable.protocol import DurableRuntime
+from ..spec import restate_services
 
-INBOX_SUFFIX = "-inbox"
 MESSAGES_STATE_KEY = "messages"
 MAX_MESSAGE_CHARS = 20_000
-
-
-def inbox_service_name(agent: str) -> str:
-    return f"{agent}{INBOX_SUFFIX}"
 
 
 class RestateInbox:
@@ -40,7 +36,7 @@ class RestateInbox:
 def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
     """The inbox object of `agent`, and its `take` handler (for `RestateInbox`)."""
     obj = restate.VirtualObject(
-        inbox_service_name(agent),
+        restate_services(agent)[1],
         description=f"Messages for the {agent} agent's running sessions (key: session id).",
     )
 
