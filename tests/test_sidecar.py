@@ -321,7 +321,6 @@ async def test_a_call_parked_after_the_last_read_is_found(sidecar: Sidecar) -> N
     assert len(sidecar.restate.completions) == 1
 
 
-NOW = int(time.time())
 SUPERSCRIPT = "\u00b9\u00b2".encode("latin-1")  # str.isdigit() is true, int() fails
 
 
@@ -334,51 +333,54 @@ class Bad:
     value: Any = field(default_factory=lambda: {"approved": True})
 
 
-BAD_POSTS: dict[str, Bad] = {
-    "no signature": Bad(401, "bad_signature", kwargs={"headers": {"x-tether-signature": ""}}),
-    "wrong secret": Bad(401, "bad_signature", kwargs={"secret": "another-secret-of-16+"}),
-    "tampered body": Bad(401, "bad_signature", kwargs={"signed_body": b'{"approved": false}'}),
-    "unknown scheme": Bad(
-        401, "bad_signature", kwargs={"headers": {"x-tether-signature": "v2=abc"}}
-    ),
-    "non-ascii digits": Bad(
-        401,
-        "bad_signature",
-        kwargs={"headers": {"x-tether-timestamp": "\u00b9\u00b2".encode("latin-1")}},
-    ),
-    "expired timestamp": Bad(401, "expired", kwargs={"timestamp": NOW - 2 * TOLERANCE_SECONDS}),
-    "future timestamp": Bad(401, "expired", kwargs={"timestamp": NOW + 2 * TOLERANCE_SECONDS}),
-    "oversized body": Bad(413, "too_large", value="x" * (LIMIT + 1)),
-    "lying content-length": Bad(
-        413, "too_large", kwargs={"headers": {"content-length": str(LIMIT + 10)}}
-    ),
-    "text/plain": Bad(415, "unsupported_media_type", kwargs={"content_type": "text/plain"}),
-    "no content type": Bad(415, "unsupported_media_type", kwargs={"content_type": None}),
-    "form": Bad(
-        415,
-        "unsupported_media_type",
-        kwargs={"content_type": "application/x-www-form-urlencoded"},
-    ),
-    "malformed id": Bad(400, "bad_id", awakeable_id="not%20an%20id"),
-    "encoded traversal": Bad(400, "bad_id", awakeable_id="..%2F..%2Fadmin"),
-    "encoded slash": Bad(400, "bad_id", awakeable_id="sign_1abc%2Fresolve"),
-    "too long id": Bad(400, "bad_id", awakeable_id="a" * 257),
-    "not json": Bad(400, "bad_body", kwargs={"raw": b"approve it"}),
-    "nan": Bad(400, "bad_body", kwargs={"raw": b"NaN"}),
-    "empty body": Bad(400, "bad_body", kwargs={"raw": b""}),
-    "unknown id": Bad(404, "unknown_id", awakeable_id=UNKNOWN_ID),
-    "reject without reason": Bad(400, "bad_body", kwargs={"verb": "reject"}),
-    "reject with empty reason": Bad(
-        400, "bad_body", kwargs={"verb": "reject"}, value={"reason": " "}
-    ),
-}
+def bad_posts() -> dict[str, Bad]:
+    """Built when a test runs: the timestamps are relative to the clock then."""
+    now = int(time.time())
+    return {
+        "no signature": Bad(401, "bad_signature", kwargs={"headers": {"x-tether-signature": ""}}),
+        "wrong secret": Bad(401, "bad_signature", kwargs={"secret": "another-secret-of-16+"}),
+        "tampered body": Bad(401, "bad_signature", kwargs={"signed_body": b'{"approved": false}'}),
+        "unknown scheme": Bad(
+            401, "bad_signature", kwargs={"headers": {"x-tether-signature": "v2=abc"}}
+        ),
+        "non-ascii digits": Bad(
+            401,
+            "bad_signature",
+            kwargs={"headers": {"x-tether-timestamp": "\u00b9\u00b2".encode("latin-1")}},
+        ),
+        "expired timestamp": Bad(401, "expired", kwargs={"timestamp": now - 2 * TOLERANCE_SECONDS}),
+        "future timestamp": Bad(401, "expired", kwargs={"timestamp": now + 2 * TOLERANCE_SECONDS}),
+        "oversized body": Bad(413, "too_large", value="x" * (LIMIT + 1)),
+        "lying content-length": Bad(
+            413, "too_large", kwargs={"headers": {"content-length": str(LIMIT + 10)}}
+        ),
+        "text/plain": Bad(415, "unsupported_media_type", kwargs={"content_type": "text/plain"}),
+        "no content type": Bad(415, "unsupported_media_type", kwargs={"content_type": None}),
+        "form": Bad(
+            415,
+            "unsupported_media_type",
+            kwargs={"content_type": "application/x-www-form-urlencoded"},
+        ),
+        "malformed id": Bad(400, "bad_id", awakeable_id="not%20an%20id"),
+        "encoded traversal": Bad(400, "bad_id", awakeable_id="..%2F..%2Fadmin"),
+        "encoded slash": Bad(400, "bad_id", awakeable_id="sign_1abc%2Fresolve"),
+        "too long id": Bad(400, "bad_id", awakeable_id="a" * 257),
+        "not json": Bad(400, "bad_body", kwargs={"raw": b"approve it"}),
+        "nan": Bad(400, "bad_body", kwargs={"raw": b"NaN"}),
+        "empty body": Bad(400, "bad_body", kwargs={"raw": b""}),
+        "unknown id": Bad(404, "unknown_id", awakeable_id=UNKNOWN_ID),
+        "reject without reason": Bad(400, "bad_body", kwargs={"verb": "reject"}),
+        "reject with empty reason": Bad(
+            400, "bad_body", kwargs={"verb": "reject"}, value={"reason": " "}
+        ),
+    }
 
 
-@pytest.mark.parametrize("case", list(BAD_POSTS), ids=list(BAD_POSTS))
+@pytest.mark.parametrize("case", list(bad_posts()), ids=list(bad_posts()))
 async def test_bad_posts_are_refused_before_restate(
     sidecar: Sidecar, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bad = BAD_POSTS[case]
+    bad = bad_posts()[case]
     before = await sidecar.metric("tether_webhook_requests_total", outcome=bad.outcome) or 0.0
     with caplog.at_level(logging.INFO, logger="tether.sidecar"):
         resp = await sidecar.post(bad.awakeable_id, bad.value, **bad.kwargs)
@@ -469,39 +471,42 @@ def _wrong_sig(url: str) -> str:
     return url.replace("sig=", "sig=0")
 
 
-BAD_LINKS: dict[str, tuple[str, int, str]] = {
-    "expired": (link("approve", expires=NOW - 1), 401, "expired"),
-    "wrong sig": (_wrong_sig(link("approve")), 401, "bad_signature"),
-    "deny link used to approve": (
-        link("deny").replace("/deny?", "/approve?"),
-        401,
-        "bad_signature",
-    ),
-    "link of another id": (link("approve", ID_B).replace(ID_B, ID_A), 401, "bad_signature"),
-    "moved expiry": (
-        f"/v1/awakeables/{ID_A}/approve?exp={NOW + 9999}&sig="
-        + link_signature(SECRET.encode(), "approve", ID_A, NOW + 600),
-        401,
-        "bad_signature",
-    ),
-    "no sig": (f"/v1/awakeables/{ID_A}/approve?exp={NOW + 600}", 401, "bad_signature"),
-    "no exp": (f"/v1/awakeables/{ID_A}/approve?sig=abc", 401, "bad_signature"),
-    "non-ascii sig": (
-        f"/v1/awakeables/{ID_A}/approve?exp={NOW + 600}&sig=%C3%A9",
-        401,
-        "bad_signature",
-    ),
-    "malformed id": (link("approve", "bad.id"), 400, "bad_id"),
-    "traversal": ("/v1/awakeables/..%2F..%2Fmetrics/approve?exp=1&sig=x", 400, "bad_id"),
-    "unknown id": (link("approve", UNKNOWN_ID), 404, "unknown_id"),
-}
+def bad_links() -> dict[str, tuple[str, int, str]]:
+    """Built when a test runs: the expiries are relative to the clock then."""
+    now = int(time.time())
+    return {
+        "expired": (link("approve", expires=now - 1), 401, "expired"),
+        "wrong sig": (_wrong_sig(link("approve")), 401, "bad_signature"),
+        "deny link used to approve": (
+            link("deny").replace("/deny?", "/approve?"),
+            401,
+            "bad_signature",
+        ),
+        "link of another id": (link("approve", ID_B).replace(ID_B, ID_A), 401, "bad_signature"),
+        "moved expiry": (
+            f"/v1/awakeables/{ID_A}/approve?exp={now + 9999}&sig="
+            + link_signature(SECRET.encode(), "approve", ID_A, now + 600),
+            401,
+            "bad_signature",
+        ),
+        "no sig": (f"/v1/awakeables/{ID_A}/approve?exp={now + 600}", 401, "bad_signature"),
+        "no exp": (f"/v1/awakeables/{ID_A}/approve?sig=abc", 401, "bad_signature"),
+        "non-ascii sig": (
+            f"/v1/awakeables/{ID_A}/approve?exp={now + 600}&sig=%C3%A9",
+            401,
+            "bad_signature",
+        ),
+        "malformed id": (link("approve", "bad.id"), 400, "bad_id"),
+        "traversal": ("/v1/awakeables/..%2F..%2Fmetrics/approve?exp=1&sig=x", 400, "bad_id"),
+        "unknown id": (link("approve", UNKNOWN_ID), 404, "unknown_id"),
+    }
 
 
-@pytest.mark.parametrize("case", list(BAD_LINKS), ids=list(BAD_LINKS))
+@pytest.mark.parametrize("case", list(bad_links()), ids=list(bad_links()))
 async def test_bad_links_are_refused_before_restate(
     sidecar: Sidecar, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    url, status, outcome = BAD_LINKS[case]
+    url, status, outcome = bad_links()[case]
     with caplog.at_level(logging.INFO, logger="tether.sidecar"):
         resp = await sidecar.client.get(url)
     assert resp.status_code == status, resp.text
