@@ -280,12 +280,12 @@ def approvals_command(args: argparse.Namespace) -> int:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    """Check the manifest and settings here (clear errors), then run the hypercorn CLI under a
-    hard deadline after SIGTERM (`tether.worker.supervise`)."""
+    """Check the manifest and settings here (clear errors), then become the small process that
+    runs the hypercorn CLI under a hard deadline after SIGTERM (`tether.worker.supervise`)."""
+    from .worker import supervise
     from .worker.agent_object import build_provider
     from .worker.hypercorn_config import graceful_timeout
     from .worker.settings import settings_from_env
-    from .worker.supervise import run_supervised
 
     env = {
         **os.environ,
@@ -296,7 +296,9 @@ def worker_command(args: argparse.Namespace) -> int:
     build_provider(settings_from_env(env))
     command = [sys.executable, "-m", "hypercorn", "--config"]
     command += ["python:tether.worker.hypercorn_config", "tether.worker.asgi:app"]
-    return run_supervised(command, env, graceful_timeout)
+    # Run as a script, not as `tether.worker.supervise`: nothing of tether stays in memory.
+    script = [sys.executable, "-I", supervise.__file__, str(graceful_timeout), *command]
+    os.execve(sys.executable, script, env)
 
 
 def main(argv: list[str] | None = None) -> None:

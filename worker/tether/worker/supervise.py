@@ -6,6 +6,11 @@ Restate opens on the draining worker (a call that a run there waits for), keeps 
 Kubernetes SIGKILLs the pod at the end of its grace period. This process ends it a moment after
 the graceful timeout, so Restate takes the runs elsewhere as soon as it can: they resume from
 their journals.
+
+`tether worker` checks the manifest, then execs this file as a script (standard library only),
+so the supervising process stays small:
+
+    python supervise.py <graceful timeout> <hypercorn command...>
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,3 +74,8 @@ def run_supervised(command: list[str], env: Mapping[str, str], graceful_timeout:
                 os.kill(pid, signal.SIGKILL)
         child.wait()
         return 1
+
+
+if __name__ == "__main__":
+    logging.basicConfig(format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s")
+    sys.exit(run_supervised(sys.argv[2:], os.environ, float(sys.argv[1])))
