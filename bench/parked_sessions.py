@@ -34,8 +34,9 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tether.dev import DevStack, free_port
+from tether.dev import DevStack
 from tether.process_group import stop_group
+from tether.restate_server import free_port
 from tether.webhooks import sign_request
 
 BENCH = str(Path(__file__).resolve().parent)

@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tether.restate_server import DEFAULT_RESTATE_VERSION, RestateServer
+from tether.restate_server import DEFAULT_RESTATE_VERSION, RestateServer, free_port
 
 T = TypeVar("T")
 
@@ -108,13 +107,6 @@ def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = DE
 
 
 # The worker -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

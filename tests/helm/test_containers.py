@@ -19,9 +19,8 @@ import httpx2
 from chart import REPO, env_of, one, render
 
 from kube.controlplane import ControlPlane
-from tether.dev import free_port
 from tether.process_group import stop_group
-from tether.restate_server import RestateServer, find_or_install_restate_server
+from tether.restate_server import RestateServer, find_or_install_restate_server, free_port
 
 
 def wait_until(check: Any, what: str, timeout: float = 60) -> Any:

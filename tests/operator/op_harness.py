@@ -24,19 +24,12 @@ from kubernetes.client import ApiClient, ApiException
 
 from tether.crd import GROUP, PLURAL, VERSION
 from tether.process_group import signal_group, stop_group
-from tether.restate_server import RestateServer
+from tether.restate_server import RestateServer, free_port
 
 T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_for(

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from tether.process_group import signal_group
-from tether.restate_server import RestateServer
+from tether.restate_server import RestateServer, free_port
 
 T = TypeVar("T")
 
@@ -38,13 +37,6 @@ FAST_RETRY_ENV = {"RESTATE_DEFAULT_RETRY_POLICY__MAX_INTERVAL": "2s"}
 ALWAYS_SUSPEND_ENV = {"RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": "0s"}
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_until(

@@ -11,7 +11,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,10 @@ from typing import Self
 import httpx2
 
 from .process_group import stop_group
-from .restate_server import RestateServer, find_or_install_restate_server
+from .restate_server import RestateServer, find_or_install_restate_server, free_port
 from .spec import load_agent
 
 SECRET_FILE = "webhook-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def webhook_secret(data_dir: Path) -> str:

@@ -217,7 +217,8 @@ def _request(
             return _Response(err.code, err.read(), dict(err.headers.items()))
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port the kernel has free on loopback now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -241,7 +242,7 @@ class RestatePorts:
     def random(cls) -> RestatePorts:
         ports: set[int] = set()
         while len(ports) < 3:
-            ports.add(_free_port())
+            ports.add(free_port())
         ingress, admin, node = sorted(ports)
         return cls(ingress=ingress, admin=admin, node=node)
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive
 
+from .auth import authenticate_request
 from .rejection import Rejection
 
 
@@ -43,6 +44,17 @@ async def read_limited_body(receive: Receive, headers: Mapping[str, str], limit:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def read_signed_json(
+    receive: Receive, headers: Mapping[str, str], path: str, secret: bytes, limit: int
+) -> tuple[bytes, Any, str, int]:
+    """A signed JSON request's raw body, its value, and its signature and timestamp: content
+    type, size limit, signature (over the raw body), then JSON, in that order."""
+    require_json_content_type(headers)
+    body = await read_limited_body(receive, headers, limit)
+    signature, timestamp = authenticate_request(secret, body, headers, path)
+    return body, parse_json(body), signature, timestamp
 
 
 def parse_json(body: bytes) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends
 from starlette.requests import Request
@@ -20,6 +20,7 @@ from .settings import SidecarSettings
 
 log = logging.getLogger("tether.sidecar")
 Forward = Callable[[], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,15 +45,14 @@ class Sidecar:
         self.parked.forget(awakeable_id)
         log.info("awakeable %s %s", awakeable_id, how)
 
-    async def answer_signed(
-        self, awakeable_id: str, signature: str, timestamp: int, how: str, forward: Forward
-    ) -> None:
-        """`answer` for a signed request, which is accepted once (replay guard)."""
+    async def once(self, signature: str, timestamp: int, act: Callable[[], Awaitable[T]]) -> T:
+        """`act()` for a signed request that is accepted once (replay guard); if it fails,
+        nothing happened and the sender may retry it."""
         self.replay_guard.claim(signature, timestamp)
         try:
-            await self.answer(awakeable_id, how, forward)
+            return await act()
         except BaseException:
-            self.replay_guard.release(signature)  # nothing happened: the sender may retry
+            self.replay_guard.release(signature)
             raise
 
 

@@ -19,8 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse
 
-from .auth import authenticate_request
-from .body import parse_json, read_limited_body, require_json_content_type
+from .body import read_signed_json
 from .context import Sidecar, SidecarDep
 from .rejection import Rejection, count
 
@@ -35,27 +34,14 @@ async def _signed_text_field(
     """The raw body, signature and timestamp of a signed `{field: "<text>"}` request."""
     if SESSION_ID.fullmatch(session_id) is None:
         raise Rejection(400, "bad_id", "malformed session id: 1-128 of A-Z a-z 0-9 _ . : -")
-    require_json_content_type(request.headers)
-    limit = sidecar.settings.max_body_bytes
-    body = await read_limited_body(request.receive, request.headers, limit)
-    signature, timestamp = authenticate_request(
-        sidecar.settings.secret, body, request.headers, request.url.path
+    settings = sidecar.settings
+    body, value, signature, timestamp = await read_signed_json(
+        request.receive, request.headers, request.url.path, settings.secret, settings.max_body_bytes
     )
-    value = parse_json(body)
     text = value.get(field) if isinstance(value, dict) else None
     if not isinstance(text, str) or not text.strip() or set(value) != {field}:
         raise Rejection(400, "bad_body", f'expected {{"{field}": "<text>"}}')
     return body, signature, timestamp
-
-
-async def _once(sidecar: Sidecar, signature: str, timestamp: int, send: Any) -> Any:
-    """`send()` for a signed request seen for the first time (the replay guard)."""
-    sidecar.replay_guard.claim(signature, timestamp)
-    try:
-        return await send()
-    except BaseException:
-        sidecar.replay_guard.release(signature)  # nothing was done: the sender may retry
-        raise
 
 
 @router.post("/v1/sessions/{session_id}/runs")
@@ -69,7 +55,7 @@ async def start_run(session_id: str, request: Request, sidecar: SidecarDep) -> J
     async def send() -> Any:
         return await sidecar.restate.send_run(sidecar.settings.agent, session_id, body, key)
 
-    sent = await _once(sidecar, signature, timestamp, send)
+    sent = await sidecar.once(signature, timestamp, send)
     count("run_started")
     return JSONResponse(
         {"session": session_id, "invocation_id": sent["invocationId"], "status": sent["status"]},
@@ -85,6 +71,6 @@ async def post_message(session_id: str, request: Request, sidecar: SidecarDep) -
     async def send() -> Any:
         return await sidecar.restate.post_message(sidecar.settings.agent, session_id, body)
 
-    posted = await _once(sidecar, signature, timestamp, send)
+    posted = await sidecar.once(signature, timestamp, send)
     count("message_posted")
     return JSONResponse({"session": session_id, "waiting": posted["waiting"]}, status_code=202)

@@ -16,9 +16,8 @@ import orjson
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .auth import authenticate_request
 from .awakeable_id import checked_awakeable_id, loggable_id
-from .body import parse_json, read_limited_body, require_json_content_type
+from .body import read_signed_json
 from .context import Sidecar
 from .rejection import Rejection, count, refused
 
@@ -63,11 +62,10 @@ class SignedPosts:
         self, awakeable_id: str, verb: str, path: str, scope: Scope, receive: Receive
     ) -> None:
         sidecar = self.sidecar
-        headers = Headers(scope=scope)
-        require_json_content_type(headers)
-        body = await read_limited_body(receive, headers, sidecar.settings.max_body_bytes)
-        signature, timestamp = authenticate_request(sidecar.settings.secret, body, headers, path)
-        value = parse_json(body)
+        settings = sidecar.settings
+        body, value, signature, timestamp = await read_signed_json(
+            receive, Headers(scope=scope), path, settings.secret, settings.max_body_bytes
+        )
         if verb == "resolve":
 
             async def forward() -> None:
@@ -83,7 +81,8 @@ class SignedPosts:
             async def forward() -> None:
                 await sidecar.restate.reject_awakeable(awakeable_id, reason)
 
-        await sidecar.answer_signed(
-            awakeable_id, signature, timestamp, f"{verb}d by webhook", forward
-        )
+        async def answer() -> None:
+            await sidecar.answer(awakeable_id, f"{verb}d by webhook", forward)
+
+        await sidecar.once(signature, timestamp, answer)
         count("resolved" if verb == "resolve" else "rejected")
