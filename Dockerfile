@@ -2,7 +2,11 @@
 # (`tether sidecar`) and the operator (`tether-operator`). Non-root, no shell tools needed at
 # run time; mount the manifest at /etc/tether/agent.yaml and writable emptyDirs at /tmp,
 # /workspace and /var/run/tether/metrics (the root filesystem can stay read-only).
-FROM python:3.11-slim AS build
+# PYTHON_IMAGE exists for machines that cannot pull: the e2e builds against a stand-in made from
+# Debian packages (scripts/build-images.sh). Everyone else builds FROM python:3.11-slim.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker worker
@@ -11,7 +15,7 @@ COPY operator operator
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir --prefix=/install ".[restate,sidecar,operator]"
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin tether
 COPY --from=build /install /usr/local
 ENV PYTHONUNBUFFERED=1 \

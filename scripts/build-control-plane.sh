@@ -18,6 +18,8 @@
 #   scripts/build-control-plane.sh                  build what is missing; print the bin dir on stdout
 #   scripts/build-control-plane.sh --print-bin-dir  print the bin dir, build nothing
 # Progress goes to stderr. A run with everything present only checks files and returns at once.
+# TETHER_K8S_EXTRA_TOOLS="kubelet kube-proxy" also builds those k8s.io/kubernetes/cmd/* into the bin
+# dir, with the same module setup (scripts/build-node.sh uses it); unset, nothing else changes.
 set -euo pipefail
 
 # ---- pinned versions ---------------------------------------------------------------------------
@@ -33,6 +35,7 @@ K8S_BIN=$CACHE_ROOT/k8s/$K8S_VERSION/bin
 ETCD_BIN=$CACHE_ROOT/etcd/$ETCD_VERSION/bin
 KWOK_BIN=$CACHE_ROOT/kwok/$KWOK_VERSION/bin
 K8S_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+read -r -a K8S_EXTRA_TOOLS <<<"${TETHER_K8S_EXTRA_TOOLS:-}"   # optional, e.g. "kubelet kube-proxy"
 # The stages kwokctl loads by default (pkg/kwokctl/runtime/cluster.go), from the kwok module source.
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
   pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
@@ -42,17 +45,22 @@ die() { log "error: $*"; exit 1; }
 
 all_present() {
   local t
-  for t in "${K8S_TOOLS[@]}"; do [[ -x $K8S_BIN/$t ]] || return 1; done
+  for t in "${K8S_TOOLS[@]}" "${K8S_EXTRA_TOOLS[@]}"; do [[ -x $K8S_BIN/$t ]] || return 1; done
   [[ -x $ETCD_BIN/etcd && -x $KWOK_BIN/kwok && -s $KWOK_BIN/kwok-stages.yaml ]] || return 1
   [[ $(readlink "$K8S_BIN/etcd" 2>/dev/null) == "$ETCD_BIN/etcd" ]] || return 1
   [[ $(readlink "$K8S_BIN/kwok" 2>/dev/null) == "$KWOK_BIN/kwok" ]] || return 1
   [[ $(readlink "$K8S_BIN/kwok-stages.yaml" 2>/dev/null) == "$KWOK_BIN/kwok-stages.yaml" ]] || return 1
 }
 
+for t in "${K8S_EXTRA_TOOLS[@]}"; do
+  [[ $t =~ ^[a-z0-9-]+$ && " ${K8S_TOOLS[*]} " != *" $t "* ]] ||
+    die "TETHER_K8S_EXTRA_TOOLS: '$t' is not an extra k8s.io/kubernetes/cmd/ name"
+done
+
 case ${1:-} in
   --print-bin-dir) echo "$K8S_BIN"; exit 0 ;;
   "") ;;
-  -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown argument '$1' (use --print-bin-dir or no argument)" ;;
 esac
 
@@ -105,7 +113,11 @@ install_bins() { # <from-dir> <to-dir> <names...>
 build_k8s() {
   local t missing=0
   for t in "${K8S_TOOLS[@]}"; do [[ -x $K8S_BIN/$t ]] || missing=1; done
-  if ((missing == 0)); then log "kubernetes $K8S_VERSION: cached"; return; fi
+  # All of K8S_TOOLS when one is missing, as without extras; plus the missing extra tools.
+  local -a tools=()
+  ((missing == 0)) || tools=("${K8S_TOOLS[@]}")
+  for t in "${K8S_EXTRA_TOOLS[@]}"; do [[ -x $K8S_BIN/$t ]] || tools+=("$t"); done
+  if ((${#tools[@]} == 0)); then log "kubernetes $K8S_VERSION: cached"; return; fi
 
   local ver=${K8S_VERSION#v} major minor staging_version mod_file dir
   major=${ver%%.*}
@@ -138,7 +150,7 @@ build_k8s() {
   rm -f "$dir/go.sum"
 
   local -a pkgs=()
-  for t in "${K8S_TOOLS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$t"); done
+  for t in "${tools[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$t"); done
   log "kubernetes $K8S_VERSION: resolving modules (downloads a few hundred MB on a cold cache)"
   (cd "$dir" && go get "${pkgs[@]/%/@$K8S_VERSION}")
 
@@ -149,10 +161,10 @@ build_k8s() {
   done
   local out=$dir/out
   rm -rf "$out" && mkdir -p "$out"
-  log "kubernetes $K8S_VERSION: compiling ${K8S_TOOLS[*]} (-p $GO_PARALLEL; about 4-7 min on 2 cores with a cold Go cache)"
+  log "kubernetes $K8S_VERSION: compiling ${tools[*]} (-p $GO_PARALLEL; about 4-7 min on 2 cores with a cold Go cache)"
   (cd "$dir" && go build -p "$GO_PARALLEL" -ldflags "-s -w$ldflags" -o "$out/" "${pkgs[@]}")
-  install_bins "$out" "$K8S_BIN" "${K8S_TOOLS[@]}"
-  log "kubernetes $K8S_VERSION: $("$K8S_BIN/kube-apiserver" --version)"
+  install_bins "$out" "$K8S_BIN" "${tools[@]}"
+  log "kubernetes $K8S_VERSION: $("$K8S_BIN/${tools[0]}" --version)"
 }
 
 build_etcd() {

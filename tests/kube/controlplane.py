@@ -133,6 +133,9 @@ class _Pki:
     serving_key: Path
     sa_key: Path
     sa_pub: Path
+    #: The API server's client certificate for kubelets (tier 3 trusts ``ca_cert`` for it).
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _write_pem(path: Path, data: bytes, *, private: bool = False) -> Path:
@@ -142,8 +145,23 @@ def _write_pem(path: Path, data: bytes, *, private: bool = False) -> Path:
     return path
 
 
-def _generate_pki(directory: Path) -> _Pki:
-    """A throw-away CA, a serving certificate for loopback and the service IP, an SA key pair."""
+def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _generate_pki(directory: Path, extra_ips: Sequence[str] = ()) -> _Pki:
+    """A throw-away CA, a serving certificate for loopback, the service IP and ``extra_ips``, a
+    client certificate for the API server's calls to kubelets, and an SA key pair."""
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=7)
@@ -160,25 +178,41 @@ def _generate_pki(directory: Path) -> _Pki:
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(cert_sign=True), critical=True)
         .add_extension(ca_ski, critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
-    key = ec.generate_private_key(ec.SECP256R1())
+    def leaf(
+        common_name: str,
+        usage: x509.ObjectIdentifier,
+        san: Sequence[x509.GeneralName] = (),
+        organization: str | None = None,
+    ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+        if organization:
+            subject.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(subject))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_key_usage(cert_sign=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
+                critical=False,
+            )
+        )
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(ca_key, hashes.SHA256()), key
+
     names: list[x509.GeneralName] = [
         x509.DNSName(name)
         for name in (
@@ -189,36 +223,11 @@ def _generate_pki(directory: Path) -> _Pki:
             "kubernetes.default.svc.cluster.local",
         )
     ]
-    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1", SERVICE_IP)]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
+    ips = ("127.0.0.1", "::1", SERVICE_IP, *extra_ips)
+    names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    cert, key = leaf("kube-apiserver", ExtendedKeyUsageOID.SERVER_AUTH, names)
+    client_cert, client_key = leaf(
+        "kube-apiserver-kubelet-client", ExtendedKeyUsageOID.CLIENT_AUTH, (), "system:masters"
     )
 
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -237,6 +246,14 @@ def _generate_pki(directory: Path) -> _Pki:
         sa_pub=_write_pem(
             directory / "sa.pub",
             sa_key.public_key().public_bytes(pem, serialization.PublicFormat.SubjectPublicKeyInfo),
+        ),
+        kubelet_client_cert=_write_pem(
+            directory / "kubelet-client.crt", client_cert.public_bytes(pem)
+        ),
+        kubelet_client_key=_write_pem(
+            directory / "kubelet-client.key",
+            client_key.private_bytes(pem, pkcs8, no_crypt),
+            private=True,
         ),
     )
 
@@ -516,7 +533,7 @@ class KubeAPIServer:
         deadline = time.monotonic() + self.start_timeout
         logs = data / "logs"
         logs.mkdir()
-        pki = _generate_pki(data / "pki")
+        pki = _generate_pki(data / "pki", extra_ips=[self.api_host] if self.api_host else [])
         token = secrets.token_urlsafe(32)
         tokens_file = data / "tokens.csv"
         tokens_file.write_text(f'{token},admin,admin,"system:masters"\n')
@@ -544,14 +561,15 @@ class KubeAPIServer:
         etcd_http = _Http(etcd_url, None, None)
         _wait_for("etcd /health", lambda: etcd_http.ok("/health"), deadline=deadline, watch=[etcd])
 
-        server = f"https://127.0.0.1:{api_port}"
+        host = self.api_host or "127.0.0.1"
+        server = f"https://{host}:{api_port}"
         apiserver = self._spawn(
             "kube-apiserver",
             [
                 str(binaries / "kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={api_port}",
                 f"--cert-dir={data / 'apiserver-certs'}",
                 f"--tls-cert-file={pki.serving_cert}",
@@ -563,10 +581,12 @@ class KubeAPIServer:
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--endpoint-reconciler-type=none",
+                # Without pods nothing needs the `kubernetes` Service's endpoints.
+                f"--endpoint-reconciler-type={'lease' if self.api_host else 'none'}",
                 "--allow-privileged=true",
                 "--profiling=false",
                 *self._admission_args(),
+                *self._kubelet_client_args(pki),
                 *self.extra_apiserver_args,
             ],
             logs,
@@ -589,6 +609,12 @@ class KubeAPIServer:
         )
         self._start_more(plane, pki, logs, deadline)
         return plane
+
+    #: An address pods reach the API server on (tier 3); None keeps it on loopback.
+    api_host: str | None = None
+
+    def _kubelet_client_args(self, pki: _Pki) -> list[str]:
+        return []
 
     def _admission_args(self) -> list[str]:
         # No controller-manager: nothing would create the "default" ServiceAccount that the
@@ -625,8 +651,19 @@ class KubeCluster(KubeAPIServer):
         return []  # the controller-manager creates the default ServiceAccounts
 
     def _start_more(self, plane: ControlPlane, pki: _Pki, logs: Path, deadline: float) -> None:
+        self._start_controllers(plane, pki, logs, deadline)
+        self._start_kwok(plane, logs, deadline)
+
+    def _controller_manager_args(self) -> list[str]:
+        return []
+
+    def _start_controllers(
+        self, plane: ControlPlane, pki: _Pki, logs: Path, deadline: float
+    ) -> None:
+        """kube-controller-manager and kube-scheduler; returns once they answer and the default
+        ServiceAccount exists."""
         binaries, data, kubeconfig = plane.bin_dir, plane.data_dir, str(plane.kubeconfig)
-        kcm_port, scheduler_port, kwok_port = _free_ports(3)
+        kcm_port, scheduler_port = _free_ports(2)
         delegated = [
             f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}",
@@ -648,6 +685,7 @@ class KubeCluster(KubeAPIServer):
                 "--cluster-name=tether-test",
                 "--kube-api-qps=100",
                 "--kube-api-burst=200",
+                *self._controller_manager_args(),
             ],
             logs,
         )
@@ -661,6 +699,26 @@ class KubeCluster(KubeAPIServer):
             ],
             logs,
         )
+        insecure = {
+            "kube-controller-manager": _Http(f"https://127.0.0.1:{kcm_port}", None, None),
+            "kube-scheduler": _Http(f"https://127.0.0.1:{scheduler_port}", None, None),
+        }
+        for name, client in insecure.items():
+            _wait_for(
+                f"{name} /healthz", _healthz(client), deadline=deadline, watch=self._processes
+            )
+        api = self._api
+        assert api is not None
+        _wait_for(
+            "ServiceAccount default/default (controller-manager)",
+            lambda: api.ok("/api/v1/namespaces/default/serviceaccounts/default"),
+            deadline=deadline,
+            watch=self._processes,
+        )
+
+    def _start_kwok(self, plane: ControlPlane, logs: Path, deadline: float) -> None:
+        binaries, data, kubeconfig = plane.bin_dir, plane.data_dir, str(plane.kubeconfig)
+        (kwok_port,) = _free_ports(1)
         kwok_env = dict(os.environ)
         kwok_env["KWOK_WORKDIR"] = str(data / "kwok")  # ignore any ~/.kwok/kwok.yaml
         self._spawn(
@@ -687,23 +745,11 @@ class KubeCluster(KubeAPIServer):
             raise ControlPlaneError(f"creating Node {FAKE_NODE} failed ({status}): {body!r}")
 
         watch = [*self._processes]
-        insecure = {
-            "kube-controller-manager": _Http(f"https://127.0.0.1:{kcm_port}", None, None),
-            "kube-scheduler": _Http(f"https://127.0.0.1:{scheduler_port}", None, None),
-        }
         kwok_http = _Http(f"http://127.0.0.1:{kwok_port}", None, None)
-        for name, client in insecure.items():
-            _wait_for(f"{name} /healthz", _healthz(client), deadline=deadline, watch=watch)
         _wait_for("kwok /healthz", _healthz(kwok_http), deadline=deadline, watch=watch)
         _wait_for(
             f"Node {FAKE_NODE} Ready (kwok)",
             lambda: _node_ready(api, FAKE_NODE),
-            deadline=deadline,
-            watch=watch,
-        )
-        _wait_for(
-            "ServiceAccount default/default (controller-manager)",
-            lambda: api.ok("/api/v1/namespaces/default/serviceaccounts/default"),
             deadline=deadline,
             watch=watch,
         )

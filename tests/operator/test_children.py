@@ -118,8 +118,11 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
     assert "/workspace" in {m.mount_path for m in worker.volume_mounts or []}
     assert worker.readiness_probe is not None and worker.readiness_probe.tcp_socket is not None
     assert worker.readiness_probe.tcp_socket.port == "restate"
+    assert worker.startup_probe is not None and worker.startup_probe.period_seconds == 1
+    assert sidecar.startup_probe is not None and sidecar.startup_probe.period_seconds == 1
+    # Readiness never asks Restate: a Restate restart must not pull the workers' endpoints.
     assert sidecar.readiness_probe is not None and sidecar.readiness_probe.http_get is not None
-    assert sidecar.readiness_probe.http_get.path == "/readyz"
+    assert sidecar.readiness_probe.http_get.path == "/healthz"
     assert sidecar.liveness_probe is not None and sidecar.liveness_probe.http_get is not None
     assert sidecar.liveness_probe.http_get.path == "/healthz"
     assert worker.resources is not None

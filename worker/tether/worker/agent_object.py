@@ -52,6 +52,7 @@ from ..spec import SpecError, parse_duration
 from ..tools.base import ToolContext, ToolDef
 from .inbox import RestateInbox, inbox_object
 from .parking import ParkSettings, restate_wait
+from .retries import RETRY_AFTER_WORKER_LOSS
 from .settings import WorkerSettings
 
 PARK_AFTER = timedelta(seconds=10)
@@ -148,6 +149,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
         inactivity_timeout=PARK_AFTER,
         abort_timeout=LONGEST_STEP,
+        invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
     )
 
     def tools_for(ctx: restate.ObjectContext) -> list[ToolDef]:

@@ -5,6 +5,7 @@ Settings come from the environment (`TETHER_SPEC` and the Secrets the operator m
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import restate
 
@@ -14,4 +15,19 @@ from .settings import settings_from_env
 settings = settings_from_env()
 # `python:` tools of a manifest may sit next to it (an example); images install them instead.
 sys.path.insert(0, str(settings.spec_path.parent))
-app = restate.app(agent_services(settings))
+restate_app = restate.app(agent_services(settings))
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Restate's app, with the ASGI lifespan answered here: it has nothing to start or stop,
+    and refuses lifespan scopes, which hypercorn reports as an error at every start."""
+    if scope["type"] != "lifespan":
+        await restate_app(scope, receive, send)
+        return
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -16,6 +16,7 @@ from restate.exceptions import TerminalError
 
 from ..durable.protocol import DurableRuntime
 from ..spec import restate_services
+from .retries import RETRY_AFTER_WORKER_LOSS
 
 MESSAGES_STATE_KEY = "messages"
 MAX_MESSAGE_CHARS = 20_000
@@ -38,6 +39,7 @@ def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
     obj = restate.VirtualObject(
         restate_services(agent)[1],
         description=f"Messages for the {agent} agent's running sessions (key: session id).",
+        invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
     )
 
     @obj.handler()

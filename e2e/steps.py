@@ -1,0 +1,642 @@
+"""The user path of Tether on a real cluster: the e2e's steps, shared by every cluster it runs on.
+
+`make e2e` runs them on a real node brought up on this host (`e2e/test_real_node.py`);
+`e2e/kind.sh` on a kind cluster (`python e2e/steps.py --kubeconfig ...`). The cluster is a
+parameter (:class:`~cluster.Cluster`): a kubeconfig, images already on its nodes, and where it
+can tell, the outside connections its pods attempted.
+
+The steps, in order (each checks what a user would look at, and times what a user waits for):
+ 1. `helm install` the chart (CRD, operator, Restate on a PersistentVolume);
+ 2. a Prometheus that scrapes the agents' sidecars and Restate;
+ 3. the e2e agent in a namespace that enforces the `restricted` Pod Security Standard;
+ 4. a run parks on its approval (`tether_parked_calls` 1 in Prometheus);
+ 5. its worker pod is force-deleted; the call is still parked on the replacement;
+ 6. a signed webhook through the sidecar's Service approves it; the run completes with its
+    gated tool run once; a second answer is refused; Prometheus saw the replay once and the
+    parked gauge back at 0;
+ 7. a worker pod killed mid-tool, on 1 and on 2 replicas: how long the run stands still;
+ 8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
+ 9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
+10. NetworkPolicy: a pod of another namespace cannot reach Restate's admin API, the agents can;
+11. a spec change rolls out while the operator's pod is killed: it converges, the old version
+    drains and is retired;
+12. no pod attempted a connection outside the cluster (where the cluster can tell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cluster import (
+    ROOT,
+    Cluster,
+    Kubectl,
+    PortForward,
+    Report,
+    StepFailed,
+    http,
+    wait_for,
+)
+
+SYSTEM_NS = "tether-system"
+AGENTS_NS = "tether-e2e-agents"
+OUTSIDE_NS = "tether-e2e-outside"
+MONITORING_NS = "tether-e2e-monitoring"
+RELEASE = "tether"
+RESTATE = f"{RELEASE}-restate"
+CLERK, RESUME, FANOUT = "e2e-clerk", "e2e-resume", "e2e-fanout"
+E2E = Path(__file__).resolve().parent
+TETHER = ROOT / ".venv" / "bin" / "tether"
+AGENT_LABEL = "tether.dev/agent"
+
+
+class Platform:
+    """The e2e's view of an installed Tether: the cluster, forwards to its services, the
+    webhook secret, and the report."""
+
+    def __init__(self, cluster: Cluster, report: Report) -> None:
+        self.cluster = cluster
+        self.kubectl = Kubectl(cluster)
+        self.report = report
+        self.secret = secrets.token_urlsafe(32)
+        self.ingress = PortForward(self.kubectl, SYSTEM_NS, RESTATE, 8080)
+        self.admin = PortForward(self.kubectl, SYSTEM_NS, RESTATE, 9070)
+        self.prometheus = PortForward(self.kubectl, MONITORING_NS, "prometheus", 9090)
+        self.sidecars: dict[str, PortForward] = {}
+
+    def close(self) -> None:
+        for forward in (self.ingress, self.admin, self.prometheus, *self.sidecars.values()):
+            forward.close()
+
+    # -- agents --------------------------------------------------------------------------------
+
+    def agent_status(self, agent: str) -> dict[str, Any]:
+        status: dict[str, Any] = self.kubectl.json(
+            "-n", AGENTS_NS, "get", "durableagent", agent
+        ).get("status", {})
+        return status
+
+    def ready(self, agent: str) -> bool:
+        conditions = self.agent_status(agent).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def apply_agent(self, path: Path, **spec_changes: Any) -> str:
+        document = yaml.safe_load(path.read_text())
+        document["spec"].update(spec_changes)
+        document["spec"]["webhook"] = {"secretRef": {"name": "e2e-webhook", "key": "secret"}}
+        self.kubectl.apply([document], AGENTS_NS)
+        name: str = document["metadata"]["name"]
+        return name
+
+    def sidecar(self, agent: str) -> PortForward:
+        if agent not in self.sidecars:
+            self.sidecars[agent] = PortForward(self.kubectl, AGENTS_NS, f"{agent}-sidecar", 8000)
+        return self.sidecars[agent]
+
+    def tether(self, agent: str, *args: str, check: bool = True) -> str:
+        """The `tether` CLI against an agent's sidecar, signed with the webhook secret."""
+        sidecar = self.sidecar(agent)
+        env = {**os.environ, "TETHER_WEBHOOK_SECRET": self.secret}
+        result = subprocess.run(
+            [str(TETHER), *args, "--sidecar", sidecar.url],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise StepFailed(f"tether {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout if result.returncode == 0 else ""
+
+    def parked(self, agent: str, session: str) -> list[dict[str, Any]]:
+        answer = self.tether(agent, "approvals", "--json", check=False)
+        if not answer:
+            self.sidecar(agent).restart()
+            return []
+        calls: list[dict[str, Any]] = yaml.safe_load(answer)["parked"]
+        return [c for c in calls if c["session"] == session]
+
+    # -- runs on Restate ------------------------------------------------------------------------
+
+    def start_run(self, agent: str, session: str, prompt: str) -> str:
+        status, body = http(
+            "POST", f"{self.ingress.url}/{agent}/{session}/run/send", {"prompt": prompt}
+        )
+        if status != 202:
+            raise StepFailed(f"starting a run of {agent} answered {status}: {body}")
+        invocation: str = body["invocationId"]
+        return invocation
+
+    def result(self, invocation: str, timeout: float = 180) -> dict[str, Any]:
+        def attach() -> Any:
+            status, body = http(
+                "GET", f"{self.ingress.url}/restate/invocation/{invocation}/attach", timeout=30
+            )
+            if status == 0:
+                self.ingress.restart()
+            return body if status == 200 else None
+
+        result: dict[str, Any] = wait_for(f"the result of {invocation}", attach, timeout, 1)
+        return result
+
+    def session(self, agent: str, session: str) -> dict[str, Any]:
+        status, body = http("POST", f"{self.ingress.url}/{agent}/{session}/session")
+        if status != 200:
+            raise StepFailed(f"reading session {session} answered {status}: {body}")
+        return dict(body)
+
+    def sql(self, query: str) -> list[dict[str, Any]]:
+        status, body = http(
+            "POST",
+            f"{self.admin.url}/query",
+            {"query": query},
+            headers={"accept": "application/json"},
+        )
+        if status == 0:
+            self.admin.restart()
+        if status != 200:
+            raise StepFailed(f"Restate's SQL answered {status}: {body}")
+        rows: list[dict[str, Any]] = body["rows"]
+        return rows
+
+    def journal_length(self, invocation: str) -> int:
+        rows = self.sql(f"SELECT count(*) AS n FROM sys_journal WHERE id = '{invocation}'")
+        return int(rows[0]["n"])
+
+    # -- Prometheus ---------------------------------------------------------------------------
+
+    def metric(self, query: str) -> float | None:
+        """The one value of an instant query; None when it has no sample."""
+        status, body = http(
+            "GET", f"{self.prometheus.url}/api/v1/query?query={_quote(query)}", timeout=10
+        )
+        if status == 0:
+            self.prometheus.restart()
+        if status != 200 or body.get("status") != "success":
+            return None
+        result = body["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    def await_metric(self, query: str, expected: float, timeout: float = 60) -> None:
+        wait_for(
+            f"Prometheus: {query} == {expected:g} (last: {self.metric(query)})",
+            lambda: self.metric(query) == expected,
+            timeout,
+            1,
+        )
+
+
+def _quote(text: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(text, safe="")
+
+
+# ------------------------------------------------------------------------------------------------
+# The steps
+
+
+def install_platform(p: Platform) -> None:
+    cluster = p.cluster
+    repository, _, tag = cluster.tether_image.rpartition(":")
+    values = [
+        f"image.repository={repository}",
+        f"image.tag={tag}",
+        "image.pullPolicy=Never",
+        f"restate.networkPolicy.scrapeFromNamespaces[0]={MONITORING_NS}",
+    ]
+    if cluster.restate_image:
+        restate_repository, _, restate_tag = cluster.restate_image.rpartition(":")
+        values += [
+            f"restate.image.repository={restate_repository}",
+            f"restate.image.tag={restate_tag}",
+            "restate.image.pullPolicy=Never",
+        ]
+    started = time.monotonic()
+    subprocess.run(
+        [
+            cluster.helm_bin,
+            f"--kubeconfig={cluster.kubeconfig}",
+            "install",
+            RELEASE,
+            str(ROOT / "helm" / "tether"),
+            "-n",
+            SYSTEM_NS,
+            "--create-namespace",
+            *[arg for value in values for arg in ("--set", value)],
+        ],
+        check=True,
+        capture_output=True,
+    )
+    selector = "app.kubernetes.io/name=tether-operator"
+    wait_for("the operator Ready", lambda: p.kubectl.ready_pods(SYSTEM_NS, selector), 300)
+    p.report.time("helm install -> operator Ready", time.monotonic() - started)
+    wait_for(
+        "Restate Ready",
+        lambda: p.kubectl.ready_pods(SYSTEM_NS, "app.kubernetes.io/name=restate"),
+        300,
+    )
+    p.report.time("helm install -> Restate Ready", time.monotonic() - started)
+    restarts = sum(
+        c.get("restartCount", 0)
+        for pod in p.kubectl.pods(SYSTEM_NS, f"app.kubernetes.io/instance={RELEASE}")
+        for c in pod["status"].get("containerStatuses", [])
+    )
+    if restarts:
+        raise StepFailed(f"the platform's pods restarted {restarts} times while starting")
+    claim = p.kubectl.json("-n", SYSTEM_NS, "get", "pvc", f"storage-{RESTATE}-0")
+    if claim["status"].get("phase") != "Bound":
+        raise StepFailed(f"Restate's volume claim is {claim['status'].get('phase')}, not Bound")
+
+
+def install_prometheus(p: Platform) -> None:
+    text = (
+        (E2E / "prometheus.yaml")
+        .read_text()
+        .replace("PROMETHEUS_IMAGE", p.cluster.prometheus_image)
+    )
+    p.kubectl("create", "namespace", MONITORING_NS)
+    p.kubectl("apply", "-f", "-", input=text)
+    wait_for("Prometheus Ready", lambda: p.kubectl.ready_pods(MONITORING_NS, "app=prometheus"), 180)
+    # Restate's node port is scraped through its NetworkPolicy (scrapeFromNamespaces).
+    p.await_metric('sum(up{component="restate"})', 1, timeout=60)
+
+
+def install_agent(p: Platform) -> None:
+    p.kubectl("create", "namespace", AGENTS_NS)
+    p.kubectl("label", "namespace", AGENTS_NS, "pod-security.kubernetes.io/enforce=restricted")
+    p.kubectl(
+        "-n",
+        AGENTS_NS,
+        "create",
+        "secret",
+        "generic",
+        "e2e-webhook",
+        f"--from-literal=secret={p.secret}",
+    )
+    started = time.monotonic()
+    p.apply_agent(E2E / "agent.yaml")
+    wait_for(f"{CLERK} Ready", lambda: p.ready(CLERK), 300)
+    p.report.time("kubectl apply -> agent Ready", time.monotonic() - started)
+    p.await_metric(f'sum(up{{namespace="{AGENTS_NS}"}})', 1, timeout=60)
+
+
+class ClerkRun:
+    """The approval run of steps 4-6."""
+
+    session = f"e2e-{secrets.token_hex(4)}"
+    invocation = ""
+    awakeable = ""
+    version = ""
+
+
+def park(p: Platform, run: ClerkRun) -> None:
+    run.version = p.agent_status(CLERK)["activeVersion"]
+    run.invocation = p.start_run(CLERK, run.session, "ship the release")
+    calls = wait_for("the parked call", lambda: p.parked(CLERK, run.session), 120)
+    if [c["tool"] for c in calls] != ["ship"]:
+        raise StepFailed(f"expected one parked call of `ship`, got {calls}")
+    run.awakeable = calls[0]["awakeable_id"]
+    p.await_metric(f'max(tether_parked_calls{{agent="{CLERK}"}})', 1)
+
+
+def kill_parked_worker(p: Platform, run: ClerkRun) -> None:
+    selector = f"{AGENT_LABEL}={CLERK}"
+    (pod,) = [x["metadata"]["name"] for x in p.kubectl.pods(AGENTS_NS, selector)]
+    p.kubectl("-n", AGENTS_NS, "delete", "pod", pod, "--grace-period=0", "--force")
+    wait_for(
+        "a replacement worker pod Ready",
+        lambda: [x for x in p.kubectl.ready_pods(AGENTS_NS, selector) if x != pod],
+        180,
+    )
+    p.sidecar(CLERK).restart()
+    wait_for("the call still parked after the kill", lambda: p.parked(CLERK, run.session), 60)
+
+
+def approve(p: Platform, run: ClerkRun) -> None:
+    p.tether(CLERK, "resolve", run.awakeable, "--value", '{"approved": true}')
+    result = p.result(run.invocation)
+    if result.get("status") != "completed" or result.get("tool_calls") != 1:
+        raise StepFailed(f"expected a completed run with one tool call, got {result}")
+    turns = p.session(CLERK, run.session)["turns"]
+    results = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
+    if len(results) != 1 or results[0].get("is_error"):
+        raise StepFailed(f"expected exactly one successful tool result, got {results}")
+    if p.tether(CLERK, "resolve", run.awakeable, check=False):
+        raise StepFailed("a second answer to the same call was accepted")
+    p.await_metric(f'max(tether_parked_calls{{agent="{CLERK}"}})', 0)
+    p.await_metric(f'sum(tether_replays_total{{agent="{CLERK}"}})', 1)
+
+
+def _pod_running_work(p: Platform, agent: str) -> str | None:
+    """The worker pod whose `work` call has started (it leaves /workspace/started)."""
+    check = "import os, sys; sys.exit(0 if os.path.exists('/workspace/started') else 1)"
+    for pod in p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={agent}"):
+        if p.kubectl.ok("-n", AGENTS_NS, "exec", pod, "-c", "worker", "--", "python", "-c", check):
+            return pod
+    return None
+
+
+def _await_next_step(p: Platform, invocation: str, before: int, timeout: float) -> None:
+    wait_for(
+        "the run's next journaled step",
+        lambda: p.journal_length(invocation) > before,
+        timeout,
+        0.05,
+    )
+
+
+def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
+    """Force-delete the pod running a run's tool; time until the run's next journaled step."""
+    p.apply_agent(E2E / "resume-agent.yaml", worker={"replicas": replicas})
+    wait_for(
+        f"{RESUME} Ready on {replicas} pods",
+        lambda: (
+            p.ready(RESUME)
+            and len(p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={RESUME}")) == replicas
+            and len(p.agent_status(RESUME).get("versions", [])) == 1
+        ),
+        300,
+    )
+    for trial in range(trials):
+        session = f"resume-{replicas}-{trial}-{secrets.token_hex(3)}"
+        invocation = p.start_run(RESUME, session, "work")
+        pod = wait_for("the pod running `work`", lambda: _pod_running_work(p, RESUME), 60, 0.3)
+        before = p.journal_length(invocation)
+        killed = time.monotonic()
+        p.kubectl(
+            "-n", AGENTS_NS, "delete", "pod", pod, "--grace-period=0", "--force", "--wait=false"
+        )
+        _await_next_step(p, invocation, before, 120)
+        p.report.time(
+            f"worker pod force-deleted -> next step ({replicas} replica{'s' * (replicas > 1)})",
+            time.monotonic() - killed,
+        )
+        result = p.result(invocation)
+        if result.get("status") != "completed":
+            raise StepFailed(f"the run after the kill did not complete: {result}")
+        turns = p.session(RESUME, session)["turns"]
+        outcomes = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
+        if len(outcomes) != 1 or "interrupted" not in str(outcomes[0]).lower():
+            raise StepFailed(f"expected `work` reported interrupted once, got {outcomes}")
+        wait_for(
+            f"{replicas} ready pods again",
+            lambda: len(p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={RESUME}")) == replicas,
+            180,
+        )
+
+
+def kill_restate(p: Platform) -> None:
+    """Restate's pod killed while a run's tool runs: the run completes from the journal on
+    Restate's volume."""
+    session = f"restate-kill-{secrets.token_hex(3)}"
+    invocation = p.start_run(RESUME, session, "work")
+    wait_for("`work` started", lambda: _pod_running_work(p, RESUME), 60, 0.3)
+    before = p.journal_length(invocation)
+    killed = time.monotonic()
+    p.kubectl("-n", SYSTEM_NS, "delete", "pod", f"{RESTATE}-0", "--grace-period=0", "--force")
+    wait_for(
+        "Restate Ready again",
+        lambda: p.kubectl.ready_pods(SYSTEM_NS, "app.kubernetes.io/name=restate"),
+        180,
+    )
+    p.report.time("Restate pod killed -> Restate Ready", time.monotonic() - killed)
+    p.admin.restart()
+    p.ingress.restart()
+    _await_next_step(p, invocation, before, 180)
+    p.report.time("Restate pod killed -> the run's next step", time.monotonic() - killed)
+    result = p.result(invocation)
+    if result.get("status") != "completed":
+        raise StepFailed(f"the run did not complete after Restate's pod was killed: {result}")
+
+
+def fan_out(p: Platform) -> None:
+    p.apply_agent(E2E / "fanout-agent.yaml")
+    wait_for(f"{FANOUT} Ready", lambda: p.ready(FANOUT), 300)
+    invocation = p.start_run(FANOUT, f"fanout-{secrets.token_hex(3)}", "count the fruit")
+    result = p.result(invocation)
+    if result.get("status") != "completed":
+        raise StepFailed(f"the fan-out run did not complete: {result}")
+    p.await_metric(f'sum(tether_child_fanout_sum{{agent="{FANOUT}"}})', 2)
+    p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
+
+
+def _probe(
+    p: Platform, namespace: str, name: str, labels: dict[str, str], targets: dict[str, str]
+) -> dict[str, bool]:
+    """A restricted pod that tries a TCP connection to each target; which ones it reached."""
+    code = (
+        "import json, socket\n"
+        f"targets = {targets!r}\n"
+        "reached = {}\n"
+        "for name, address in targets.items():\n"
+        "    host, port = address.rsplit(':', 1)\n"
+        "    try:\n"
+        "        socket.create_connection((host, int(port)), timeout=4).close()\n"
+        "        reached[name] = True\n"
+        "    except OSError:\n"
+        "        reached[name] = False\n"
+        "print(json.dumps(reached))\n"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": p.cluster.tether_image,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", code],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "readOnlyRootFilesystem": True,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+    p.kubectl.apply([pod], namespace)
+    wait_for(
+        f"probe {namespace}/{name} done",
+        lambda: (
+            p.kubectl.json("-n", namespace, "get", "pod", name)["status"].get("phase")
+            in ("Succeeded", "Failed")
+        ),
+        120,
+    )
+    logs = p.kubectl("-n", namespace, "logs", name)
+    p.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
+    reached: dict[str, bool] = yaml.safe_load(logs.strip().splitlines()[-1])
+    return reached
+
+
+def network_policy(p: Platform) -> None:
+    admin = f"{RESTATE}.{SYSTEM_NS}.svc:9070"
+    ingress = f"{RESTATE}.{SYSTEM_NS}.svc:8080"
+    p.kubectl("create", "namespace", OUTSIDE_NS)
+    p.kubectl("label", "namespace", OUTSIDE_NS, "pod-security.kubernetes.io/enforce=restricted")
+    outside = _probe(p, OUTSIDE_NS, "probe", {}, {"admin": admin, "ingress": ingress})
+    if outside != {"admin": False, "ingress": True}:
+        raise StepFailed(
+            "from another namespace Restate's ingress must answer and its admin API must not; "
+            f"reached: {outside}"
+        )
+    # The agents' pods reach the admin API (the sidecars read parked calls through it).
+    agent_labels = {
+        "app.kubernetes.io/name": "tether-agent",
+        "app.kubernetes.io/managed-by": "tether-operator",
+    }
+    inside = _probe(p, AGENTS_NS, "probe", agent_labels, {"admin": admin})
+    if inside != {"admin": True}:
+        raise StepFailed(f"an agent's pod must reach Restate's admin API; reached: {inside}")
+    p.report.fact("NetworkPolicy", "admin API refused from another namespace, open to agents")
+
+
+def rollout_with_operator_killed(p: Platform, run: ClerkRun) -> None:
+    first = p.agent_status(CLERK)["activeVersion"]
+    started = time.monotonic()
+    p.kubectl(
+        "-n",
+        AGENTS_NS,
+        "patch",
+        "durableagent",
+        CLERK,
+        "--type",
+        "merge",
+        "-p",
+        '{"spec": {"system": "v2"}}',
+    )
+    wait_for(
+        "the new version's Deployment",
+        lambda: len(p.kubectl.pods(AGENTS_NS, f"{AGENT_LABEL}={CLERK}")) > 1,
+        120,
+        0.2,
+    )
+    (operator,) = [
+        x["metadata"]["name"]
+        for x in p.kubectl.pods(SYSTEM_NS, "app.kubernetes.io/name=tether-operator")
+    ]
+    p.kubectl("-n", SYSTEM_NS, "delete", "pod", operator, "--grace-period=0", "--force")
+
+    def retired() -> bool:
+        status = p.agent_status(CLERK)
+        active = status.get("activeVersion")
+        return bool(
+            active
+            and active != first
+            and [v["hash"] for v in status.get("versions", [])] == [active]
+            and not p.kubectl.exists(AGENTS_NS, "deployment", f"{CLERK}-{first}")
+        )
+
+    wait_for(f"version {first} retired", retired, 300, 1)
+    p.report.time(
+        "spec change (operator killed) -> old version retired", time.monotonic() - started
+    )
+
+
+def no_phone_home(p: Platform) -> None:
+    if p.cluster.egress_attempts is None:
+        print("    (this cluster cannot list its pods' outside connections: not checked)")
+        return
+    attempts = p.cluster.egress_attempts()
+    if attempts:
+        pods = {
+            pod["status"].get("podIP"): f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+            for pod in p.kubectl.json("get", "pods", "-A")["items"]
+        }
+        named = [(pods.get(src, src), dst, proto, port) for src, dst, proto, port in attempts]
+        raise StepFailed(f"pods attempted connections outside the cluster: {named}")
+    p.report.fact("outside connections attempted by pods", 0)
+
+
+Step = tuple[str, Callable[[Platform], None]]
+
+
+def steps() -> list[Step]:
+    run = ClerkRun()
+    return [
+        ("helm install the platform", install_platform),
+        ("Prometheus scrapes the platform", install_prometheus),
+        (f"DurableAgent {CLERK} in a restricted namespace", install_agent),
+        ("a run parks on its approval", lambda p: park(p, run)),
+        (
+            "its worker pod is force-deleted while it is parked",
+            lambda p: kill_parked_worker(p, run),
+        ),
+        ("a signed webhook approves it; it completes once", lambda p: approve(p, run)),
+        ("a worker killed mid-tool, 1 replica", lambda p: kill_mid_tool(p, 1)),
+        ("a worker killed mid-tool, 2 replicas", lambda p: kill_mid_tool(p, 2)),
+        ("Restate's pod killed mid-run", kill_restate),
+        ("a run fans out to sub-agents", fan_out),
+        ("NetworkPolicy in front of Restate's admin API", network_policy),
+        ("a rollout while the operator is killed", lambda p: rollout_with_operator_killed(p, run)),
+        ("no pod phoned home", no_phone_home),
+    ]
+
+
+def run_all(cluster: Cluster, report: Report | None = None) -> Report:
+    """Every step in order on `cluster`; raises :class:`StepFailed` at the first that fails."""
+    report = report or Report()
+    platform = Platform(cluster, report)
+    started = time.monotonic()
+    try:
+        for number, (title, step) in enumerate(steps(), 1):
+            print(f"==> {number}. {title}", flush=True)
+            step(platform)
+    finally:
+        platform.close()
+    report.time("the whole e2e", time.monotonic() - started)
+    print(report.table(), flush=True)
+    return report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Run the e2e steps on an existing cluster.")
+    parser.add_argument("--name", default="cluster")
+    parser.add_argument("--kubeconfig", required=True, type=Path)
+    parser.add_argument("--image", required=True, help="the tether image, on the nodes already")
+    parser.add_argument("--prometheus-image", required=True)
+    parser.add_argument("--restate-image", help="default: the chart's")
+    parser.add_argument("--report", type=Path, help="write the timings here as JSON")
+    args = parser.parse_args()
+    cluster = Cluster(
+        name=args.name,
+        kubeconfig=args.kubeconfig,
+        tether_image=args.image,
+        prometheus_image=args.prometheus_image,
+        restate_image=args.restate_image,
+    )
+    try:
+        report = run_all(cluster)
+    except StepFailed as error:
+        print(f"e2e failed: {error}", file=sys.stderr)
+        return 1
+    if args.report:
+        args.report.write_text(report.as_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

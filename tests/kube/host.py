@@ -1,0 +1,293 @@
+"""Every change a real node makes to this host, written down before it is made, and undone.
+
+A kubelet, kube-proxy, containerd and the CNI plugins change the host far beyond their own
+files: sysctls, iptables chains, a bridge, network namespaces, mounts, cgroups, processes that
+outlive their parent. :class:`HostLedger` records each change in a JSON file on ``/run`` before
+it happens. ``undo()`` reverses them; a test run that was killed leaves the file behind, and the
+next run undoes it first, so one crash never breaks the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The ledger of the node that runs (or ran and was killed); one node per host at a time.
+LEDGER = Path("/run/tether-kube-node.json")
+LOCK = Path("/run/tether-kube-node.lock")
+CGROUP_FS = Path("/sys/fs/cgroup")
+#: Chain and set prefixes of kube-proxy, kubelet, the CNI plugins and the node's own rules.
+OWNED_CHAIN_PREFIXES = ("KUBE-", "CNI-", "TETHER-")
+
+
+class HostError(RuntimeError):
+    """The host lacks something the node needs, or another node holds it."""
+
+
+def run(*argv: str, check: bool = True, input: str | None = None) -> str:
+    """Run a host tool; its stdout. A failure names the command and its stderr."""
+    result = subprocess.run(argv, capture_output=True, text=True, input=input, check=False)
+    if check and result.returncode != 0:
+        raise HostError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout
+
+
+def _start_time(pid: int) -> int | None:
+    """The kernel's start time of a process (to tell it from a later one with the same pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _kill_until_gone(pids: Sequence[int], deadline: float) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+        time.sleep(0.05)
+
+
+@dataclass
+class HostLedger:
+    """The changes, in the order they were made; ``undo`` walks them backwards."""
+
+    path: Path = LEDGER
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    _lock_fd: int | None = None
+
+    # -- ownership -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[HostLedger]:
+        """Own the host's node slot: undo a killed run's leftovers, then record this run's."""
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise HostError(
+                f"another real-node cluster runs on this host (it holds {LOCK}); stop it first"
+            ) from None
+        self._lock_fd = fd
+        try:
+            if self.path.exists():
+                stale = HostLedger(self.path, json.loads(self.path.read_text() or "[]"))
+                stale.undo()
+            self.entries = []
+            self._save()
+            yield self
+        finally:
+            try:
+                self.undo()
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                self._lock_fd = None
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.entries, indent=1))
+        tmp.replace(self.path)
+
+    def record(self, kind: str, **details: Any) -> None:
+        self.entries.append({"kind": kind, **details})
+        self._save()
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def set_sysctl(self, key: str, value: str) -> None:
+        path = Path("/proc/sys") / key.replace(".", "/")
+        self.keep_sysctls([key])
+        path.write_text(value)
+
+    def keep_sysctls(self, keys: Sequence[str]) -> None:
+        """Remember sysctls that a component will change (kubelet, kube-proxy) to restore them."""
+        saved = {}
+        for key in keys:
+            path = Path("/proc/sys") / key.replace(".", "/")
+            if path.exists():
+                saved[key] = path.read_text().strip()
+        self.record("sysctls", values=saved)
+
+    def track_process(self, pid: int) -> None:
+        """A process (and its group) to kill if the run dies before stopping it."""
+        self.record("process", pid=pid, start=_start_time(pid))
+
+    def track_new_entries(self, directory: str) -> None:
+        """Entries that appear in ``directory`` from now on are this node's (netns, logs, ...)."""
+        path = Path(directory)
+        before = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        self.record("new_entries", directory=directory, before=before)
+
+    # -- undo ----------------------------------------------------------------------------------
+
+    def undo(self) -> None:
+        """Reverse every recorded change, newest first; keeps going past individual failures."""
+        errors: list[str] = []
+        while self.entries:
+            entry = self.entries[-1]
+            try:
+                _UNDO[entry["kind"]](entry)
+            except Exception as error:  # one failure must not strand the rest
+                errors.append(f"{entry['kind']}: {error}")
+            self.entries.pop()
+            self._save()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        if errors:
+            raise HostError("undoing the node's host changes failed:\n" + "\n".join(errors))
+
+
+def _undo_sysctls(entry: dict[str, Any]) -> None:
+    for key, value in entry["values"].items():
+        path = Path("/proc/sys") / key.replace(".", "/")
+        if path.read_text().strip() != value:
+            path.write_text(value)
+
+
+def _undo_process(entry: dict[str, Any]) -> None:
+    pid = entry["pid"]
+    if _start_time(pid) != entry["start"]:
+        return  # gone, or the pid now names another process
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    _kill_until_gone([pid], time.monotonic() + 10)
+
+
+def _undo_processes_matching(entry: dict[str, Any]) -> None:
+    """Processes that left their parent's group (containerd's shims) found by command line."""
+    needle = entry["needle"].encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if needle in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    _kill_until_gone([p for p in pids if p != os.getpid()], time.monotonic() + 10)
+
+
+def _undo_cgroup(entry: dict[str, Any]) -> None:
+    """Kill everything in the node's cgroup subtree, then remove it in every hierarchy."""
+    name = entry["name"].strip("/")
+    roots = [h / name for h in CGROUP_FS.iterdir() if (h / name).is_dir()]
+    deadline = time.monotonic() + 20
+    while True:
+        pids = {
+            int(line)
+            for root in roots
+            for procs in root.rglob("cgroup.procs")
+            for line in procs.read_text().split()
+        }
+        if not pids or time.monotonic() > deadline:
+            break
+        _kill_until_gone(sorted(pids), deadline)
+    for root in roots:
+        for directory in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if directory.is_dir():
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+        with contextlib.suppress(OSError):
+            root.rmdir()
+
+
+def _undo_mounts(entry: dict[str, Any]) -> None:
+    """Unmount whatever is mounted at or below ``under``, deepest first."""
+    under = entry["under"].rstrip("/")
+    for _ in range(5):
+        points = [
+            line.split()[1].encode().decode("unicode_escape")
+            for line in Path("/proc/self/mounts").read_text().splitlines()
+        ]
+        ours = [p for p in points if p == under or p.startswith(under + "/")]
+        if not ours:
+            return
+        for point in sorted(ours, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def _undo_new_entries(entry: dict[str, Any]) -> None:
+    directory = Path(entry["directory"])
+    if not directory.is_dir():
+        return
+    before = set(entry["before"])
+    for path in directory.iterdir():
+        if path.name in before:
+            continue
+        if path.is_mount():
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+        if path.is_dir() and not path.is_symlink():
+            subprocess.run(["rm", "-rf", str(path)], check=False)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def _undo_link(entry: dict[str, Any]) -> None:
+    if Path(f"/sys/class/net/{entry['name']}").exists():
+        run("ip", "link", "delete", entry["name"])
+
+
+def _undo_iptables(entry: dict[str, Any]) -> None:
+    """Drop the chains (and the rules jumping to them) of kube-proxy, kubelet, CNI and ours,
+    table by table, leaving every other rule (Docker's) as it is."""
+    for tool in ("iptables", "ip6tables"):
+        saved = run(f"{tool}-save", check=False)
+        kept: list[str] = []
+        touched = False
+        for line in saved.splitlines():
+            if any(prefix in line for prefix in OWNED_CHAIN_PREFIXES):
+                touched = True
+                continue
+            kept.append(line)
+        if touched:
+            run(f"{tool}-restore", input="\n".join(kept) + "\n")
+
+
+def _undo_ipsets(entry: dict[str, Any]) -> None:
+    if run("sh", "-c", "command -v ipset || true").strip():
+        for name in run("ipset", "list", "-n", check=False).split():
+            if name.startswith(tuple(entry["prefixes"])):
+                run("ipset", "destroy", name, check=False)
+
+
+def _undo_nft_table(entry: dict[str, Any]) -> None:
+    run("nft", "delete", "table", entry["family"], entry["name"], check=False)
+
+
+def _undo_conntrack(entry: dict[str, Any]) -> None:
+    for cidr in entry["cidrs"]:
+        for flag in ("-s", "-d"):
+            run("conntrack", "-D", flag, cidr, check=False)
+
+
+def _undo_path(entry: dict[str, Any]) -> None:
+    subprocess.run(["rm", "-rf", entry["path"]], check=False)
+
+
+_UNDO = {
+    "sysctls": _undo_sysctls,
+    "process": _undo_process,
+    "processes_matching": _undo_processes_matching,
+    "cgroup": _undo_cgroup,
+    "mounts": _undo_mounts,
+    "new_entries": _undo_new_entries,
+    "link": _undo_link,
+    "iptables": _undo_iptables,
+    "ipsets": _undo_ipsets,
+    "nft_table": _undo_nft_table,
+    "conntrack": _undo_conntrack,
+    "path": _undo_path,
+}
