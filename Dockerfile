@@ -8,16 +8,24 @@ ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The dependencies first, in a layer of their own (their compatible ranges are pinned in
+# pyproject.toml), so a change to the code rebuilds only the last layer: seconds, not a minute.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+    extras = p['optional-dependencies']; \
+    print('\n'.join(p['dependencies'] + extras['restate'] + extras['sidecar'] + extras['operator']))" \
+    > requirements.txt \
+ && pip install --no-cache-dir --prefix=/deps -r requirements.txt
+COPY README.md ./
 COPY worker worker
 COPY operator operator
-# This project from source; its dependencies' compatible ranges are pinned in pyproject.toml.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir --prefix=/install ".[restate,sidecar,operator]"
+RUN pip install --no-cache-dir --prefix=/app --no-deps .
 
 FROM ${PYTHON_IMAGE}
 RUN useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin tether
-COPY --from=build /install /usr/local
+COPY --from=build /deps /usr/local
+COPY --from=build /app /usr/local
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \

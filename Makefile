@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit venv bench restate-server kube-bins helm-bin clean
+.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,8 @@ demo: $(STAMP) restate-server
 	$(BIN)/python examples/restate_demo.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check worker operator tests bench examples
-	$(BIN)/ruff format --check worker operator tests bench examples
+	$(BIN)/ruff check worker operator tests bench examples e2e
+	$(BIN)/ruff format --check worker operator tests bench examples e2e
 	$(BIN)/shellcheck scripts/*.sh e2e/*.sh .ci/run
 	$(BIN)/hadolint Dockerfile
 
@@ -44,6 +44,13 @@ unit: $(STAMP) restate-server kube-bins helm-bin
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
+
+# The platform on a real single-node cluster brought up on this host: images built from the
+# Dockerfile, `helm install`, the user path with pods killed, Prometheus, NetworkPolicy
+# (e2e/README.md). Needs Linux, root and Docker (installed from Debian's packages if missing);
+# says what is missing and fails otherwise. Slow builds are cached in ~/.cache/tether.
+e2e: $(STAMP) restate-server kube-bins helm-bin
+	$(BIN)/pytest -v -s e2e
 
 bench: $(STAMP)
 	$(BIN)/python bench/sqlite_steps.py

@@ -30,8 +30,8 @@ class Cluster:
 
     The images must already be on the cluster's nodes (`kind load docker-image`, or the real
     node's containerd), so nothing is pulled: pull policy `Never`. `restate_image` None keeps
-    the chart's default. `egress_attempts`, where the cluster can tell, lists every connection
-    a pod opened to something outside the cluster (pod address, peer, protocol, port).
+    the chart's default. `outside_attempts`, where the cluster can tell, lists every connection
+    a pod opened to something outside the cluster, in words.
     """
 
     name: str
@@ -41,7 +41,7 @@ class Cluster:
     restate_image: str | None = None
     kubectl_bin: str = "kubectl"
     helm_bin: str = "helm"
-    egress_attempts: Callable[[], list[tuple[str, str, str, int]]] | None = None
+    outside_attempts: Callable[[], list[str]] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
 
 

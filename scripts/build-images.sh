@@ -10,7 +10,7 @@
 #                                   host's CA bundle, because outbound TLS here is re-signed by a
 #                                   local CA. Test infrastructure only: never a base users get.
 #   $TETHER_IMAGE (tether:e2e)      the project's Dockerfile, unchanged, FROM the stand-in
-#   tether-e2e/restate:<v>          the static restate-server binary from npm, FROM scratch
+#   tether-e2e/restate:<v>          the restate-server binary from npm, on the Debian base
 #   tether-e2e/pause:<v>, tether-e2e/coredns:<v>, tether-e2e/prometheus:<v>
 #                                   one static binary each (scripts/build-node.sh), FROM scratch
 #
@@ -109,9 +109,16 @@ standin_image
 log "build $TETHER_IMAGE from the Dockerfile"
 docker build -q --build-arg PYTHON_IMAGE="$STANDIN" -t "$TETHER_IMAGE" "$ROOT" >/dev/null
 
+# Like Restate's own image: Debian with CA certificates (it will not start without a bundle).
 restate=$(bash "$ROOT/scripts/install-restate.sh" | tail -1)
 restate_version=$("$restate" --version | awk '{print $2}')
-binary_image "tether-e2e/restate:$restate_version" "$restate"
+build "tether-e2e/restate:$restate_version" \
+  "$( (sha256sum "$restate"; label_of "$BASE") | sha256sum | cut -c1-64)" "
+FROM $BASE
+COPY restate-server /usr/local/bin/restate-server
+WORKDIR /
+ENTRYPOINT [\"/usr/local/bin/restate-server\"]
+" "$restate"
 
 node_bin=$(bash "$ROOT/scripts/build-node.sh")
 for name in pause coredns prometheus; do

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import kopf
 
 from tether.spec import DurableAgent
@@ -93,6 +94,23 @@ async def version_url(
         return url_of(settings, service, agent, digest)
     found = await kube.get("v1", "Service", namespace, name)
     return None if found is None else url_of(settings, found, agent, digest)
+
+
+ANSWER_TIMEOUT = aiohttp.ClientTimeout(total=1.0)
+
+
+async def answers(url: str) -> bool:
+    """Whether the version's worker answers at `url` (the Restate SDK's /health): its pod can be
+    Ready a moment before the Service routes to it (kube-proxy programs Services about once a
+    second), and a registration sent in that moment fails."""
+    try:
+        async with (
+            aiohttp.ClientSession(trust_env=False, timeout=ANSWER_TIMEOUT) as session,
+            session.get(url.rstrip("/") + "/health") as response,
+        ):
+            return response.status == 200
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return False
 
 
 async def delete_version(kube: Kube, namespace: str, agent: str, digest: str) -> None:

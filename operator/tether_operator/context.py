@@ -51,6 +51,8 @@ class AgentMemory:
     """Why the current spec cannot be rolled out (a missing Secret); set by the rollout handler."""
     registration: Backoff = field(default_factory=Backoff)
     registration_problem: Verdict | None = None
+    unanswered_since: dict[str, float] = field(default_factory=dict)
+    """When each version's URL was first found not answering, though its pods were ready."""
     restate_problem: Verdict | None = None
     synced: bool = False
     """Restate's deployments and the children were compared with the status once."""

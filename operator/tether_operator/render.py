@@ -156,9 +156,15 @@ def _worker_container(
 def _probes(check: Manifest) -> Manifest:
     """Probes that find a started process within a second: the kubelet probes readiness at
     once when the startup probe passes, where a readiness probe alone that first met a process
-    not yet listening waited a whole period (a replaced worker stood still up to 12 s)."""
+    not yet listening waited a whole period (a replaced worker stood still up to 12 s). The
+    first probe waits a second: no process listens sooner, and each miss is a Warning event."""
     return {
-        "startupProbe": {**check, "periodSeconds": 1, "failureThreshold": 120},
+        "startupProbe": {
+            **check,
+            "initialDelaySeconds": 1,
+            "periodSeconds": 1,
+            "failureThreshold": 120,
+        },
         "readinessProbe": {**check, "periodSeconds": 10},
         "livenessProbe": {**check, "periodSeconds": 10, "failureThreshold": 6},
     }

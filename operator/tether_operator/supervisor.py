@@ -56,6 +56,8 @@ log = logging.getLogger("tether_operator")
 Versions = dict[str, VersionStatus]
 #: Seconds after applying a version before a missing Deployment counts as deleted.
 REPAIR_AFTER = 3.0
+#: Seconds a version's URL may not answer the operator before it is registered anyway.
+ROUTE_WAIT = 10.0
 
 
 def parse(body: kopf.Body) -> DurableAgent:
@@ -183,6 +185,12 @@ async def register_desired(
     )
     if url is None:
         return
+    if not await children.answers(url):
+        # Wait for the Service to route to the ready pods; but not forever: the operator may
+        # be kept from the workers (a NetworkPolicy) where Restate is not.
+        first = mem.unanswered_since.setdefault(desired, time.monotonic())
+        if time.monotonic() - first < ROUTE_WAIT:
+            return
     try:
         taken_by = await other_owner(op, namespace, name)
         if taken_by is not None:

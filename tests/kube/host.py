@@ -13,6 +13,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -50,11 +52,20 @@ def _start_time(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie (a killed child its parent has not reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
 def _kill_until_gone(pids: Sequence[int], deadline: float) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
         time.sleep(0.05)
 
 
@@ -135,18 +146,21 @@ class HostLedger:
     def undo(self) -> None:
         """Reverse every recorded change, newest first; keeps going past individual failures."""
         errors: list[str] = []
-        while self.entries:
-            entry = self.entries[-1]
+        remaining, failed = list(self.entries), []
+        while remaining:
+            entry = remaining.pop()
             try:
                 _UNDO[entry["kind"]](entry)
             except Exception as error:  # one failure must not strand the rest
                 errors.append(f"{entry['kind']}: {error}")
-            self.entries.pop()
+                failed.insert(0, entry)
+            # What could not be undone stays in the ledger: the next run tries again.
+            self.entries = [*remaining, *failed]
             self._save()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
         if errors:
             raise HostError("undoing the node's host changes failed:\n" + "\n".join(errors))
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
 
 
 def _undo_sysctls(entry: dict[str, Any]) -> None:
@@ -203,15 +217,18 @@ def _undo_cgroup(entry: dict[str, Any]) -> None:
             root.rmdir()
 
 
+def _mount_points() -> list[str]:
+    return [
+        line.split()[1].encode().decode("unicode_escape")
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+    ]
+
+
 def _undo_mounts(entry: dict[str, Any]) -> None:
     """Unmount whatever is mounted at or below ``under``, deepest first."""
     under = entry["under"].rstrip("/")
     for _ in range(5):
-        points = [
-            line.split()[1].encode().decode("unicode_escape")
-            for line in Path("/proc/self/mounts").read_text().splitlines()
-        ]
-        ours = [p for p in points if p == under or p.startswith(under + "/")]
+        ours = [p for p in _mount_points() if p == under or p.startswith(under + "/")]
         if not ours:
             return
         for point in sorted(ours, key=len, reverse=True):
@@ -223,10 +240,11 @@ def _undo_new_entries(entry: dict[str, Any]) -> None:
     if not directory.is_dir():
         return
     before = set(entry["before"])
+    mounted = set(_mount_points())
     for path in directory.iterdir():
         if path.name in before:
             continue
-        if path.is_mount():
+        if str(path) in mounted:  # a network namespace's nsfs bind mount
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
         if path.is_dir() and not path.is_symlink():
             subprocess.run(["rm", "-rf", str(path)], check=False)
@@ -291,3 +309,87 @@ _UNDO = {
     "conntrack": _undo_conntrack,
     "path": _undo_path,
 }
+
+
+# -- what a test compares ------------------------------------------------------------------------
+
+_COUNTERS = re.compile(r"\[\d+:\d+\]|counter packets \d+ bytes \d+")
+_SYSCTL_DIRS = ("net/bridge", "net/ipv4/conf/all", "net/ipv4/conf/default", "net/netfilter")
+_VOLATILE_SYSCTLS = ("nf_conntrack_count", "nf_conntrack_buckets")
+#: Directories where a node leaves entries (network namespaces, log links, CNI state, shims).
+ENTRY_DIRS = ("/run/netns", "/var/log/containers", "/var/lib/cni", "/run/containerd/s")
+
+
+def _listing(directory: str) -> list[str]:
+    path = Path(directory)
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.is_dir() else []
+
+
+def snapshot(extra_sysctls: Sequence[str] = ()) -> dict[str, Any]:
+    """Everything a node may change on this host, read so that two readings of an idle host
+    are equal (packet counters dropped)."""
+    sysctls = {}
+    keys = [*extra_sysctls]
+    for directory in _SYSCTL_DIRS:
+        base = Path("/proc/sys") / directory
+        if base.is_dir():
+            keys += [str(p.relative_to("/proc/sys")).replace("/", ".") for p in base.iterdir()]
+    for key in keys:
+        if key.rsplit(".", 1)[-1] in _VOLATILE_SYSCTLS:
+            continue
+        with contextlib.suppress(OSError):
+            sysctls[key] = (Path("/proc/sys") / key.replace(".", "/")).read_text().strip()
+    tools = {
+        "iptables": ["iptables-save"],
+        "ip6tables": ["ip6tables-save"],
+        "nftables": ["nft", "list", "ruleset"],
+        "links": ["ip", "-o", "link", "show"],
+        "addresses": ["ip", "-o", "addr", "show"],
+        "routes": ["ip", "route", "show", "table", "all"],
+        "ipsets": ["ipset", "list", "-n"],
+    }
+    readings: dict[str, Any] = {}
+    for name, argv in tools.items():
+        text = run(*argv, check=False) if shutil.which(argv[0]) else ""
+        lines = [_COUNTERS.sub("", line).rstrip() for line in text.splitlines()]
+        readings[name] = sorted(line for line in lines if line and not line.startswith("#"))
+    readings["mounts"] = sorted(
+        line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+    )
+    readings["sysctls"] = sysctls
+    readings["cgroups"] = sorted(str(h) for h in CGROUP_FS.glob("*/tether-node") if h.is_dir())
+    readings["entries"] = {directory: _listing(directory) for directory in ENTRY_DIRS}
+    readings["processes"] = sorted(
+        cmdline
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit()
+        and (cmdline := _cmdline(proc))
+        and ("tether-kube-" in cmdline or "tether-node" in cmdline)
+    )
+    return readings
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What changed between two snapshots, one line per difference."""
+    lines = []
+    for key in before.keys() | after.keys():
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if isinstance(old, list) and isinstance(new, list):
+            lines += [f"{key}: + {x}" for x in sorted(set(new) - set(old))]
+            lines += [f"{key}: - {x}" for x in sorted(set(old) - set(new))]
+        elif isinstance(old, dict) and isinstance(new, dict):
+            for sub in old.keys() | new.keys():
+                if old.get(sub) != new.get(sub):
+                    lines.append(f"{key}: {sub}: {old.get(sub)!r} -> {new.get(sub)!r}")
+        else:
+            lines.append(f"{key}: {old!r} -> {new!r}")
+    return lines

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,6 +37,7 @@ from .controlplane import (
     _Http,
     _node_ready,
     _Pki,
+    _Process,
     _wait_for,
 )
 from .host import CGROUP_FS, HostError, HostLedger, run
@@ -46,6 +49,7 @@ POD_SUBNET = "10.244.0.0/24"
 CLUSTER_DNS = "10.0.0.10"
 CGROUP_ROOT = "tether-node"
 STORAGE_CLASS = "local-path"
+NFT_TABLE = "tether-node"
 #: Debian packages the node uses, by the command that tells they are there.
 PACKAGES = {
     "containerd": "containerd",
@@ -184,9 +188,35 @@ class KubeNode(KubeCluster):
             # mounts, network namespaces, rules); the control plane and data dir after that.
             while len(self._processes) > self._control_plane_processes:
                 self._processes.pop().stop(self.stop_grace)
+            self._keep_logs()
             self._release_host()
         finally:
             super().stop()
+
+    def _start(self, binaries: Path, data: Path) -> ControlPlane:
+        # Recorded first, undone last: the data dir goes once nothing is mounted in it.
+        self._ledger.record("path", path=str(data))
+        self._ledger.record("mounts", under=str(data))
+        return super()._start(binaries, data)
+
+    def _spawn(
+        self, name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None
+    ) -> _Process:
+        # Every process, the control plane's too: a killed run's orphans are found by pid.
+        process = super()._spawn(name, argv, log_dir, env)
+        self._ledger.track_process(process.popen.pid)
+        return process
+
+    def _keep_logs(self) -> None:
+        """The components' and pods' logs, copied out of the data dir that the ledger removes."""
+        data = self._data_dir
+        if data is None or not (self._failed or self.keep_data_dir):
+            return
+        target = Path(tempfile.mkdtemp(prefix="tether-kube-node-logs-"))
+        for source in (data / "logs", data / "node" / "pod-logs"):
+            if source.is_dir():
+                shutil.copytree(source, target / source.name, symlinks=True)
+        print(f"real node logs kept in {target}")
 
     def _release_host(self) -> None:
         if self._ledger_exit is not None:
@@ -201,7 +231,7 @@ class KubeNode(KubeCluster):
         ledger.record("conntrack", cidrs=[POD_CIDR, SERVICE_CIDR])
         ledger.record("iptables")
         ledger.record("ipsets", prefixes=["KUBE-", "kube-router-", "inet:kube-router"])
-        ledger.record("nft_table", family="inet", name="tether-egress")
+        ledger.record("nft_table", family="inet", name=NFT_TABLE)
         for directory in (
             "/run/netns",
             "/var/log/containers",
@@ -241,25 +271,18 @@ class KubeNode(KubeCluster):
         node.mkdir()
         self._start_controllers(plane, pki, logs, deadline)
         self._control_plane_processes = len(self._processes)
-        # Mounts and cgroups are recorded after the data dir: undone before it is removed.
-        self._ledger.record("path", path=str(node))
-        self._ledger.record("mounts", under=str(node))
         self._ledger.record("cgroup", name=CGROUP_ROOT)
         for hierarchy in CGROUP_FS.iterdir():
             if (hierarchy / "cgroup.procs").exists():
                 (hierarchy / CGROUP_ROOT).mkdir(exist_ok=True)
+        self._guard_network()
         self._start_containerd(node, logs, deadline)
         self._load_images(deadline)
         self._start_kubelet(plane, pki, node, logs, deadline)
         self._start_kube_proxy(plane, node, logs, deadline)
-        self._start_network_policies(plane, logs)
+        self._start_network_policies(plane, logs, deadline)
         self._start_storage(plane, node, logs)
         self._start_dns(plane, deadline)
-        self._audit_egress()
-
-    def _spawn_node(self, name: str, argv: Sequence[str], logs: Path) -> None:
-        process = self._spawn(name, argv, logs)
-        self._ledger.track_process(process.popen.pid)
 
     # -- containerd ----------------------------------------------------------------------------
 
@@ -336,7 +359,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         )
         # Shims leave containerd's process group: found by the socket in their command line.
         self._ledger.record("processes_matching", needle=str(socket))
-        self._spawn_node("containerd", ["containerd", f"--config={config}"], logs)
+        self._spawn("containerd", ["containerd", f"--config={config}"], logs)
         self.containerd_socket = socket
         _wait_for(
             "containerd's socket",
@@ -427,7 +450,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 indent=1,
             )
         )
-        self._spawn_node(
+        self._spawn(
             "kubelet",
             [
                 str(self._node_bin / "kubelet"),
@@ -479,9 +502,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 indent=1,
             )
         )
-        self._spawn_node(
-            "kube-proxy", [str(self._node_bin / "kube-proxy"), f"--config={config}"], logs
-        )
+        self._spawn("kube-proxy", [str(self._node_bin / "kube-proxy"), f"--config={config}"], logs)
         health = _Http(f"http://127.0.0.1:{healthz}", None, None)
         _wait_for(
             "kube-proxy /healthz",
@@ -489,47 +510,89 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             deadline=deadline,
             watch=self._processes,
         )
-        # Until kube-proxy programs a new Service, its ClusterIP would leave by the default
-        # route (here: to a transparent proxy that answers 404). Refuse such traffic instead,
-        # as a real cluster's network does; the firewall plugin's admin chain is consulted
-        # before any pod's rules.
-        run("iptables", "-N", "CNI-ADMIN", check=False)
-        run(
-            "iptables",
-            "-A",
-            "CNI-ADMIN",
-            "-d",
-            SERVICE_CIDR,
-            "-m",
-            "conntrack",
-            "!",
-            "--ctstate",
-            "DNAT",
-            "-j",
-            "REJECT",
-        )
 
     # -- add-ons --------------------------------------------------------------------------------
 
-    def _start_network_policies(self, plane: ControlPlane, logs: Path) -> None:
+    def _start_network_policies(self, plane: ControlPlane, logs: Path, deadline: float) -> None:
+        """kube-router, firewall only: NetworkPolicies as iptables rules and ipsets. (The
+        NFQUEUE-based kube-network-policies needs nftables' queue, which this kernel lacks.)"""
         assert self._node_bin is not None
-        self._spawn_node(
+        (health,) = _free_ports(1)
+        self._spawn(
             "kube-router",
             [
                 str(self._node_bin / "kube-router"),
                 f"--kubeconfig={plane.kubeconfig}",
+                f"--hostname-override={NODE_NAME}",
                 "--run-firewall=true",
                 "--run-router=false",
                 "--run-service-proxy=false",
-                f"--hostname-override={NODE_NAME}",
-                "--health-port=0",
-                "--metrics-port=0",
+                "--enable-cni=false",
+                "--enable-ipv6=false",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--health-port={health}",
             ],
             logs,
         )
+        checks = _Http(f"http://127.0.0.1:{health}", None, None)
+        _wait_for(
+            "kube-router /healthz",
+            lambda: checks.ok("/healthz"),
+            deadline=deadline,
+            watch=self._processes,
+        )
 
     def _start_storage(self, plane: ControlPlane, node: Path, logs: Path) -> None:
-        raise NotImplementedError  # filled in with local-path-provisioner's facts
+        """rancher's local-path-provisioner (kind's default storage) as a host process: a PVC
+        becomes a directory under the node's data dir, made and removed by helper pods."""
+        assert self._node_bin is not None
+        volumes = node / "local-path"
+        volumes.mkdir()
+        config = node / "local-path-config.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "nodePathMap": [
+                        {"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [str(volumes)]}
+                    ]
+                }
+            )
+        )
+        helper_pod = node / "local-path-helper-pod.yaml"
+        helper_pod.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "helper-pod"},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "helper-pod",
+                                "image": _containerd_ref(self.images["base"]),
+                                "imagePullPolicy": "Never",
+                            }
+                        ]
+                    },
+                }
+            )
+        )
+        namespace, account = "local-path-storage", "local-path-provisioner-service-account"
+        apply(plane, local_path_manifests(namespace, account))
+        self._spawn(
+            "local-path-provisioner",
+            [
+                str(self._node_bin / "local-path-provisioner"),
+                "start",
+                f"--kubeconfig={plane.kubeconfig}",
+                f"--namespace={namespace}",
+                f"--service-account-name={account}",
+                f"--config={config}",
+                f"--helper-pod-file={helper_pod}",
+                "--configmap-name=local-path-config",
+            ],
+            logs,
+        )
 
     def _start_dns(self, plane: ControlPlane, deadline: float) -> None:
         apply(plane, coredns_manifests(_containerd_ref(self.images["coredns"])))
@@ -540,12 +603,19 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             watch=self._processes,
         )
 
-    def _audit_egress(self) -> None:
-        """Record each new connection a pod opens to anything outside the cluster: the
-        destinations (pod address, peer address, protocol, port) are in the nftables set
-        ``inet tether-egress attempts``; nothing is blocked."""
+    def _guard_network(self) -> None:
+        """Two rules of the node's own, in an nftables table that sees pods' packets before any
+        iptables rule (kube-router's accept comes first there):
+
+        - a connection to a ClusterIP that kube-proxy has not programmed yet is refused, as a
+          real cluster's network would; otherwise it leaves by the default route, where these
+          machines have a transparent proxy that answers anything (Restate pooled such a
+          connection and got HTTP 404 from every registration after);
+        - each new connection a pod opens to anything outside the cluster is recorded (pod
+          address, peer, protocol, port) in the set ``attempts``; nothing is blocked.
+        """
         script = f"""
-table inet tether-egress {{
+table inet {NFT_TABLE} {{
   set attempts {{
     type ipv4_addr . ipv4_addr . inet_proto . inet_service
     flags dynamic
@@ -553,6 +623,7 @@ table inet tether-egress {{
   }}
   chain forward {{
     type filter hook forward priority -10; policy accept;
+    ip saddr {POD_CIDR} ip daddr {SERVICE_CIDR} ct status ! dnat reject
     ip saddr {POD_CIDR} ip daddr != {{ {POD_CIDR}, {SERVICE_CIDR} }} ct state new \\
       add @attempts {{ ip saddr . ip daddr . meta l4proto . th dport }}
   }}
@@ -560,16 +631,37 @@ table inet tether-egress {{
 """
         run("nft", "-f", "-", input=script)
 
-    def egress_attempts(self) -> list[tuple[str, str, str, int]]:
-        """(pod address, destination, protocol, port) of every outside connection so far."""
-        listing = json.loads(run("nft", "-j", "list", "set", "inet", "tether-egress", "attempts"))
+    def outside_attempts(self) -> list[str]:
+        """Every connection a pod opened to something outside the cluster, in words; a lookup
+        of an outside name shows as the name and who asked (CoreDNS's log)."""
+        plane = self.control_plane
+        pods = json.loads(plane.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+        by_ip = {
+            p["status"].get("podIP"): f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            for p in pods
+        }
+        listing = json.loads(run("nft", "-j", "list", "set", "inet", NFT_TABLE, "attempts"))
         attempts = []
         for item in listing["nftables"]:
             for element in item.get("set", {}).get("elem", []):
-                parts = element.get("elem", element)["concat"]
-                source, destination, protocol, port = parts
-                attempts.append((source, destination, str(protocol), int(port)))
+                source, destination, protocol, port = element.get("elem", element)["concat"]
+                who = by_ip.get(source, source)
+                attempts.append(f"{who} -> {destination}:{port}/{protocol}")
+                if who.startswith("kube-system/coredns-") and port == 53:
+                    attempts += _outside_lookups(plane, who, by_ip)
         return attempts
+
+
+def _outside_lookups(plane: ControlPlane, coredns: str, by_ip: dict[str, str]) -> list[str]:
+    """The outside names CoreDNS was asked for, and by which pod (its `log` plugin's lines:
+    `[INFO] <ip>:<port> - <id> "A IN api.github.com. udp ..."`)."""
+    namespace, name = coredns.split("/")
+    log = plane.kubectl("-n", namespace, "logs", name, check=False).stdout
+    found = set()
+    for match in re.finditer(r'\[INFO\] ([0-9.]+):\d+ - \d+ "(\S+) IN (\S+) ', log):
+        client, kind, looked_up = match.groups()
+        found.add(f"  {by_ip.get(client, client)} looked up {looked_up} ({kind})")
+    return sorted(found)
 
 
 def _containerd_ref(image: str) -> str:
@@ -594,24 +686,65 @@ def deployment_available(plane: ControlPlane, namespace: str, name: str) -> bool
     return bool(status.get("availableReplicas", 0) >= 1)
 
 
+def local_path_manifests(namespace: str, account: str) -> list[dict[str, Any]]:
+    """The namespace of the provisioner's helper pods, their account, the scripts they run,
+    and the default StorageClass (as on kind: bound when the first pod uses the claim)."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "local-path-config", "namespace": namespace},
+            "data": {
+                "setup": '#!/bin/sh\nset -eu\nmkdir -m 0777 -p "$VOL_DIR"\n',
+                "teardown": '#!/bin/sh\nset -eu\nrm -rf "$VOL_DIR"\n',
+            },
+        },
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": "rancher.io/local-path",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Delete",
+        },
+    ]
+
+
 def coredns_manifests(image: str) -> list[dict[str, Any]]:
     """kubeadm's CoreDNS, listening on 1053 so it needs no capability (the Service maps 53)."""
     labels = {"k8s-app": "kube-dns"}
-    corefile = """.:1053 {
+    # kubeadm's Corefile, split in two: names outside the cluster are answered by a block of
+    # their own that logs each query, so the e2e can say who looked up what outside.
+    corefile = """cluster.local:1053 in-addr.arpa:1053 ip6.arpa:1053 {
     errors
     health :8080
     ready :8181
     kubernetes cluster.local in-addr.arpa ip6.arpa {
        pods insecure
-       fallthrough in-addr.arpa ip6.arpa
        ttl 30
     }
     prometheus :9153
-    forward . /etc/resolv.conf
     cache 30
     loop
     reload
     loadbalance
+}
+.:1053 {
+    errors
+    log
+    forward . /etc/resolv.conf
+    cache 30
+    loop
+    reload
 }
 """
     return [

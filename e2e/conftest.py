@@ -1,0 +1,105 @@
+"""The real-node e2e (`make e2e`): preflight, images, and the node they run on.
+
+It needs Linux, root and a Docker engine (installed from Debian's packages and started when
+missing); without them it fails at once, saying what is missing. Everything slow is cached
+outside the repository: the Go-built binaries, the Debian root filesystem, Docker's layers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "e2e"))
+
+from kube.controlplane import bin_dir  # noqa: E402
+from kube.host import HostError  # noqa: E402
+from kube.node import KubeNode, check_host, install_packages  # noqa: E402
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    problems = check_host()
+    if problems:
+        pytest.exit(f"make e2e needs {' and '.join(problems)}; nothing was run", returncode=2)
+
+
+def _docker_answers() -> bool:
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[None]:
+    """A Docker engine: the one that runs, or dockerd started here (and stopped after)."""
+    try:
+        install_packages()
+    except HostError as error:
+        pytest.exit(f"make e2e: {error}", returncode=2)
+    if _docker_answers():
+        yield
+        return
+    if not shutil.which("dockerd"):
+        pytest.exit("make e2e needs a Docker engine: dockerd is not installed", returncode=2)
+    log = open("/tmp/tether-e2e-dockerd.log", "wb")  # noqa: SIM115  (kept open while it runs)
+    dockerd = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not _docker_answers():
+        if dockerd.poll() is not None or time.monotonic() > deadline:
+            pytest.exit("dockerd did not start: see /tmp/tether-e2e-dockerd.log", returncode=2)
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        dockerd.terminate()
+        dockerd.wait(timeout=60)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def images(docker_engine: None) -> dict[str, str]:
+    """Every image of the e2e, built locally (`scripts/build-images.sh`), by role."""
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-images.sh")],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail("scripts/build-images.sh failed; its log is above")
+    print(f"\nimages ready in {time.monotonic() - started:.1f} s")
+    return dict(line.split("=", 1) for line in result.stdout.split())
+
+
+@pytest.fixture(scope="session")
+def helm_path() -> Path:
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-helm.sh")], stdout=subprocess.PIPE, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def node(images: dict[str, str]) -> Iterator[KubeNode]:
+    """The real node, with every e2e image loaded."""
+    bin_dir()  # the control plane's binaries, built first if missing
+    cluster = KubeNode(images)
+    started = time.monotonic()
+    cluster.start()
+    print(f"\nreal node up in {time.monotonic() - started:.1f} s")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
