@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "e2e"))
 
 from kube.controlplane import bin_dir  # noqa: E402
 from kube.host import HostError  # noqa: E402
-from kube.node import KubeNode, check_host, install_packages  # noqa: E402
+from kube.node import PACKAGES, KubeNode, check_host, install_packages  # noqa: E402
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -40,7 +40,7 @@ def _docker_answers() -> bool:
 def docker_engine() -> Iterator[None]:
     """A Docker engine: the one that runs, or dockerd started here (and stopped after)."""
     try:
-        install_packages()
+        install_packages({**PACKAGES, "debootstrap": "debootstrap"})  # and the images' root
     except HostError as error:
         pytest.exit(f"make e2e: {error}", returncode=2)
     if _docker_answers():

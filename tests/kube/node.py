@@ -94,12 +94,12 @@ def check_host() -> list[str]:
     return problems
 
 
-def install_packages() -> None:
-    """apt-get the Debian packages the node needs that are missing."""
+def install_packages(packages: Mapping[str, str] = PACKAGES) -> None:
+    """apt-get the Debian packages (by the command that tells they are there) that are missing."""
     missing = sorted(
         {
             package
-            for probe, package in PACKAGES.items()
+            for probe, package in packages.items()
             if not (Path(probe).exists() if probe.startswith("/") else shutil.which(probe))
         }
     )
@@ -229,8 +229,9 @@ class KubeNode(KubeCluster):
         ledger = self._ledger
         ledger.keep_sysctls(SYSCTLS)
         ledger.record("conntrack", cidrs=[POD_CIDR, SERVICE_CIDR])
-        ledger.record("iptables")
+        # Undone newest first: the rules go before the ipsets they use (a set in use stays).
         ledger.record("ipsets", prefixes=["KUBE-", "kube-router-", "inet:kube-router"])
+        ledger.record("iptables")
         ledger.record("nft_table", family="inet", name=NFT_TABLE)
         for directory in (
             "/run/netns",
@@ -723,7 +724,8 @@ def coredns_manifests(image: str) -> list[dict[str, Any]]:
     """kubeadm's CoreDNS, listening on 1053 so it needs no capability (the Service maps 53)."""
     labels = {"k8s-app": "kube-dns"}
     # kubeadm's Corefile, split in two: names outside the cluster are answered by a block of
-    # their own that logs each query, so the e2e can say who looked up what outside.
+    # their own that logs each query, so the e2e can say who looked up what outside. No `loop`
+    # plugin: its probe is a lookup of a random name upstream (the upstream is not CoreDNS).
     corefile = """cluster.local:1053 in-addr.arpa:1053 ip6.arpa:1053 {
     errors
     health :8080
@@ -734,7 +736,6 @@ def coredns_manifests(image: str) -> list[dict[str, Any]]:
     }
     prometheus :9153
     cache 30
-    loop
     reload
     loadbalance
 }
@@ -743,7 +744,6 @@ def coredns_manifests(image: str) -> list[dict[str, Any]]:
     log
     forward . /etc/resolv.conf
     cache 30
-    loop
     reload
 }
 """
