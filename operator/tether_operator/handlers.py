@@ -15,7 +15,7 @@ from tether.spec import SpecError
 from . import children, deletion, supervisor
 from .conditions import PROGRESSING, Verdict
 from .context import AgentMemory, Operator, memory_of, operator_of
-from .kube import Kube, KubeError, connect
+from .kube import Kube, KubeError
 from .names import (
     AGENT_LABEL,
     ANNOTATION_PREFIX,
@@ -70,7 +70,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     admin = RestateAdmin(ours.restate_admin_url, ours.restate_timeout)
     memo.operator = Operator(
         settings=ours,
-        kube=Kube(await connect()),
+        kube=Kube(),
         restate=admin,
         observer=RestateObserver(admin, in_flight_age=1.0, parked_age=ours.parked_refresh),
     )

@@ -1,6 +1,7 @@
 """A small async Kubernetes client for the operator's children: server-side apply, get, list,
-delete and status patches, as plain dicts (the official `kubernetes.aio` client underneath, for
-its kubeconfig, in-cluster and token-refresh handling)."""
+delete and status patches, as plain dicts over aiohttp. Credentials come from kopf's own login
+functions (the service account in a pod, a kubeconfig elsewhere), so the image carries no
+generated API client (the official one is 128 MB)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import json
 import os
 from typing import Any
 
-from kubernetes.aio import client as kclient
-from kubernetes.aio import config as kconfig
+import aiohttp
+import kopf
 
 from .names import FIELD_MANAGER, GROUP, PLURAL, VERSION
 
 Manifest = dict[str, Any]
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30)
 
 _PLURALS = {
     ("v1", "ConfigMap"): "configmaps",
@@ -39,23 +41,46 @@ def _path(api_version: str, kind: str, namespace: str, name: str | None = None) 
     return f"{path}/{name}" if name else path
 
 
-async def connect() -> kclient.ApiClient:
-    """In a pod: the service account; elsewhere: `$KUBECONFIG` or ~/.kube/config."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
-        return kclient.ApiClient()
-    api: kclient.ApiClient = await kconfig.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=os.environ.get("KUBECONFIG")
-    )
-    return api
+def login() -> kopf.ConnectionInfo:
+    """In a pod: the service account (its token read again at each login, as the kubelet
+    rotates it); elsewhere: `$KUBECONFIG` or ~/.kube/config."""
+    settings = kopf.OperatorSettings()
+    in_pod = os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG")
+    if in_pod:
+        info = kopf.login_with_service_account(settings=settings)
+    else:
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise KubeError(0, "no Kubernetes credentials: no service account and no kubeconfig")
+    return info
 
 
 class Kube:
-    def __init__(self, api: kclient.ApiClient) -> None:
-        self._api = api
+    def __init__(self) -> None:
+        self._server = ""
+        self._session: aiohttp.ClientSession | None = None
+        self._retired: list[aiohttp.ClientSession] = []
+
+    def _client(self, fresh: bool = False) -> tuple[str, aiohttp.ClientSession]:
+        if self._session is not None and fresh:
+            # Requests in flight on it may still finish; it is closed with the client.
+            self._retired.append(self._session)
+            self._session = None
+        if self._session is None:
+            info = login()
+            self._server = info.server.rstrip("/")
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=info.as_ssl_context()),
+                headers=info.as_http_headers(),
+                timeout=REQUEST_TIMEOUT,
+                trust_env=False,
+            )
+        return self._server, self._session
 
     async def close(self) -> None:
-        await self._api.close()  # type: ignore[no-untyped-call]
+        for session in [*self._retired, *([self._session] if self._session else [])]:
+            await session.close()
+        self._session, self._retired = None, []
 
     async def _request(
         self,
@@ -69,21 +94,22 @@ class Kube:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
-        try:
-            serialized = await self._api.param_serialize(
-                method,
-                path,
-                query_params=query or [],
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = await self._api.call_api(*serialized, _request_timeout=30)
-            raw = await response.read()  # type: ignore[no-untyped-call]
-        except (OSError, TimeoutError) as error:
-            raise KubeError(0, f"{method} {path}: the API server did not answer: {error}") from None
-        data = json.loads(raw) if raw else None
-        return response.status, data
+        data = json.dumps(body) if body is not None else None
+        for attempt in (1, 2):
+            server, session = self._client(fresh=attempt == 2)
+            try:
+                async with session.request(
+                    method, server + path, params=query or [], data=data, headers=headers
+                ) as response:
+                    raw = await response.read()
+                    status = response.status
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                raise KubeError(
+                    0, f"{method} {path}: the API server did not answer: {error}"
+                ) from None
+            if status != 401:  # 401: the token may have been rotated; log in once more
+                break
+        return status, json.loads(raw) if raw else None
 
     @staticmethod
     def _fail(status: int, data: Any, what: str) -> KubeError:
