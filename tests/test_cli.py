@@ -150,3 +150,16 @@ def test_the_example_manifest_is_valid() -> None:
     assert agent.metadata.name == "release-clerk"
     assert [t.name for t in agent.spec.tools][-1] == "check_health"
     assert agent.spec.model.pricing is not None and agent.spec.model.pricing.output_per_m_tok == 15
+
+
+def test_a_worker_without_its_model_key_says_which_variable(tmp_path: Path) -> None:
+    manifest = tmp_path / "agent.yaml"
+    manifest.write_text(
+        "apiVersion: tether.dev/v1alpha1\nkind: DurableAgent\nmetadata: {name: a}\n"
+        "spec: {model: {provider: anthropic, name: claude-sonnet-4-5}}\n"
+    )
+    done = tether("worker", "--spec", str(manifest), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "tether: ANTHROPIC_API_KEY is not set: the worker needs the model's API key"
+    )

@@ -151,6 +151,14 @@ def test_a_run_through_the_ingress(restate_server: RestateServer, agent_worker: 
     assert session["status"] == "completed"
 
 
+def test_the_worker_starts_without_alarming_log_lines(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    worker = agent_worker(manifest(name(), [{"text": "hi"}]))
+    lines = [x for x in worker.log_tail().splitlines() if x and not x.startswith("=== start")]
+    assert len(lines) == 1 and "Running on" in lines[0], lines  # no "Lifespan error"
+
+
 def test_an_approved_call_runs_and_the_record_goes(
     restate_server: RestateServer, agent_worker: Any, tmp_path: Path, notify_url: str
 ) -> None:

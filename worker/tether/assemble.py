@@ -72,6 +72,15 @@ def api_key_for(spec: DurableAgentSpec, env: dict[str, str]) -> str | None:
     return env.get(model.api_key_env or DEFAULT_KEY_ENV[model.provider]) or None
 
 
+def require_api_key(spec: DurableAgentSpec, env: dict[str, str]) -> str:
+    """The model's API key from `env` ("" for the scripted model); a clear error without it."""
+    key = api_key_for(spec, env)
+    if spec.model.provider != "scripted" and not key:
+        variable = spec.model.api_key_env or DEFAULT_KEY_ENV[spec.model.provider]
+        raise SpecError(f"{variable} is not set: the worker needs the model's API key")
+    return key or ""
+
+
 def load_script(path: str | Path) -> tuple[list[dict[str, Any]], float]:
     """A scripted model file: `responses` (a list) and an optional per-call `delay` (seconds)."""
     try:

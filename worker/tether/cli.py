@@ -282,8 +282,8 @@ def approvals_command(args: argparse.Namespace) -> int:
 def worker_command(args: argparse.Namespace) -> int:
     """Check the manifest and settings here (clear errors), then become the small process that
     runs the hypercorn CLI under a hard deadline after SIGTERM (`tether.worker.supervise`)."""
+    from .assemble import check_subagents, require_api_key
     from .worker import supervise
-    from .worker.agent_object import build_provider
     from .worker.hypercorn_config import graceful_timeout
     from .worker.settings import settings_from_env
 
@@ -293,7 +293,11 @@ def worker_command(args: argparse.Namespace) -> int:
         "TETHER_WORKER_BIND": f"{args.host}:{args.port}",
         "TETHER_WORKER_PROCESSES": str(args.processes),
     }
-    build_provider(settings_from_env(env))
+    # What the worker would refuse at start-up, said here without a traceback (and without
+    # importing the worker itself: its process imports it once, and starts sooner).
+    spec = settings_from_env(env).manifest.spec
+    require_api_key(spec, env)
+    check_subagents(spec)
     command = [sys.executable, "-m", "hypercorn", "--config"]
     command += ["python:tether.worker.hypercorn_config", "tether.worker.asgi:app"]
     # Run as a script, not as `tether.worker.supervise`: nothing of tether stays in memory.

@@ -28,11 +28,11 @@ from ..agent import AgentStats, create_agent
 from ..agent.hooks import HookFn
 from ..assemble import (
     SPAWN_TOOL,
-    api_key_for,
     behavior_from_spec,
     check_subagents,
     parking_with,
     provider_from_spec,
+    require_api_key,
     tools_from_spec,
 )
 from ..durable.protocol import DurableRuntime
@@ -48,7 +48,7 @@ from ..restate import (
     run_child,
 )
 from ..session import create_session, load_session
-from ..spec import SpecError, parse_duration
+from ..spec import parse_duration
 from ..tools.base import ToolContext, ToolDef
 from .inbox import RestateInbox, inbox_object
 from .parking import ParkSettings, restate_wait
@@ -120,11 +120,7 @@ async def forget_children(ctx: restate.ObjectContext) -> None:
 
 def build_provider(settings: WorkerSettings) -> Provider:
     spec = settings.manifest.spec
-    key = api_key_for(spec, dict(settings.env))
-    if spec.model.provider != "scripted" and not key:
-        variable = spec.model.api_key_env or f"{spec.model.provider.upper()}_API_KEY"
-        raise SpecError(f"{variable} is not set: the worker needs the model's API key")
-    return provider_from_spec(spec, key or "")
+    return provider_from_spec(spec, require_api_key(spec, dict(settings.env)))
 
 
 def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
