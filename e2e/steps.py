@@ -351,11 +351,17 @@ def _pod_running_work(p: Platform, agent: str) -> str | None:
     return None
 
 
+def _wall(timestamp: str) -> float:
+    """Seconds since the epoch of one of Restate's ISO timestamps."""
+    return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
 def _next_step_after(
     p: Platform, invocation: str, before: int, since: float, timeout: float
-) -> float:
+) -> tuple[float, float | None]:
     """Seconds from `since` (wall clock) until the journal of `invocation` grew past `before`
-    entries, by Restate's own record of when that entry was appended."""
+    entries, by Restate's own record of when that entry was appended; and until Restate
+    first recorded the attempt's failure (None if it recorded none)."""
     wait_for(
         "the run's next journaled step",
         lambda: p.journal_length(invocation) > before,
@@ -365,8 +371,12 @@ def _next_step_after(
     (row,) = p.sql(
         f"SELECT appended_at FROM sys_journal WHERE id = '{invocation}' AND index = {before}"
     )
-    appended = datetime.datetime.fromisoformat(row["appended_at"].replace("Z", "+00:00"))
-    return appended.timestamp() - since
+    failures = p.sql(
+        "SELECT min(appended_at) AS first FROM sys_journal_events "
+        f"WHERE id = '{invocation}' AND event_type = 'TransientError'"
+    )
+    noticed = failures[0].get("first") if failures else None
+    return _wall(row["appended_at"]) - since, _wall(noticed) - since if noticed else None
 
 
 def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
@@ -390,10 +400,11 @@ def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
         p.kubectl(
             "-n", AGENTS_NS, "delete", "pod", pod, "--grace-period=0", "--force", "--wait=false"
         )
-        p.report.time(
-            f"worker pod force-deleted -> next step ({replicas} replica{'s' * (replicas > 1)})",
-            _next_step_after(p, invocation, before, killed, 120),
-        )
+        step, noticed = _next_step_after(p, invocation, before, killed, 120)
+        label = f"{replicas} replica{'s' * (replicas > 1)}"
+        p.report.time(f"worker pod force-deleted -> next step ({label})", step)
+        if noticed is not None:
+            p.report.time(f"worker pod force-deleted -> Restate saw it ({label})", noticed)
         result = p.result(invocation)
         if result.get("status") != "completed":
             raise StepFailed(f"the run after the kill did not complete: {result}")
@@ -425,10 +436,8 @@ def kill_restate(p: Platform) -> None:
     p.report.time("Restate pod killed -> Restate Ready", time.monotonic() - killed)
     p.admin.restart()
     p.ingress.restart()
-    p.report.time(
-        "Restate pod killed -> the run's next step",
-        _next_step_after(p, invocation, before, killed_wall, 180),
-    )
+    step, _ = _next_step_after(p, invocation, before, killed_wall, 180)
+    p.report.time("Restate pod killed -> the run's next step", step)
     result = p.result(invocation)
     if result.get("status") != "completed":
         raise StepFailed(f"the run did not complete after Restate's pod was killed: {result}")

@@ -344,6 +344,13 @@ def _verdicts(
         registered = Verdict(
             REGISTERED, False, "WaitingForPods", f"version {desired} has no available pods yet"
         )
+    elif desired in mem.unanswered_since:
+        registered = Verdict(
+            REGISTERED,
+            False,
+            "WaitingForService",
+            f"version {desired} has ready pods, but its URL does not answer yet",
+        )
     else:
         registered = Verdict(REGISTERED, False, "Registering", f"registering version {desired}")
 

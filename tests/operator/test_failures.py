@@ -142,3 +142,21 @@ def test_an_agent_name_taken_in_another_namespace_is_a_condition(
             other.delete_agent(name)
         wait_for(lambda: not other.agents(), timeout=60, what="the second agent deleted")
         client.CoreV1Api(cluster.api).delete_namespace(other.namespace)
+
+
+def test_a_version_is_registered_once_its_url_answers(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    """Its pods are ready before the Service routes to them: the operator waits for the URL to
+    answer instead of sending Restate a registration that fails; if it never answers (the
+    operator may be kept from the workers where Restate is not), it registers after a while."""
+    with_secrets(cluster)
+    closed = free_port()
+    run_operator(TETHER_WORKER_URL_TEMPLATE=f"http://127.0.0.1:{closed}/{{namespace}}/{{agent}}")
+    cluster.apply_agent(manifest())
+    waiting = condition_with_reason(cluster, "Registered", "WaitingForService")
+    assert "does not answer yet" in waiting["message"]
+    assert not any(e["reason"] == "RegistrationFailed" for e in cluster.events(AGENT))
+    # Restate is asked after ROUTE_WAIT (10 s), and says why it cannot register it.
+    failed = condition_with_reason(cluster, "Registered", "RegistrationFailed")
+    assert str(closed) in failed["message"]
