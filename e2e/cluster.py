@@ -42,6 +42,8 @@ class Cluster:
     kubectl_bin: str = "kubectl"
     helm_bin: str = "helm"
     outside_attempts: Callable[[], list[str]] | None = None
+    kill_container: Callable[[str, str, str], None] | None = None
+    """SIGKILL a container's main process (namespace, pod, container), where the cluster can."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
 

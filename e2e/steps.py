@@ -380,43 +380,70 @@ def _next_step_after(
 
 
 def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
-    """Force-delete the pod running a run's tool; time until the run's next journaled step."""
+    """A worker lost while a run's tool runs: its pod force-deleted (the kubelet gives it 2 s of
+    grace), and where the cluster can, its process SIGKILLed (a crash, an OOM kill). Times until
+    the run's next journaled step, on the replacement or the other replica."""
     p.apply_agent(E2E / "resume-agent.yaml", worker={"replicas": replicas})
+    selector = f"{AGENT_LABEL}={RESUME}"
     wait_for(
         f"{RESUME} Ready on {replicas} pods",
         lambda: (
             p.ready(RESUME)
-            and len(p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={RESUME}")) == replicas
+            and len(p.kubectl.ready_pods(AGENTS_NS, selector)) == replicas
             and len(p.agent_status(RESUME).get("versions", [])) == 1
         ),
         300,
     )
-    for trial in range(trials):
-        session = f"resume-{replicas}-{trial}-{secrets.token_hex(3)}"
-        invocation = p.start_run(RESUME, session, "work")
-        pod = wait_for("the pod running `work`", lambda: _pod_running_work(p, RESUME), 60, 0.3)
-        before = p.journal_length(invocation)
-        killed = time.time()
+    label = f"{replicas} replica{'s' * (replicas > 1)}"
+
+    def force_delete(pod: str) -> None:
         p.kubectl(
             "-n", AGENTS_NS, "delete", "pod", pod, "--grace-period=0", "--force", "--wait=false"
         )
-        step, noticed = _next_step_after(p, invocation, before, killed, 120)
-        label = f"{replicas} replica{'s' * (replicas > 1)}"
-        p.report.time(f"worker pod force-deleted -> next step ({label})", step)
-        if noticed is not None:
-            p.report.time(f"worker pod force-deleted -> Restate saw it ({label})", noticed)
-        result = p.result(invocation)
-        if result.get("status") != "completed":
-            raise StepFailed(f"the run after the kill did not complete: {result}")
-        turns = p.session(RESUME, session)["turns"]
-        outcomes = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
-        if len(outcomes) != 1 or "interrupted" not in str(outcomes[0]).lower():
-            raise StepFailed(f"expected `work` reported interrupted once, got {outcomes}")
-        wait_for(
-            f"{replicas} ready pods again",
-            lambda: len(p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={RESUME}")) == replicas,
-            180,
-        )
+
+    losses: list[tuple[str, Callable[[str], None]]] = [("worker pod force-deleted", force_delete)]
+    kill = p.cluster.kill_container
+    if kill is not None:
+        losses.append(("worker process SIGKILLed", lambda pod: kill(AGENTS_NS, pod, "worker")))
+    for loss, inflict in losses:
+        for trial in range(trials):
+            session = f"resume-{replicas}-{trial}-{secrets.token_hex(3)}"
+            invocation = p.start_run(RESUME, session, "work")
+            pod = wait_for("the pod running `work`", lambda: _pod_running_work(p, RESUME), 60, 0.3)
+            before = p.journal_length(invocation)
+            lost = time.time()
+            inflict(pod)
+            step, noticed = _next_step_after(p, invocation, before, lost, 120)
+            p.report.time(f"{loss} -> next step ({label})", step)
+            if noticed is not None:
+                p.report.time(f"{loss} -> Restate saw it ({label})", noticed)
+            result = p.result(invocation)
+            if result.get("status") != "completed":
+                raise StepFailed(f"the run after the loss did not complete: {result}")
+            turns = p.session(RESUME, session)["turns"]
+            outcomes = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
+            if len(outcomes) != 1 or "interrupted" not in str(outcomes[0]).lower():
+                raise StepFailed(f"expected `work` reported interrupted once, got {outcomes}")
+            # The next trial starts with every replica back, and no marker left behind (a
+            # restarted container keeps its pod's /workspace).
+            wait_for(
+                f"{replicas} ready pods again",
+                lambda: len(p.kubectl.ready_pods(AGENTS_NS, selector)) == replicas,
+                180,
+            )
+            for ready in p.kubectl.ready_pods(AGENTS_NS, selector):
+                p.kubectl(
+                    "-n",
+                    AGENTS_NS,
+                    "exec",
+                    ready,
+                    "-c",
+                    "worker",
+                    "--",
+                    "rm",
+                    "-f",
+                    "/workspace/started",
+                )
 
 
 def kill_restate(p: Platform) -> None:

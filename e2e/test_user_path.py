@@ -74,6 +74,7 @@ def test_the_user_path(node: KubeNode, images: dict[str, str], helm_path: Path) 
         kubectl_bin=str(plane.bin_dir / "kubectl"),
         helm_bin=str(helm_path),
         outside_attempts=node.outside_attempts,
+        kill_container=node.kill_container,
     )
     report = Report()
     try:

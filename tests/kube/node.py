@@ -632,6 +632,16 @@ table inet {NFT_TABLE} {{
 """
         run("nft", "-f", "-", input=script)
 
+    def kill_container(self, namespace: str, pod: str, container: str) -> None:
+        """SIGKILL a container's main process, as an OOM kill or a crash would: no grace, the
+        pod stays and the kubelet restarts the container."""
+        status = json.loads(
+            self.control_plane.kubectl("-n", namespace, "get", "pod", pod, "-o", "json").stdout
+        )["status"]
+        (found,) = [c for c in status["containerStatuses"] if c["name"] == container]
+        container_id = found["containerID"].split("://", 1)[1]
+        self._ctr("tasks", "kill", "--signal", "SIGKILL", container_id)
+
     def outside_attempts(self) -> list[str]:
         """Every connection a pod opened to something outside the cluster, in words; a lookup
         of an outside name shows as the name and who asked (CoreDNS's log)."""
