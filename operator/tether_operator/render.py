@@ -284,6 +284,11 @@ def version_objects(
         "spec": {
             "type": settings.worker_service_type,
             "selector": selector(name, digest),
+            # Restate is this Service's only client, and it retries a connection that is refused.
+            # A new pod is routed to as soon as it has an address, not after its probes and the
+            # next kube-proxy sync: a run whose only worker died waits for the replacement's
+            # process to listen, and no longer.
+            "publishNotReadyAddresses": True,
             "ports": [
                 {
                     "name": "restate",

@@ -136,6 +136,7 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
     assert service.spec is not None and service.spec.ports is not None
     assert [(p.port, p.app_protocol) for p in service.spec.ports] == [(9080, "kubernetes.io/h2c")]
     assert service.spec.selector == {"tether.dev/agent": AGENT, "tether.dev/version": digest}
+    assert service.spec.publish_not_ready_addresses  # Restate retries; it need not wait probes
     sidecars = cluster.core.read_namespaced_service(f"{AGENT}-sidecar", cluster.namespace)
     assert sidecars.spec is not None and sidecars.spec.selector == {"tether.dev/agent": AGENT}
 
