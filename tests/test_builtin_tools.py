@@ -42,8 +42,14 @@ def build(name: str, config: dict[str, Any], root: Path) -> Any:
     return BUILTINS[name](name, config, Workspace(root))
 
 
+def loopback(url: str) -> dict[str, Any]:
+    """The config that lets http_request call a test server on loopback at `url`'s port."""
+    return {"allowCidrs": ["127.0.0.0/8", "::1/128"], "allowPorts": [int(url.rsplit(":", 1)[1])]}
+
+
 async def test_http_request_reaches_allowed_hosts_only(server: str, tmp_path: Path) -> None:
-    fetch = build("http_request", {"allowHosts": ["127.0.0.1"], "maxResponseBytes": 10}, tmp_path)
+    config = {"allowHosts": ["127.0.0.1"], "maxResponseBytes": 10, **loopback(server)}
+    fetch = build("http_request", config, tmp_path)
     assert await fetch.execute({"url": f"{server}/hi"}, None) == "HTTP 200\nhello /hi"
     assert (await fetch.execute({"url": f"{server}/big"}, None)).endswith(
         "[... 90 more bytes not shown ...]"

@@ -160,8 +160,11 @@ class ToolSpecEntry(_Model):
     builtin: BuiltinTool | None = Field(
         default=None,
         description="A built-in tool: read_file, write_file, append_file, list_files (confined "
-        "to the workspace), http_request (config.allowHosts), shell (config.timeout, "
-        "config.maxOutputBytes), ask_human (parks until a person answers).",
+        "to the workspace), http_request (config: allowHosts, allowPorts [80, 443], allowCidrs "
+        "for non-public addresses, timeoutSeconds, maxResponseBytes), shell (config: "
+        "timeoutSeconds, maxOutputBytes, killAfterOutputBytes, env, passEnv, limits: "
+        "{cpuSeconds, memoryBytes, fileSizeBytes, processes}), ask_human (parks until a person "
+        "answers).",
     )
     python: str | None = Field(
         default=None,

@@ -1,0 +1,237 @@
+"""`shell` confinement, with real processes: environment, resource limits, streamed output cap,
+process-group kills."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import sys
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.tools import ToolError
+from tether.tools.builtin import BUILTINS, Workspace
+
+MiB = 1024 * 1024
+
+
+def build(config: dict[str, Any], root: Path) -> Any:
+    return BUILTINS["shell"]("shell", config, Workspace(root))
+
+
+async def run(config: dict[str, Any], root: Path, command: str) -> str:
+    result: str = await build(config, root).execute({"command": command}, None)
+    return result
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_dead(pid: int, seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def pids() -> Iterator[list[int]]:
+    """Pids a test saw: killed at the end whatever happened (nothing left behind by a failure)."""
+    seen: list[int] = []
+    yield seen
+    for pid in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def environment(output: str) -> dict[str, str]:
+    lines = output.split("\n", 1)[1].splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+async def test_shell_gets_none_of_the_worker_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_WEBHOOK_SECRET", "approve-me-secret")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-secret")
+    result = await run({}, tmp_path, "env; pwd")
+    assert "secret" not in result
+    env = environment(result)
+    env.pop("PWD", None)  # the shell's own
+    assert env == {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+    }
+    assert result.rstrip().endswith(f"\n{tmp_path}")  # pwd: the workspace
+
+
+async def test_shell_environment_comes_from_its_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_WEBHOOK_SECRET", "approve-me-secret")
+    monkeypatch.setenv("GIT_TOKEN", "token-for-git")
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    config = {"passEnv": ["GIT_TOKEN", "NOT_SET_ANYWHERE"], "env": {"LANG": "C", "MODE": "ci"}}
+    env = environment(await run(config, tmp_path, "env"))
+    env.pop("PWD", None)
+    assert env == {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(tmp_path),
+        "LANG": "C",
+        "GIT_TOKEN": "token-for-git",
+        "MODE": "ci",
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "error"),
+    [
+        ({"passEnv": ["TETHER_WEBHOOK_SECRET"]}, "secret of the worker"),
+        ({"passEnv": ["OPENAI_API_KEY"]}, "secret of the worker"),
+        ({"passEnv": ["A-B"]}, "not an environment variable name"),
+        ({"env": {"1X": "y"}}, "not an environment variable name"),
+        ({"maxOutputBytes": 100, "killAfterOutputBytes": 10}, "at least maxOutputBytes"),
+        ({"limits": {"cpuSeconds": 0}}, "greater than 0"),
+        ({"limits": {"wallSeconds": 1}}, "Extra inputs"),
+    ],
+)
+def test_shell_config_is_checked(config: dict[str, Any], error: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=error):
+        build(config, tmp_path)
+
+
+def limits_of(output: str) -> dict[str, tuple[str, str]]:
+    """`/proc/self/limits` as {name: (soft, hard)}."""
+    rows = output.splitlines()[2:]  # the exit code, the header
+    return {row[:26].strip(): (row[26:47].strip(), row[47:68].strip()) for row in rows}
+
+
+def expected(kind: int, value: int) -> str:
+    """`value`, or the worker's hard limit when that is lower (the child cannot go above it)."""
+    hard = resource.getrlimit(kind)[1]
+    return str(value if hard == resource.RLIM_INFINITY else min(value, hard))
+
+
+async def test_shell_has_resource_limits_by_default(tmp_path: Path) -> None:
+    limits = limits_of(await run({"timeoutSeconds": 7.5}, tmp_path, "cat /proc/self/limits"))
+    assert limits["Max cpu time"][0] == expected(resource.RLIMIT_CPU, 8)  # the timeout
+    assert limits["Max address space"] == (expected(resource.RLIMIT_AS, 2048 * MiB),) * 2
+    assert limits["Max file size"] == (expected(resource.RLIMIT_FSIZE, 1024 * MiB),) * 2
+    assert limits["Max processes"] == (expected(resource.RLIMIT_NPROC, 1024),) * 2
+    assert limits["Max core file size"] == ("0", "0")
+
+
+async def test_shell_limits_come_from_its_config(tmp_path: Path) -> None:
+    config = {
+        "limits": {"cpuSeconds": 3, "memoryBytes": 300 * MiB, "fileSizeBytes": MiB, "processes": 50}
+    }
+    limits = limits_of(await run(config, tmp_path, "cat /proc/self/limits"))
+    assert limits["Max cpu time"] == (expected(resource.RLIMIT_CPU, 3), "4")
+    assert limits["Max address space"] == (expected(resource.RLIMIT_AS, 300 * MiB),) * 2
+    assert limits["Max file size"] == (expected(resource.RLIMIT_FSIZE, MiB),) * 2
+    assert limits["Max processes"] == (expected(resource.RLIMIT_NPROC, 50),) * 2
+    # null: left as the worker has it
+    unlimited = {"limits": {"memoryBytes": None}}
+    limits = limits_of(await run(unlimited, tmp_path, "cat /proc/self/limits"))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    shown = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
+    assert limits["Max address space"][1] == shown
+
+
+async def test_shell_limits_stop_runaway_commands(tmp_path: Path) -> None:
+    config = {
+        "timeoutSeconds": 30,
+        "limits": {"cpuSeconds": 1, "memoryBytes": 256 * MiB, "fileSizeBytes": MiB},
+    }
+    started = time.monotonic()
+    spin = await run(config, tmp_path, "while :; do :; done")
+    assert spin == "exit code -24 (SIGXCPU)\n"
+    assert time.monotonic() - started < 15  # long before the timeout
+    await run(config, tmp_path, "head -c 3000000 /dev/zero > big")
+    assert (tmp_path / "big").stat().st_size == MiB
+    grab = f"{sys.executable} -c 'bytearray(512 * 1024 * 1024)'"
+    assert "MemoryError" in await run(config, tmp_path, grab)
+    # The command cannot raise its limits back (they are hard limits too), unless it may raise
+    # any hard limit (CAP_SYS_RESOURCE, which a worker never has).
+    if not may_raise_hard_limits():
+        raised = await run(config, tmp_path, "ulimit -t unlimited && echo raised")
+        assert "raised" not in raised
+
+
+def may_raise_hard_limits() -> bool:
+    status = Path("/proc/self/status").read_text()
+    effective = int(status.split("CapEff:")[1].split()[0], 16)
+    return bool(effective & (1 << 24))  # CAP_SYS_RESOURCE
+
+
+async def test_shell_output_is_capped_while_it_streams(tmp_path: Path) -> None:
+    """50 MB of output, 32 KiB kept: the worker never holds the rest."""
+    tracemalloc.start()
+    try:
+        result = await run({}, tmp_path, "head -c 50000000 /dev/zero | tr '\\0' a; echo; echo end")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    head, tail = result.split("\n", 1)
+    assert head == "exit code 0"
+    total = 50_000_000 + len("\nend\n")
+    assert tail.startswith(f"[... {total - 32 * 1024} bytes dropped ...]\naaaa")
+    assert tail.endswith("aaaa\nend\n") and len(tail.split("\n", 1)[1]) == 32 * 1024
+    assert peak < 8 * MiB, f"peak {peak} bytes"
+
+
+async def test_shell_kills_a_command_that_floods_its_output(tmp_path: Path) -> None:
+    config = {"timeoutSeconds": 30, "maxOutputBytes": 100, "killAfterOutputBytes": MiB}
+    started = time.monotonic()
+    result = await run(config, tmp_path, "yes")
+    assert time.monotonic() - started < 10
+    head, dropped, kept = result.split("\n", 2)
+    assert head == f"output passed {MiB} bytes (killed)"
+    assert dropped.startswith("[... ") and kept.endswith("y\n")
+
+
+async def test_shell_kills_the_whole_group_on_timeout(tmp_path: Path, pids: list[int]) -> None:
+    """A child forks a grandchild that would outlive the shell: the timeout kills it too."""
+    command = "sh -c 'sleep 300 > /dev/null 2>&1 & echo $! > grandchild'; sleep 300"
+    started = time.monotonic()
+    result = await run({"timeoutSeconds": 1}, tmp_path, command)
+    assert result == "timed out after 1 s (killed)"
+    assert time.monotonic() - started < 10
+    pids.append(int((tmp_path / "grandchild").read_text()))
+    assert wait_dead(pids[-1])
+
+
+async def test_shell_leaves_nothing_running_after_it_exits(tmp_path: Path, pids: list[int]) -> None:
+    command = "sleep 300 > /dev/null 2>&1 & echo $! > background; echo started"
+    assert await run({}, tmp_path, command) == "exit code 0\nstarted\n"
+    pids.append(int((tmp_path / "background").read_text()))
+    assert wait_dead(pids[-1])
+    # A background job that holds the output does not make the call wait for its timeout.
+    started = time.monotonic()
+    assert await run({"timeoutSeconds": 20}, tmp_path, "sleep 300 & echo hi") == "exit code 0\nhi\n"
+    assert time.monotonic() - started < 10
+
+
+async def test_shell_does_not_read_the_worker_stdin(tmp_path: Path) -> None:
+    assert await run({"timeoutSeconds": 5}, tmp_path, "cat; echo done") == "exit code 0\ndone\n"
+
+
+async def test_shell_without_its_workspace_is_a_tool_error(tmp_path: Path) -> None:
+    with pytest.raises(ToolError, match="cannot start the command"):
+        await run({}, tmp_path / "missing", "true")
