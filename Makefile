@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin clean
+.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin chromium clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,13 @@ kube-bins:
 helm-bin:
 	bash scripts/build-helm.sh >/dev/null
 
-unit: $(STAMP) restate-server kube-bins helm-bin
+# Debian's chromium for the browser test of the approval page (tests/restate), driven by the
+# playwright package, which never downloads a browser of its own. Needs root on Debian/Ubuntu.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null
+
+unit: $(STAMP) restate-server kube-bins helm-bin chromium
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

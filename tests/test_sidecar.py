@@ -14,8 +14,12 @@ import textwrap
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from html import unescape
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
+from urllib.parse import urlencode, urljoin
 
 import httpx2
 import pytest
@@ -32,6 +36,7 @@ from tether.providers import Pricing, scripted
 from tether.providers.base import ModelRequest, ModelResponse, TextCallback
 from tether.providers.scripted import ScriptedProvider
 from tether.sidecar import SidecarConfigError, SidecarSettings, create_app, settings_from_env
+from tether.sidecar.link_form import FORM_TOKEN_SECONDS, form_token
 from tether.sidecar.parked_calls import parked_calls_query
 from tether.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, signed_link
 
@@ -229,9 +234,15 @@ async def sidecar() -> AsyncIterator[Sidecar]:
         await restate.stop()
 
 
-def link(action: str, awakeable_id: str = ID_A, expires: int | None = None) -> str:
+def link(
+    action: str,
+    awakeable_id: str = ID_A,
+    expires: int | None = None,
+    recipient: str | None = None,
+) -> str:
     exp = int(time.time()) + 600 if expires is None else expires
-    url = signed_link("http://sidecar.test", SECRET.encode(), action, awakeable_id, exp)  # type: ignore[arg-type]
+    to = {} if recipient is None else {"recipient": recipient}
+    url = signed_link("http://sidecar.test", SECRET.encode(), action, awakeable_id, exp, **to)  # type: ignore[arg-type]
     return url.removeprefix("http://sidecar.test")
 
 
@@ -447,24 +458,377 @@ async def test_restate_failures_leave_the_call_answerable(sidecar: Sidecar) -> N
 
 
 # --------------------------------------------------------------------------------------------
-# Links
+# Links: opening one shows the call; only the page's form decides
 
 
-async def test_approve_and_deny_links(sidecar: Sidecar) -> None:
-    approved = await sidecar.client.get(link("approve", ID_A))
-    assert approved.status_code == 200
-    assert "Approved" in approved.text and approved.headers["content-type"].startswith("text/html")
-    assert approved.headers["cache-control"] == "no-store"
-    assert approved.headers["referrer-policy"] == "no-referrer"
-    denied = await sidecar.client.get(link("deny", ID_B))
-    assert denied.status_code == 200 and "Denied" in denied.text
+BROWSER = {"origin": "http://sidecar.test", "sec-fetch-site": "same-origin"}
+"""What a browser sends with the form of a page it got from http://sidecar.test."""
+
+
+class FormParser(HTMLParser):
+    """The form of a link's page: its action, hidden fields and buttons (in page order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action: str | None = None
+        self.fields: dict[str, str] = {}
+        self.buttons: list[tuple[str, str]] = []
+        self._button: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "form":
+            self.action = attributes.get("action")
+        elif tag == "input" and attributes.get("type") == "hidden":
+            self.fields[str(attributes["name"])] = str(attributes["value"])
+        elif tag == "button":
+            self._button = attributes.get("value")
+
+    def handle_data(self, data: str) -> None:
+        if self._button is not None:
+            self.buttons.append((self._button, data))
+            self._button = None
+
+
+@dataclass
+class Page:
+    """A link's page as a browser gets it, and where its form posts."""
+
+    response: httpx2.Response
+    post_to: str
+    fields: dict[str, str]
+    buttons: list[tuple[str, str]]
+
+    @property
+    def text(self) -> str:
+        return self.response.text
+
+
+async def open_link(sidecar: Sidecar, url: str) -> Page:
+    response = await sidecar.client.get(url)
+    assert response.status_code == 200, response.text
+    form = FormParser()
+    form.feed(response.text)
+    assert form.action is not None
+    post_to = urljoin(f"http://sidecar.test{url}", form.action).removeprefix("http://sidecar.test")
+    return Page(response, post_to, form.fields, form.buttons)
+
+
+async def press(
+    sidecar: Sidecar,
+    page: Page,
+    decision: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **fields: str | None,
+) -> httpx2.Response:
+    """Post the page's form as its `decision` button does (`fields` change, or drop with None,
+    form fields)."""
+    form = {**page.fields, "decision": decision, **fields}
+    data = {name: value for name, value in form.items() if value is not None}
+    return await sidecar.client.post(
+        page.post_to, data=data, headers=BROWSER if headers is None else headers
+    )
+
+
+def security_headers_of(response: httpx2.Response) -> None:
+    headers = response.headers
+    assert headers["content-type"].startswith("text/html")
+    assert headers["cache-control"] == "no-store"
+    assert headers["referrer-policy"] == "no-referrer"
+    assert headers["x-frame-options"] == "DENY"
+    assert headers["x-content-type-options"] == "nosniff"
+    policy = [part.strip() for part in headers["content-security-policy"].split(";")]
+    for directive in (
+        "default-src 'none'",
+        "style-src 'unsafe-inline'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ):
+        assert directive in policy
+    assert not [part for part in policy if part.startswith("script-src")]
+
+
+async def listed_ids(sidecar: Sidecar) -> list[str]:
+    headers = sign_request(SECRET.encode(), b"", path="/v1/approvals")
+    listed = (await sidecar.client.get("/v1/approvals", headers=headers)).json()["parked"]
+    return [p["awakeable_id"] for p in listed]
+
+
+async def test_opening_a_link_shows_the_call_and_decides_nothing(sidecar: Sidecar) -> None:
+    shown = await sidecar.metric("tether_webhook_requests_total", outcome="shown") or 0.0
+    expires = int(time.time()) + 600
+    url = link("approve", ID_A, expires)
+    head = await sidecar.client.head(url)  # a link checker
+    assert head.status_code != 200 and sidecar.restate.completions == []
+
+    page = await open_link(sidecar, url)
+    security_headers_of(page.response)
+    text = unescape(page.text)
+    assert "<script" not in page.text
+    link_expiry = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires))
+    for shown_text in (AGENT, "session-1", "restart_service", "call-session-1", link_expiry):
+        assert shown_text in text
+    assert '{\n  "service": "api"\n}' in text  # the input, pretty-printed
+    assert page.buttons == [("approve", "Approve"), ("deny", "Deny")]  # the link's decision first
+    assert set(page.fields) == {"exp", "sig", "token"}
+    assert page.post_to == f"/v1/awakeables/{ID_A}/approve"
+
+    again = await open_link(sidecar, url)  # a preview, then the person: still the page
+    assert again.fields["token"] != page.fields["token"]  # one token per rendering
+    assert sidecar.restate.completions == []
+    assert ID_A in await listed_ids(sidecar)
+    assert await sidecar.metric("tether_webhook_requests_total", outcome="shown") == shown + 2
+
+
+async def test_the_pages_button_approves_once(sidecar: Sidecar) -> None:
+    page = await open_link(sidecar, link("approve", ID_A))
+    before = int(time.time() * 1000)
+    approved = await press(sidecar, page, "approve")
+    after = int(time.time() * 1000)
+    assert approved.status_code == 200, approved.text
+    assert "<h1>Approved</h1>" in approved.text
+    security_headers_of(approved)
+    [forwarded] = sidecar.restate.completions
+    assert forwarded.url.path == f"/ingress/restate/awakeables/{ID_A}/resolve"
+    value = json.loads(forwarded.content)
+    assert value == {"approved": True, "by": "link", "approver": None, "decided_at": ANY}
+    assert before <= value["decided_at"] <= after
+    assert ID_A not in await listed_ids(sidecar)
+
+    twice = await press(sidecar, page, "approve")
+    assert twice.status_code == 409 and "already answered" in twice.text
+    reopened = await sidecar.client.get(link("approve", ID_A))
+    assert reopened.status_code == 409 and "already answered" in reopened.text
+    assert len(sidecar.restate.completions) == 1
+
+
+async def test_a_deny_link_denies_and_cannot_approve(sidecar: Sidecar) -> None:
+    page = await open_link(sidecar, link("deny", ID_A))
+    assert page.buttons == [("deny", "Deny")]
+    assert "<h1>Deny this call?</h1>" in page.text
+    forged = await press(sidecar, page, "approve")
+    assert forged.status_code == 403 and sidecar.restate.completions == []
+    denied = await press(sidecar, page, "deny")
+    assert denied.status_code == 200 and "<h1>Denied</h1>" in denied.text
+    # An approve link's page may deny too (its second button).
+    other = await open_link(sidecar, link("approve", ID_B))
+    assert (await press(sidecar, other, "deny")).status_code == 200
     values = [json.loads(r.content) for r in sidecar.restate.completions]
-    assert values == [{"approved": True, "by": "link"}, {"approved": False, "by": "link"}]
-    assert [r.url.path.rsplit("/", 1)[1] for r in sidecar.restate.completions] == ["resolve"] * 2
+    assert [(v["approved"], v["by"]) for v in values] == [(False, "link"), (False, "link")]
 
-    again = await sidecar.client.get(link("approve", ID_A))
-    assert again.status_code == 409 and "already answered" in again.text
-    assert len(sidecar.restate.completions) == 2
+
+async def test_a_link_minted_for_a_recipient_records_the_approver(
+    sidecar: Sidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    alice = "Alice <alice@example.com>"
+    url = link("approve", ID_A, recipient=alice)
+    assert "to=Alice+%3Calice%40example.com%3E" in url
+    page = await open_link(sidecar, url)
+    assert "<tr><th>Link sent to</th><td>Alice &lt;alice@example.com&gt;</td></tr>" in page.text
+    assert page.fields["to"] == alice
+    # The recipient is signed: changed or dropped, the link and the form are refused.
+    for tampered in (
+        url.replace("to=Alice", "to=Mallory"),
+        url.replace("to=Alice+%3Calice%40example.com%3E&", ""),
+    ):
+        assert (await sidecar.client.get(tampered)).status_code == 401
+    assert (await press(sidecar, page, "approve", to="mallory")).status_code == 401
+    assert (await press(sidecar, page, "approve", to=None)).status_code == 401
+    assert sidecar.restate.completions == []
+
+    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+        assert (await press(sidecar, page, "approve")).status_code == 200
+    [forwarded] = sidecar.restate.completions
+    assert json.loads(forwarded.content)["approver"] == alice
+    assert f"approved by link (approver {alice!r})" in caplog.text
+
+
+def bad_forms() -> dict[str, tuple[dict[str, Any], int, str]]:
+    """Built when a test runs: the expiries and tokens are relative to the clock then.
+    Each case: what `press` gets (fields to change or drop; `headers`; `raw` for a raw body;
+    `expired`: the form of a link that has expired), the status and the outcome."""
+    stale = time.time() - 2 * FORM_TOKEN_SECONDS
+    future = time.time() + 2 * FORM_TOKEN_SECONDS
+    evil = {"origin": "https://evil.example", "sec-fetch-site": "cross-site"}
+    return {
+        "no token": ({"token": None}, 403, "bad_token"),
+        "empty token": ({"token": ""}, 403, "bad_token"),
+        "malformed token": ({"token": "abc"}, 403, "bad_token"),
+        "forged token": ({"token": "1.2." + "0" * 64}, 403, "bad_token"),
+        "token of another link's page": ({"other_token": True}, 403, "bad_token"),
+        "stale token": ({"token_at": stale}, 403, "bad_token"),
+        "token from the future": ({"token_at": future}, 403, "bad_token"),
+        "from another site": ({"headers": evil}, 403, "cross_site"),
+        "from another origin, no fetch metadata": (
+            {"headers": {"origin": "https://evil.example"}},
+            403,
+            "cross_site",
+        ),
+        "from another port of the host": (
+            {"headers": {"origin": "http://sidecar.test:8080"}},
+            403,
+            "cross_site",
+        ),
+        "opaque origin, cross-site": (
+            {"headers": {"origin": "null", "sec-fetch-site": "cross-site"}},
+            403,
+            "cross_site",
+        ),
+        "same site, not same origin": (
+            {"headers": {"sec-fetch-site": "same-site"}},
+            403,
+            "cross_site",
+        ),
+        "typed in (sec-fetch-site none)": (
+            {"headers": {"sec-fetch-site": "none"}},
+            403,
+            "cross_site",
+        ),
+        "tampered sig": ({"sig_suffix": "0"}, 401, "bad_signature"),
+        "no sig": ({"sig": None}, 401, "bad_signature"),
+        "moved expiry": ({"exp_plus": 1000}, 401, "bad_signature"),
+        "expired link": ({"expired": True}, 401, "expired"),
+        "deny link's form posted to approve": ({"deny_form": True}, 401, "bad_signature"),
+        "another call's form": ({"other_call": True}, 401, "bad_signature"),
+        "json": (
+            {"raw": b'{"decision": "approve"}', "type": "application/json"},
+            415,
+            "unsupported_media_type",
+        ),
+        "unknown field": ({"extra": "1"}, 400, "bad_body"),
+        "repeated field": ({"raw_repeat": True}, 400, "bad_body"),
+        "too large": ({"raw": b"x=" + b"a" * 5000}, 413, "too_large"),
+        "no decision": ({"decision": None}, 400, "bad_body"),
+        "odd decision": ({"decision": "maybe"}, 400, "bad_body"),
+    }
+
+
+@pytest.mark.parametrize("case", list(bad_forms()), ids=list(bad_forms()))
+async def test_bad_form_posts_are_refused_and_leave_the_call_parked(
+    sidecar: Sidecar, case: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    change, status, outcome = bad_forms()[case]
+    change = dict(change)
+    page = await open_link(sidecar, link("approve", ID_A))
+    fields: dict[str, str | None] = {**page.fields, "decision": "approve"}
+    sig = page.fields["sig"]
+    if "token_at" in change:
+        fields["token"] = form_token(SECRET.encode(), "approve", ID_A, sig, now=change["token_at"])
+    if change.pop("other_token", False):
+        fields["token"] = (await open_link(sidecar, link("approve", ID_B))).fields["token"]
+    if "sig_suffix" in change:
+        fields["sig"] = sig[:-1] + ("1" if sig.endswith("0") else "0")
+    if "exp_plus" in change:
+        fields["exp"] = str(int(page.fields["exp"]) + change["exp_plus"])
+    if change.pop("expired", False):
+        exp = int(time.time()) - 1
+        expired_sig = link_signature(SECRET.encode(), "approve", ID_A, exp)
+        fields |= {
+            "exp": str(exp),
+            "sig": expired_sig,
+            "token": form_token(SECRET.encode(), "approve", ID_A, expired_sig),
+        }
+    if change.pop("deny_form", False):
+        deny_page = await open_link(sidecar, link("deny", ID_A))
+        fields = {**deny_page.fields, "decision": "deny"}
+    if change.pop("other_call", False):
+        fields = {**(await open_link(sidecar, link("approve", ID_B))).fields, "decision": "approve"}
+    for name in ("token", "sig", "decision", "extra"):
+        if name in change:
+            fields[name] = change[name]
+    data = {name: value for name, value in fields.items() if value is not None}
+    headers = change.get("headers", BROWSER)
+    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+        if "raw" in change or change.get("raw_repeat"):
+            raw = change.get("raw") or (urlencode(data) + "&decision=deny").encode()
+            content_type = change.get("type", "application/x-www-form-urlencoded")
+            response = await sidecar.client.post(
+                page.post_to, content=raw, headers={**headers, "content-type": content_type}
+            )
+        else:
+            response = await sidecar.client.post(page.post_to, data=data, headers=headers)
+    assert response.status_code == status, response.text
+    security_headers_of(response)
+    assert sidecar.restate.completions == []
+    route = "/v1/awakeables/{awakeable_id:path}/approve"
+    assert f"refused POST {route}: {status} {outcome}" in caplog.text
+    assert sig not in caplog.text and page.fields["token"] not in caplog.text
+    # Nothing was used up: the page's own form still decides.
+    assert (await press(sidecar, page, "approve")).status_code == 200
+    assert len(sidecar.restate.completions) == 1
+
+
+ACCEPTED_HEADERS: dict[str, dict[str, str]] = {
+    "a browser": BROWSER,
+    "a browser sending Origin null (no-referrer)": {
+        "origin": "null",
+        "sec-fetch-site": "same-origin",
+    },
+    "behind a proxy that ends TLS": {
+        "origin": "https://sidecar.test",
+        "sec-fetch-site": "same-origin",
+    },
+    "a client without Origin or fetch metadata": {},
+}
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED_HEADERS), ids=list(ACCEPTED_HEADERS))
+async def test_the_form_is_accepted_from_its_own_page(sidecar: Sidecar, case: str) -> None:
+    page = await open_link(sidecar, link("approve", ID_A))
+    response = await press(sidecar, page, "approve", headers=ACCEPTED_HEADERS[case])
+    assert response.status_code == 200, response.text
+    assert len(sidecar.restate.completions) == 1
+
+
+async def test_the_page_escapes_the_calls_input(sidecar: Sidecar) -> None:
+    """The input (and the tool and session names) are model output or came from outside."""
+    attack = {
+        "cmd": "</pre><script>alert(1)</script>",
+        "q": "'><img src=x onerror=alert(2)>",
+        "u": '"><a href="javascript:alert(3)">x</a>',
+    }
+    call = sidecar.restate.sessions["session-1"][ID_A]
+    call["input_summary"] = json.dumps(attack)
+    call["tool"] = "<b>restart</b>"
+    sidecar.restate.sessions["session-<i>2</i>"] = {
+        ID_B: {  # a summary cut to a few hundred characters is not JSON any more
+            **record(ID_B, "session-<i>2</i>"),
+            "input_summary": '{"x":"<script>alert(4)</script>' + "y" * 300 + "...",
+        }
+    }
+    del sidecar.restate.sessions["session-2"]
+    page = await open_link(sidecar, link("approve", ID_A))
+    security_headers_of(page.response)
+    lowered = page.text.lower()
+    for raw in ("<script", "<img", "<a ", "<b>restart", 'javascript:alert(3)"'):
+        assert raw not in lowered, raw
+    assert "&lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    assert "&lt;b&gt;restart&lt;/b&gt;" in page.text
+    shown = unescape(page.text.split("<pre>", 1)[1].split("</pre>", 1)[0])
+    assert json.loads(shown) == attack  # all of it, readable
+    cut = await open_link(sidecar, link("approve", ID_B))
+    assert "<script" not in cut.text.lower() and "<i>" not in cut.text
+    assert "&lt;script&gt;alert(4)" in cut.text and "session-&lt;i&gt;2&lt;/i&gt;" in cut.text
+    assert "The input is cut to its first 300 characters" in cut.text
+    assert "is cut" not in page.text
+    assert sidecar.restate.completions == []
+
+
+async def test_a_webhook_resolution_records_its_approver(sidecar: Sidecar) -> None:
+    for bad in (7, "", "x" * 257, "bob\nINFO forged line", ["bob"]):
+        refused = await sidecar.post(ID_A, {"approved": True, "approver": bad})
+        assert (refused.status_code, refused.json()["outcome"]) == (400, "bad_body"), bad
+    assert sidecar.restate.completions == []
+    before = int(time.time() * 1000)
+    resolved = await sidecar.post(ID_A, {"approved": True, "approver": "bob@example.com"})
+    assert resolved.status_code == 202, resolved.text
+    answered = await sidecar.post(ID_B, {"answer": "yes", "approver": "carol", "decided_at": 5})
+    assert answered.status_code == 202, answered.text
+    first, second = (json.loads(r.content) for r in sidecar.restate.completions)
+    assert first == {"approved": True, "approver": "bob@example.com", "decided_at": ANY}
+    assert before <= first["decided_at"] <= int(time.time() * 1000)
+    assert second == {"answer": "yes", "approver": "carol", "decided_at": 5}  # the sender's own
 
 
 def _wrong_sig(url: str) -> str:
@@ -743,7 +1107,7 @@ async def test_only_signed_posts_take_the_webhook_path(sidecar: Sidecar) -> None
     """Other methods and verbs under /v1/awakeables/ fall through to the FastAPI routes."""
     assert (await sidecar.client.get(f"/v1/awakeables/{ID_A}/resolve")).status_code == 404
     assert (await sidecar.client.put(f"/v1/awakeables/{ID_A}/resolve")).status_code == 404
-    assert (await sidecar.client.post(f"/v1/awakeables/{ID_A}/approve")).status_code == 405
+    assert (await sidecar.client.post(f"/v1/awakeables/{ID_A}/approve")).status_code == 415
     assert (await sidecar.client.post(f"/v1/awakeables/{ID_A}/cancel")).status_code == 404
     assert sidecar.restate.completions == []
 

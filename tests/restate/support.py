@@ -20,9 +20,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
+from urllib.parse import urlencode, urljoin, urlsplit
 
 from tether.process_group import signal_group
 from tether.restate_server import RestateServer, free_port
@@ -101,6 +103,68 @@ def http(
     except urllib.error.HTTPError as err:
         with err:
             return Response(err.code, err.read())
+
+
+# --------------------------------------------------------------------------------------------
+# Approval links: a GET shows a page, its form's POST decides
+# --------------------------------------------------------------------------------------------
+
+
+class _LinkForm(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.action: str | None = None
+        self.fields: dict[str, str] = {}
+        self.buttons: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "form":
+            self.action = attributes.get("action")
+        elif tag == "input" and attributes.get("type") == "hidden":
+            self.fields[str(attributes["name"])] = str(attributes["value"])
+        elif tag == "button":
+            self.buttons.append(str(attributes.get("value")))
+
+
+@dataclass(frozen=True)
+class LinkPage:
+    """The page an approval link opens, and where its form posts."""
+
+    url: str
+    text: str
+    post_to: str
+    fields: dict[str, str]
+    buttons: list[str]
+
+
+def open_link(url: str) -> LinkPage:
+    """GET an approval link (absolute URL) as a browser does: the page, which decides nothing."""
+    response = http("GET", url, headers={"accept": "text/html"})
+    assert response.status == 200, response.text
+    form = _LinkForm()
+    form.feed(response.text)
+    assert form.action is not None, response.text
+    return LinkPage(url, response.text, urljoin(url, form.action), form.fields, form.buttons)
+
+
+def press(page: LinkPage, decision: str, headers: Mapping[str, str] | None = None) -> Response:
+    """POST the page's form as its `decision` button does, from the page's own origin."""
+    origin = "{0.scheme}://{0.netloc}".format(urlsplit(page.url))
+    body = urlencode({**page.fields, "decision": decision}).encode()
+    form_headers = {
+        "content-type": "application/x-www-form-urlencoded",
+        "accept": "text/html",
+        "origin": origin,
+        "sec-fetch-site": "same-origin",
+        **(headers or {}),
+    }
+    return http("POST", page.post_to, raw=body, headers=form_headers)
+
+
+def decide_by_link(url: str, decision: str = "approve") -> Response:
+    """Open the link and press its `decision` button (the answer page)."""
+    return press(open_link(url), decision)
 
 
 # --------------------------------------------------------------------------------------------

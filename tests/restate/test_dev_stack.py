@@ -15,7 +15,7 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
-from support import wait_until
+from support import decide_by_link, wait_until
 
 from tether.dev import DevStack
 from tether.webhooks import sign_request, signed_link
@@ -63,14 +63,14 @@ def result_of(stack: DevStack, invocation: str) -> Any:
 
 
 def approve_and_finish(stack: DevStack, invocation: str, workspace: Path) -> dict[str, Any]:
-    """Approve the one parked call by its signed link; the run completes and writes out.txt.
-    Returns the call's record."""
+    """Approve the one parked call by its signed link (its page, then the page's Approve); the
+    run completes and writes out.txt. Returns the call's record."""
     [call] = wait_until(lambda: approvals(stack), what="a parked call")
     expires = int(time.time()) + 600
     link = signed_link(
         stack.sidecar_url, stack.secret.encode(), "approve", call["awakeable_id"], expires
     )
-    assert httpx2.get(link, timeout=30).status_code == 200
+    assert decide_by_link(link).status == 200
     assert result_of(stack, invocation)["status"] == "completed"
     assert (workspace / "out.txt").read_text() == "yes"
     return call

@@ -9,6 +9,7 @@ listed) proves it again. Worker and sidecar share one `PROMETHEUS_MULTIPROC_DIR`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -27,13 +28,25 @@ from http.client import HTTPConnection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import HypercornWorker, Response, free_port, http, service_app, wait_until
+from support import (
+    HypercornWorker,
+    Response,
+    decide_by_link,
+    free_port,
+    http,
+    open_link,
+    press,
+    service_app,
+    wait_until,
+)
 
 from tether.restate_server import RestateServer
-from tether.webhooks import TOLERANCE_SECONDS, sign_request, signed_link
+from tether.sidecar.link_form import form_token
+from tether.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, signed_link
 
 AGENT = "ParkAgent"
 SECRET = "the-sidecar-secret-of-the-restate-tests"
@@ -240,9 +253,12 @@ class Stack:
 JSON = "application/json"
 
 
-def link(action: str, awakeable_id: str, expires: int | None = None) -> str:
+def link(
+    action: str, awakeable_id: str, expires: int | None = None, recipient: str | None = None
+) -> str:
     exp = int(time.time()) + 3600 if expires is None else expires
-    url = signed_link("http://x", SECRET.encode(), action, awakeable_id, exp)  # type: ignore[arg-type]
+    to = {} if recipient is None else {"recipient": recipient}
+    url = signed_link("http://x", SECRET.encode(), action, awakeable_id, exp, **to)  # type: ignore[arg-type]
     return url.removeprefix("http://x")
 
 
@@ -320,19 +336,49 @@ def test_signed_reject_fails_the_wait_with_the_reason(stack: Stack) -> None:
     assert stack.result(invocation_id) == {"rejected": "not during the freeze"}
 
 
-def test_approve_and_deny_links(stack: Stack) -> None:
-    _, approved_invocation, approved_id = stack.park()
+def test_a_link_shows_the_call_and_only_its_form_decides(stack: Stack) -> None:
+    session, approved_invocation, approved_id = stack.park()
     _, denied_invocation, denied_id = stack.park()
-    page = stack.get(link("approve", approved_id))
-    assert page.status == 200 and "Approved" in page.text
-    assert stack.result(approved_invocation) == {"value": {"approved": True, "by": "link"}}
-    page = stack.get(link("deny", denied_id))
-    assert page.status == 200 and "Denied" in page.text
-    assert stack.result(denied_invocation) == {"value": {"approved": False, "by": "link"}}
+    posted = stack.sidecar.url + link("approve", approved_id)  # as the notification has it
+    assert http("HEAD", posted).status == 405  # a link checker
+    preview = open_link(posted)  # a chat's link preview
+    assert "restart_service" in preview.text and session in preview.text
+    assert "{\n  &quot;service&quot;: &quot;api&quot;\n}" in preview.text
+    assert preview.buttons == ["approve", "deny"]
+    assert stack.proxy.completions(approved_id) == []
+    assert stack.status(approved_invocation) in ("running", "suspended")
+    assert any(p["awakeable_id"] == approved_id for p in stack.list_parked())
+    page = open_link(
+        stack.sidecar.url + link("approve", approved_id, recipient="alice@example.com")
+    )
+    assert "alice@example.com" in page.text
 
-    again = stack.get(link("approve", approved_id))
-    assert again.status == 409
+    done = press(page, "approve")
+    assert done.status == 200 and "Approved" in done.text
+    assert stack.result(approved_invocation) == {
+        "value": {
+            "approved": True, "by": "link", "approver": "alice@example.com", "decided_at": ANY
+        }
+    }  # fmt: skip
+    denied = decide_by_link(stack.sidecar.url + link("deny", denied_id), "deny")
+    assert denied.status == 200 and "Denied" in denied.text
+    value = stack.result(denied_invocation)["value"]
+    assert (value["approved"], value["by"], value["approver"]) == (False, "link", None)
+    assert abs(value["decided_at"] / 1000 - time.time()) < DEADLINE
+
+    assert stack.get(link("approve", approved_id)).status == 409
+    assert press(page, "approve").status == 409
     assert len(stack.proxy.completions(approved_id)) == 1
+
+
+def test_a_webhook_approver_reaches_restate_with_the_decision_time(stack: Stack) -> None:
+    _, invocation_id, awakeable_id = stack.park()
+    before = time.time() * 1000
+    resp = stack.signed_post(awakeable_id, {"approved": True, "approver": "bob@example.com"})
+    assert resp.status == 202, resp.text
+    value = stack.result(invocation_id)["value"]
+    assert value == {"approved": True, "approver": "bob@example.com", "decided_at": ANY}
+    assert before <= value["decided_at"] <= time.time() * 1000
 
 
 def test_bad_requests_never_reach_restate(stack: Stack) -> None:
@@ -447,6 +493,23 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
     for case, (path, status) in links.items():
         statuses[case] = stack.get(path).status
         expected[case] = status
+    page = open_link(stack.sidecar.url + link("approve", target))
+    expired_sig = link_signature(SECRET.encode(), "approve", target, now - 1)
+    expired = {"exp": str(now - 1), "sig": expired_sig}
+    expired["token"] = form_token(SECRET.encode(), "approve", target, expired_sig)
+    forms: dict[str, tuple[dict[str, str], dict[str, str], int]] = {
+        "form without its page's token": ({**page.fields, "token": ""}, {}, 403),
+        "form from another site": (
+            page.fields,
+            {"origin": "http://evil.example", "sec-fetch-site": "cross-site"},
+            403,
+        ),
+        "form of an expired link": ({**page.fields, **expired}, {}, 401),
+        "form with a tampered sig": ({**page.fields, "sig": "0" * 64}, {}, 401),
+    }
+    for case, (fields, headers, status) in forms.items():
+        statuses[case] = press(dataclasses.replace(page, fields=fields), "approve", headers).status
+        expected[case] = status
     statuses["unsigned list"] = stack.get("/v1/approvals").status
     expected["unsigned list"] = 401
 
@@ -470,8 +533,8 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
     assert stack.status(other_invocation) in ("running", "suspended")
     assert stack.proxy.completions(other) == []
 
-    assert stack.get(link("deny", other)).status == 200
-    assert stack.result(other_invocation) == {"value": {"approved": False, "by": "link"}}
+    assert decide_by_link(stack.sidecar.url + link("deny", other), "deny").status == 200
+    assert stack.result(other_invocation)["value"]["approved"] is False
 
 
 def test_metrics_merge_worker_and_sidecar(stack: Stack) -> None:
@@ -509,8 +572,12 @@ def test_the_log_holds_no_secret_or_signature(stack: Stack) -> None:
     approve = link("approve", awakeable_id)
     signature = approve.partition("sig=")[2]
     assert stack.get(approve.replace("/approve?", "/deny?")).status == 401
-    assert stack.get(approve).status == 200
-    assert stack.result(invocation_id) == {"value": {"approved": True, "by": "link"}}
+    page = open_link(stack.sidecar.url + approve)
+    assert press(page, "approve", {"sec-fetch-site": "cross-site"}).status == 403
+    assert press(page, "approve").status == 200
+    assert stack.result(invocation_id)["value"]["approved"] is True
     log = stack.sidecar.log()
     assert "refused GET /v1/awakeables/{awakeable_id:path}/deny: 401 bad_signature" in log
+    assert "refused POST /v1/awakeables/{awakeable_id:path}/approve: 403 cross_site" in log
     assert SECRET not in log and signature not in log and "v1=" not in log
+    assert page.fields["token"] not in log

@@ -19,6 +19,7 @@ import yaml
 from support import HypercornWorker, http, wait_until
 
 from tether.restate_server import RestateServer
+from tether.worker.parking import MAX_DECISION_TEXT, decision_of
 
 WRITE_APPROVED = [
     {
@@ -194,6 +195,27 @@ def test_a_denied_call_is_reported_to_the_model_and_not_run(
     session = http("POST", f"{restate_server.ingress_url}/{agent}/s1/session").json()
     result = session["turns"][2]["content"][0]
     assert result["is_error"] and "Denied: not today" in result["content"]
+
+
+def test_the_record_of_a_decision_keeps_who_decided_and_when() -> None:
+    """The park's `park:end` step keeps `approved`, `by`, `approver` and `decided_at` of the
+    resolution (the sidecar adds them); other shapes keep what they had: nothing."""
+    by_link = {
+        "approved": True,
+        "by": "link",
+        "approver": "alice@example.com",
+        "decided_at": 1_700_000_000_000,
+        "note": "not kept",
+    }
+    assert decision_of(by_link) == {k: v for k, v in by_link.items() if k != "note"}
+    assert decision_of({"approved": False, "approver": None}) == {
+        "approved": False, "approver": None
+    }  # fmt: skip
+    assert decision_of({"approved": True}) == {"approved": True}
+    for other in (True, False, "yes", None, 3, ["a"], {"answer": "blue"}):
+        assert decision_of(other) == {}
+    hostile = {"approved": True, "approver": "x" * 100_000, "by": {"deep": ["structure"]}}
+    assert decision_of(hostile) == {"approved": True, "approver": "x" * MAX_DECISION_TEXT}
 
 
 @pytest.mark.parametrize(("policy", "written"), [("deny", False), ("approve", True)])

@@ -15,7 +15,7 @@ import httpx2
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from support import group_alive, wait_until
+from support import decide_by_link, group_alive, wait_until
 
 from tether.dev import DevStack, wait_for
 from tether.webhooks import sign_request, signed_link
@@ -345,7 +345,7 @@ def test_a_grandchild_parks_on_an_approval_under_the_agent(workspace: Path) -> N
         link = signed_link(
             stack.sidecar_url, stack.secret.encode(), "approve", call["awakeable_id"], expires
         )
-        assert httpx2.get(link, timeout=30).status_code == 200
+        assert decide_by_link(link).status == 200
         result = result_of(stack, invocation)
         assert (result["status"], result["text"]) == ("completed", "the notes are written")
         assert (workspace / "notes.txt").read_text() == "n"

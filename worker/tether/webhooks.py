@@ -1,4 +1,4 @@
-"""Signing and verifying webhook requests and one-click approval links.
+"""Signing and verifying webhook requests and approval links.
 
 Requests: the sender puts `X-Tether-Timestamp: <unix seconds>` and
 `X-Tether-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<path>.<raw body>")>` on the
@@ -6,8 +6,11 @@ request, where `<path>` is the request's path without the query (so a signature 
 awakeable cannot resolve another); the receiver accepts it within `TOLERANCE_SECONDS` of its own
 clock, once.
 
-Links: `GET /v1/awakeables/<id>/approve?exp=<unix seconds>&sig=<hex>` (or `/deny`), where
-`sig = HMAC-SHA256(secret, "<action>:<id>:<exp>")`, valid until `exp`.
+Links: `/v1/awakeables/<id>/approve?exp=<unix seconds>&sig=<hex>` (or `/deny`), where
+`sig = HMAC-SHA256(secret, "<action>:<id>:<exp>")`, valid until `exp`. A link minted for one
+person also carries `to=<recipient>`, and then `sig` covers it too:
+`HMAC-SHA256(secret, "<action>:<id>:<exp>:<recipient>")`. Opening a link (GET) only shows the
+call; the sidecar acts on the POST of that page's form (`tether.sidecar.approvals`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ TIMESTAMP_HEADER = "x-tether-timestamp"
 SIGNATURE_HEADER = "x-tether-signature"
 TOLERANCE_SECONDS = 300
 LinkAction = Literal["approve", "deny"]
+MAX_RECIPIENT_CHARS = 256
 
 
 class SignatureError(ValueError):
@@ -76,18 +80,45 @@ def verify_request(
     return signature
 
 
-def link_signature(secret: bytes, action: LinkAction, awakeable_id: str, expires: int) -> str:
-    return _digest(secret, f"{action}:{awakeable_id}:{expires}".encode())
+def valid_recipient(recipient: str) -> bool:
+    """A recipient (a person's address or name) is 1-256 printable characters, no control
+    characters: it is shown on a page and written to the audit trail and the log."""
+    return 0 < len(recipient) <= MAX_RECIPIENT_CHARS and recipient.isprintable()
+
+
+def link_signature(
+    secret: bytes,
+    action: LinkAction,
+    awakeable_id: str,
+    expires: int,
+    recipient: str | None = None,
+) -> str:
+    message = f"{action}:{awakeable_id}:{expires}"
+    if recipient is not None:
+        # Unambiguous: an awakeable id has no ':' and the expiry is digits only.
+        message += f":{recipient}"
+    return _digest(secret, message.encode())
 
 
 def signed_link(
-    base_url: str, secret: bytes, action: LinkAction, awakeable_id: str, expires: int
+    base_url: str,
+    secret: bytes,
+    action: LinkAction,
+    awakeable_id: str,
+    expires: int,
+    recipient: str | None = None,
 ) -> str:
-    """A one-click link that approves or denies the parked call until `expires`."""
-    query = urlencode(
-        {"exp": expires, "sig": link_signature(secret, action, awakeable_id, expires)}
-    )
-    return f"{base_url.rstrip('/')}/v1/awakeables/{awakeable_id}/{action}?{query}"
+    """A link to the page that approves or denies the parked call until `expires`; with
+    `recipient`, the person it is sent to (signed, shown on the page, recorded as the approver)."""
+    params: dict[str, str | int] = {"exp": expires}
+    if recipient is not None:
+        if not valid_recipient(recipient):
+            raise ValueError(
+                f"a link's recipient must be 1-{MAX_RECIPIENT_CHARS} printable characters"
+            )
+        params["to"] = recipient
+    params["sig"] = link_signature(secret, action, awakeable_id, expires, recipient)
+    return f"{base_url.rstrip('/')}/v1/awakeables/{awakeable_id}/{action}?{urlencode(params)}"
 
 
 def verify_link(
@@ -97,11 +128,14 @@ def verify_link(
     expires: str,
     signature: str,
     now: float | None = None,
+    recipient: str | None = None,
 ) -> None:
     if not (expires.isascii() and expires.isdigit()):
         raise SignatureError("malformed expiry")
     if (time.time() if now is None else now) > int(expires):
         raise SignatureError("link expired")
-    expected = link_signature(secret, action, awakeable_id, int(expires))
+    if recipient is not None and not valid_recipient(recipient):
+        raise SignatureError("malformed recipient")
+    expected = link_signature(secret, action, awakeable_id, int(expires), recipient)
     if not _equal(expected, signature):
         raise SignatureError("signature does not match")

@@ -40,7 +40,7 @@ async def _rejected(request: Request, error: Exception) -> Response:
         logged_id=loggable_id(awakeable_id) if isinstance(awakeable_id, str) else "-",
         client=request.client.host if request.client else None,
     )
-    if request.method == "GET" and route.endswith(("/approve", "/deny")):
+    if route.endswith(("/approve", "/deny")):  # a link's page or its form: a person reads it
         return link_page(error.status, "Not done", error.message)
     return JSONResponse({"error": error.message, "outcome": error.outcome}, error.status)
 

@@ -1,14 +1,27 @@
-"""One-click signed links that approve or deny a parked call, and the list of the agent's
-parked calls. (The signed webhook POSTs are `signed_posts`.)
+"""Signed links that approve or deny a parked call, and the list of the agent's parked calls.
+(The signed webhook POSTs are `signed_posts`.)
 
-A link reaches Restate's ingress only after every check passed: the id is well formed, the link
-is signed and not expired, this sidecar has not answered the id yet, and the id is parked by
-this agent (read from Restate).
+A link is a capability, and people post it where robots fetch it (chat and mail previews, link
+scanners), so opening it decides nothing:
+
+    GET  /v1/awakeables/{id}/approve?exp=..&sig=..[&to=..]   the page: the call, its input, who
+                                                             asks, until when; the buttons
+    POST /v1/awakeables/{id}/approve                         the page's form: the decision
+
+(and `/deny`). The GET checks the link and shows the parked call read from Restate; HEAD and
+anything but the page's form act on nothing. The POST carries the link's parameters back, and
+every check runs again: the form comes from the page (`link_form`), the link is signed and not
+expired, the form's token was made for this link's page, an approve link for an approval (a deny
+link may only deny), this sidecar has not answered the id yet, and the id is parked by this
+agent. Only then does the resolution reach Restate's ingress, as
+`{"approved": bool, "by": "link", "approver": <the link's recipient or null>, "decided_at":
+<epoch ms>}`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, JSONResponse
@@ -17,30 +30,74 @@ from ..webhooks import LinkAction
 from .auth import authenticate_link, authenticate_request
 from .awakeable_id import checked_awakeable_id
 from .context import Sidecar, SidecarDep
-from .pages import link_page
-from .rejection import count
+from .link_form import (
+    FORM_TOKEN_SECONDS,
+    check_form_token,
+    form_token,
+    read_link_form,
+    require_same_origin,
+)
+from .pages import LinkView, confirmation_page, link_page
+from .rejection import Rejection, count
 
 router = APIRouter()
 AWAKEABLE = "/v1/awakeables/{awakeable_id:path}"
 
 
-async def _follow_link(
+async def _show_link(
     action: LinkAction,
     awakeable_id: str,
     exp: str | None,
     sig: str | None,
+    to: str | None,
     sidecar: Sidecar,
 ) -> HTMLResponse:
     awakeable_id = checked_awakeable_id(awakeable_id)
-    authenticate_link(sidecar.settings.secret, action, awakeable_id, exp, sig)
-    approved = action == "approve"
-    value = json.dumps({"approved": approved, "by": "link"}).encode()
+    secret = sidecar.settings.secret
+    authenticate_link(secret, action, awakeable_id, exp, sig, to)
+    assert exp is not None and sig is not None
+    sidecar.ledger.require_open(awakeable_id)
+    record = await sidecar.parked.require(awakeable_id)
+    view = LinkView(
+        action=action,
+        record=record,
+        expires=int(exp),
+        signature=sig,
+        recipient=to,
+        token=form_token(secret, action, awakeable_id, sig),
+    )
+    count("shown")
+    return confirmation_page(view, FORM_TOKEN_SECONDS)
+
+
+async def _decide(
+    action: LinkAction, awakeable_id: str, request: Request, sidecar: Sidecar
+) -> HTMLResponse:
+    awakeable_id = checked_awakeable_id(awakeable_id)
+    require_same_origin(request.headers, request.url.scheme)
+    form = await read_link_form(request.receive, request.headers)
+    secret = sidecar.settings.secret
+    authenticate_link(secret, action, awakeable_id, form.exp, form.sig, form.to)
+    assert form.sig is not None
+    check_form_token(secret, action, awakeable_id, form.sig, form.token)
+    if form.decision not in ("approve", "deny"):
+        raise Rejection(400, "bad_body", "the form has no decision (approve or deny)")
+    if form.decision == "approve" and action != "approve":
+        raise Rejection(403, "bad_signature", "refused: a deny link cannot approve the call")
+    approved = form.decision == "approve"
+    value = {
+        "approved": approved,
+        "by": "link",
+        "approver": form.to,
+        "decided_at": int(time.time() * 1000),
+    }
+    body = json.dumps(value).encode()
 
     async def forward() -> None:
-        await sidecar.restate.resolve_awakeable(awakeable_id, value)
+        await sidecar.restate.resolve_awakeable(awakeable_id, body)
 
     how = "approved by link" if approved else "denied by link"
-    await sidecar.answer(awakeable_id, how, forward)
+    await sidecar.answer(awakeable_id, how, forward, approver=form.to)
     count("approved" if approved else "denied")
     if approved:
         return link_page(200, "Approved", "The call was approved; the agent goes on.")
@@ -53,9 +110,10 @@ async def approve_link(
     sidecar: SidecarDep,
     exp: str | None = None,
     sig: str | None = None,
+    to: str | None = None,
 ) -> HTMLResponse:
-    """One-click approval: resolves with `{"approved": true, "by": "link"}`."""
-    return await _follow_link("approve", awakeable_id, exp, sig, sidecar)
+    """The page of an approve link: the call and its Approve and Deny buttons. Decides nothing."""
+    return await _show_link("approve", awakeable_id, exp, sig, to, sidecar)
 
 
 @router.get(f"{AWAKEABLE}/deny")
@@ -64,9 +122,22 @@ async def deny_link(
     sidecar: SidecarDep,
     exp: str | None = None,
     sig: str | None = None,
+    to: str | None = None,
 ) -> HTMLResponse:
-    """One-click denial: resolves with `{"approved": false, "by": "link"}`."""
-    return await _follow_link("deny", awakeable_id, exp, sig, sidecar)
+    """The page of a deny link: the call and its Deny button. Decides nothing."""
+    return await _show_link("deny", awakeable_id, exp, sig, to, sidecar)
+
+
+@router.post(f"{AWAKEABLE}/approve")
+async def approve_form(awakeable_id: str, request: Request, sidecar: SidecarDep) -> HTMLResponse:
+    """The form of an approve link's page: resolves with `{"approved": <the button>, ...}`."""
+    return await _decide("approve", awakeable_id, request, sidecar)
+
+
+@router.post(f"{AWAKEABLE}/deny")
+async def deny_form(awakeable_id: str, request: Request, sidecar: SidecarDep) -> HTMLResponse:
+    """The form of a deny link's page: resolves with `{"approved": false, ...}`."""
+    return await _decide("deny", awakeable_id, request, sidecar)
 
 
 @router.get("/v1/approvals")

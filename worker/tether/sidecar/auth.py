@@ -1,5 +1,6 @@
 """Authentication of webhook requests and approval links with `tether.webhooks`, and the
-replay guard: a signature is accepted once while its timestamp is inside the window."""
+replay guard: a signature is accepted once while its timestamp is inside the window. (The form
+of a link's page has its own checks: `link_form`.)"""
 
 from __future__ import annotations
 
@@ -77,12 +78,13 @@ def authenticate_link(
     awakeable_id: str,
     expires: str | None,
     signature: str | None,
+    recipient: str | None = None,
 ) -> None:
-    """Check a one-click link's `exp` and `sig`, or raise a 401 `Rejection`."""
+    """Check a link's `exp`, `sig` and (if it has one) `to`, or raise a 401 `Rejection`."""
     if not expires or not signature:
         raise Rejection(401, "bad_signature", "not authenticated: the link has no exp or sig")
     try:
-        verify_link(secret, action, awakeable_id, expires, signature)
+        verify_link(secret, action, awakeable_id, expires, signature, recipient=recipient)
     except SignatureError as error:
         raise _refusal(error) from None
     except (ValueError, TypeError):  # non-ASCII digits or signature characters

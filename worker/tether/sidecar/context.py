@@ -31,9 +31,12 @@ class Sidecar:
     replay_guard: ReplayGuard = field(default_factory=ReplayGuard)
     ledger: ResolutionLedger = field(default_factory=ResolutionLedger)
 
-    async def answer(self, awakeable_id: str, how: str, forward: Forward) -> None:
+    async def answer(
+        self, awakeable_id: str, how: str, forward: Forward, *, approver: str | None = None
+    ) -> None:
         """Answer a parked call once: ledger claim, parked check, then `forward` to Restate.
-        If any of it fails the call stays answerable."""
+        If any of it fails the call stays answerable. The log line names the approver, if
+        known (an audit trail next to the value Restate keeps)."""
         self.ledger.claim(awakeable_id)
         try:
             await self.parked.require(awakeable_id)
@@ -43,7 +46,10 @@ class Sidecar:
             raise
         self.ledger.done(awakeable_id, how)
         self.parked.forget(awakeable_id)
-        log.info("awakeable %s %s", awakeable_id, how)
+        if approver is None:
+            log.info("awakeable %s %s", awakeable_id, how)
+        else:
+            log.info("awakeable %s %s (approver %r)", awakeable_id, how, approver)
 
     async def once(self, signature: str, timestamp: int, act: Callable[[], Awaitable[T]]) -> T:
         """`act()` for a signed request that is accepted once (replay guard); if it fails,

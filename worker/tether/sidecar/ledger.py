@@ -14,11 +14,15 @@ class ResolutionLedger:
         self._done: OrderedDict[str, str] = OrderedDict()
         self._in_flight: set[str] = set()
 
-    def claim(self, awakeable_id: str) -> None:
-        """Reserve `awakeable_id` for one resolution (409 if it is taken or done)."""
+    def require_open(self, awakeable_id: str) -> None:
+        """409 if `awakeable_id` is answered or being answered."""
         if awakeable_id in self._done or awakeable_id in self._in_flight:
             how = self._done.get(awakeable_id, "being resolved")
             raise Rejection(409, "already_resolved", f"this call was already answered ({how})")
+
+    def claim(self, awakeable_id: str) -> None:
+        """Reserve `awakeable_id` for one resolution (409 if it is taken or done)."""
+        self.require_open(awakeable_id)
         self._in_flight.add(awakeable_id)
 
     def release(self, awakeable_id: str) -> None:

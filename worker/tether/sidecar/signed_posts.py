@@ -3,6 +3,10 @@
     POST /v1/awakeables/{id}/resolve    the JSON body is the awakeable's value
     POST /v1/awakeables/{id}/reject     {"reason": "..."}; the waiting call fails with it
 
+A resolution that names its `approver` (a JSON object with `"approver": "<1-256 printable
+characters>"`) gets `decided_at` (epoch ms, when the sidecar accepted it) unless it has one, so
+the value Restate keeps says who decided and when; any other body is forwarded byte for byte.
+
 Every answer to a parked call passes here, and FastAPI's per-request machinery (Request objects,
 dependency solving, routing, responses) cost about as much CPU as all the work below; so this
 reads the ASGI scope directly. A request reaches Restate only after every check passed: the id
@@ -12,10 +16,14 @@ seen before, this sidecar has not answered the id yet, and the id is parked by t
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import orjson
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..webhooks import MAX_RECIPIENT_CHARS, valid_recipient
 from .awakeable_id import checked_awakeable_id, loggable_id
 from .body import read_signed_json
 from .context import Sidecar
@@ -66,7 +74,12 @@ class SignedPosts:
         body, value, signature, timestamp = await read_signed_json(
             receive, Headers(scope=scope), path, settings.secret, settings.max_body_bytes
         )
+        approver = None
         if verb == "resolve":
+            approver = _approver(value)
+            if approver is not None and "decided_at" not in value:
+                value["decided_at"] = int(time.time() * 1000)
+                body = orjson.dumps(value)
 
             async def forward() -> None:
                 await sidecar.restate.resolve_awakeable(awakeable_id, body)
@@ -82,7 +95,19 @@ class SignedPosts:
                 await sidecar.restate.reject_awakeable(awakeable_id, reason)
 
         async def answer() -> None:
-            await sidecar.answer(awakeable_id, f"{verb}d by webhook", forward)
+            await sidecar.answer(awakeable_id, f"{verb}d by webhook", forward, approver=approver)
 
         await sidecar.once(signature, timestamp, answer)
         count("resolved" if verb == "resolve" else "rejected")
+
+
+def _approver(value: Any) -> str | None:
+    """The `approver` a resolution names, if any (400 if it is not a short printable text)."""
+    if not isinstance(value, dict) or "approver" not in value:
+        return None
+    approver = value["approver"]
+    if not isinstance(approver, str) or not valid_recipient(approver):
+        raise Rejection(
+            400, "bad_body", f'"approver" must be 1-{MAX_RECIPIENT_CHARS} printable characters'
+        )
+    return approver

@@ -4,7 +4,9 @@ The park is recorded in the object's state (`tether:parked`, read by the sidecar
 `pending` handler), announced once through a journaled notification step, and raced against a
 durable timer when it has a deadline. The invocation suspends while it waits: no worker holds it.
 Its end (answer, timeout or rejection) is a journaled step, so the attempt that gets the answer
-is known to be live.
+is known to be live; for an answer it keeps who decided, how and when, as the resolution says
+(`approved`, `by`, `approver`, `decided_at`: the sidecar adds them), the run's record of the
+decision next to the value Restate keeps for the awakeable.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from ..tools.human import Answer, Wait
 from ..webhooks import LinkAction, sign_request, signed_link
 
 log = logging.getLogger("tether.worker")
+DECISION_KEYS = ("approved", "by", "approver", "decided_at")
+MAX_DECISION_TEXT = 256
 
 
 @dataclass(frozen=True)
@@ -115,8 +119,24 @@ async def park(
             await _ended(tool_ctx, {"rejected": True})
         raise
     await _unpark(ctx, awakeable_id)
-    await _ended(tool_ctx, {"timed_out": outcome.timed_out})
+    await _ended(tool_ctx, {"timed_out": outcome.timed_out, **decision_of(outcome.value)})
     return outcome
+
+
+def decision_of(value: Any) -> dict[str, Any]:
+    """Who decided, how and when, as a resolution says (`{"approved": true, "by": "link",
+    "approver": ..., "decided_at": ...}`); nothing for a value that does not say (`true`, an
+    answer). Only short plain values are kept: the resolution comes from outside."""
+    if not isinstance(value, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for key in DECISION_KEYS:
+        item = value.get(key)
+        if isinstance(item, str):
+            kept[key] = item[:MAX_DECISION_TEXT]
+        elif key in value and (item is None or isinstance(item, bool | int | float)):
+            kept[key] = item
+    return kept
 
 
 def restate_wait(ctx: restate.ObjectContext, settings: ParkSettings) -> Wait:
