@@ -55,6 +55,7 @@ from cluster import (
 SYSTEM_NS = "tether-system"
 AGENTS_NS = "tether-e2e-agents"
 OUTSIDE_NS = "tether-e2e-outside"
+CLIENTS_NS = "tether-e2e-clients"  # listed in the chart: may start runs through the ingress
 MONITORING_NS = "tether-e2e-monitoring"
 RELEASE = "tether"
 RESTATE = f"{RELEASE}-restate"
@@ -218,6 +219,7 @@ def install_platform(p: Platform) -> None:
         f"image.tag={tag}",
         "image.pullPolicy=Never",
         f"restate.networkPolicy.scrapeFromNamespaces[0]={MONITORING_NS}",
+        f"restate.networkPolicy.ingressFromNamespaces[0]={CLIENTS_NS}",
     ]
     if cluster.restate_image:
         restate_repository, _, restate_tag = cluster.restate_image.rpartition(":")
@@ -567,19 +569,46 @@ def _probe(
 def network_policy(p: Platform) -> None:
     admin = f"{RESTATE}.{SYSTEM_NS}.svc:9070"
     ingress = f"{RESTATE}.{SYSTEM_NS}.svc:8080"
-    p.kubectl("create", "namespace", OUTSIDE_NS)
-    p.kubectl("label", "namespace", OUTSIDE_NS, "pod-security.kubernetes.io/enforce=restricted")
-    # Another namespace reaches the ingress (it may start runs) but not the admin API.
-    _probe(p, OUTSIDE_NS, "probe", {}, {"ingress": (ingress, True), "admin": (admin, False)})
-    # So does a pod of the agents' namespace that is not an agent.
-    _probe(p, AGENTS_NS, "probe", {}, {"ingress": (ingress, True), "admin": (admin, False)})
-    # The agents' pods reach the admin API (the sidecars read parked calls through it).
+    # Every probe first reaches the cluster's DNS over TCP: a refusal below is the policy's,
+    # not a network that is not up yet.
+    dns = ("kube-dns.kube-system.svc:53", True)
+    for namespace in (OUTSIDE_NS, CLIENTS_NS):
+        p.kubectl("create", "namespace", namespace)
+        p.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    # A listed namespace starts runs through the ingress, and reaches nothing else.
+    _probe(p, CLIENTS_NS, "probe", {}, {"ingress": (ingress, True), "admin": (admin, False)})
+    # Any other namespace reaches neither; nor does a pod of the agents' namespace that is not
+    # an agent.
+    _probe(
+        p,
+        OUTSIDE_NS,
+        "probe",
+        {},
+        {"dns": dns, "ingress": (ingress, False), "admin": (admin, False)},
+    )
+    _probe(
+        p,
+        AGENTS_NS,
+        "probe",
+        {},
+        {"dns": dns, "ingress": (ingress, False), "admin": (admin, False)},
+    )
+    # The agents' pods reach both (the sidecars read parked calls and resolve awakeables).
     agent_labels = {
         "app.kubernetes.io/name": "tether-agent",
         "app.kubernetes.io/managed-by": "tether-operator",
     }
-    _probe(p, AGENTS_NS, "agent-probe", agent_labels, {"admin": (admin, True)})
-    p.report.fact("NetworkPolicy", "admin API refused from other pods, open to agents")
+    _probe(
+        p,
+        AGENTS_NS,
+        "agent-probe",
+        agent_labels,
+        {"admin": (admin, True), "ingress": (ingress, True)},
+    )
+    p.report.fact(
+        "NetworkPolicy",
+        "Restate refused to other pods; ingress to a listed namespace; both to agents",
+    )
 
 
 def rollout_with_operator_killed(p: Platform, run: ClerkRun) -> None:

@@ -158,7 +158,9 @@ def test_pod_monitors_select_the_agents_and_restate(helm_bin: Path) -> None:
     assert [m["metadata"]["name"] for m in by_kind(external, "PodMonitor")] == ["t-agents"]
 
 
-def test_restates_admin_api_is_open_to_the_operator_and_the_agents_only(helm_bin: Path) -> None:
+def test_restate_is_open_to_the_operator_the_agents_and_listed_namespaces_only(
+    helm_bin: Path,
+) -> None:
     objects = render(helm_bin)
     policy = one(objects, "NetworkPolicy")
     restate_pod = one(objects, "StatefulSet")["spec"]["template"]["metadata"]["labels"]
@@ -171,14 +173,23 @@ def test_restates_admin_api_is_open_to_the_operator_and_the_agents_only(helm_bin
     assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
     agent_pod = version_labels("clerk", "0123456789")
     assert agent_peer["podSelector"]["matchLabels"].items() <= agent_pod.items()
-    assert ingress["from"] == [{"namespaceSelector": {}}]  # runs start from anywhere by default
+    # No other namespace reaches the ingress unless listed: it starts any agent's runs.
+    assert ingress["from"] == [operator_peer, agent_peer]
 
-    narrowed = render(helm_bin, "restate.networkPolicy.ingressFromNamespaces={apps}")
-    _, ingress = one(narrowed, "NetworkPolicy")["spec"]["ingress"]
-    assert ingress["from"][0] == {
+    narrowed = render(
+        helm_bin,
+        "restate.networkPolicy.ingressFromNamespaces={apps}",
+        "operator.watchNamespaces={team-a,team-b}",
+    )
+    admin, ingress = one(narrowed, "NetworkPolicy")["spec"]["ingress"]
+    agents_in = {"key": "kubernetes.io/metadata.name", "operator": "In"}
+    for peer in (admin["from"][1], ingress["from"][1]):
+        assert peer["namespaceSelector"]["matchExpressions"] == [
+            {**agents_in, "values": ["team-a", "team-b"]}
+        ]
+    assert ingress["from"][2] == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}
     }
-    assert ingress["from"][1] == agent_peer  # the sidecars resolve awakeables through it
     scraped = render(helm_bin, "monitoring.podMonitors=true")
     assert len(one(scraped, "NetworkPolicy")["spec"]["ingress"]) == 3
     assert by_kind(render(helm_bin, "restate.networkPolicy.enabled=false"), "NetworkPolicy") == []

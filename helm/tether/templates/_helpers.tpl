@@ -48,3 +48,30 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* The operator's pods, as a NetworkPolicy peer. */}}
+{{- define "tether.operatorPeer" -}}
+podSelector:
+  matchLabels:
+    app.kubernetes.io/instance: {{ .Release.Name }}
+    app.kubernetes.io/name: tether-operator
+{{- end -}}
+
+{{/* The agents' pods, as a NetworkPolicy peer: in the namespaces the operator serves, or in
+any namespace when it serves all (then any pod with these labels counts as an agent's: prefer
+a list, operator.watchNamespaces). */}}
+{{- define "tether.agentPeer" -}}
+{{- if .Values.operator.watchNamespaces }}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values: {{ toJson .Values.operator.watchNamespaces }}
+{{- else }}
+namespaceSelector: {}
+{{- end }}
+podSelector:
+  matchLabels:
+    app.kubernetes.io/name: tether-agent
+    app.kubernetes.io/managed-by: tether-operator
+{{- end -}}
