@@ -344,6 +344,9 @@ def approve(p: Platform, run: ClerkRun) -> None:
     p.await_metric(f'sum(tether_replays_total{{agent="{CLERK}"}})', 1)
 
 
+REMOVE_MARKER = ("-c", "worker", "--", "rm", "-f", "/workspace/started")
+
+
 def _pod_running_work(p: Platform, agent: str) -> str | None:
     """The worker pod whose `work` call has started (it leaves /workspace/started)."""
     check = "import os, sys; sys.exit(0 if os.path.exists('/workspace/started') else 1)"
@@ -434,17 +437,10 @@ def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
                 180,
             )
             for ready in p.kubectl.ready_pods(AGENTS_NS, selector):
-                p.kubectl(
-                    "-n",
-                    AGENTS_NS,
-                    "exec",
-                    ready,
-                    "-c",
-                    "worker",
-                    "--",
-                    "rm",
-                    "-f",
-                    "/workspace/started",
+                wait_for(
+                    f"the marker removed in {ready}",
+                    lambda pod=ready: p.kubectl.ok("-n", AGENTS_NS, "exec", pod, *REMOVE_MARKER),
+                    60,
                 )
 
 

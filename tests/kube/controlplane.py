@@ -497,7 +497,7 @@ class KubeAPIServer:
         missing = _missing(binaries, self.required)
         if missing:
             raise ControlPlaneError(f"{binaries} lacks {', '.join(missing)}")
-        self._data_dir = Path(tempfile.mkdtemp(prefix="tether-kube-"))
+        self._data_dir = Path(tempfile.mkdtemp(prefix=self.data_dir_prefix))
         atexit.register(self.stop)
         try:
             self._plane = self._start(binaries, self._data_dir)
@@ -612,6 +612,7 @@ class KubeAPIServer:
 
     #: An address pods reach the API server on (tier 3); None keeps it on loopback.
     api_host: str | None = None
+    data_dir_prefix = "tether-kube-"
 
     def _kubelet_client_args(self, pki: _Pki) -> list[str]:
         return []

@@ -364,7 +364,7 @@ def snapshot(extra_sysctls: Sequence[str] = ()) -> dict[str, Any]:
         for proc in Path("/proc").iterdir()
         if proc.name.isdigit()
         and (cmdline := _cmdline(proc))
-        and ("tether-kube-" in cmdline or "tether-node" in cmdline)
+        and ("tether-kube-node-" in cmdline or "tether-node" in cmdline)
     )
     return readings
 

@@ -50,6 +50,8 @@ CLUSTER_DNS = "10.0.0.10"
 CGROUP_ROOT = "tether-node"
 STORAGE_CLASS = "local-path"
 NFT_TABLE = "tether-node"
+#: The node's data dirs (and so its processes' command lines) carry this: tier 1 and 2 do not.
+NODE_DATA_PREFIX = "tether-kube-node-"
 #: Debian packages the node uses, by the command that tells they are there.
 PACKAGES = {
     "containerd": "containerd",
@@ -138,6 +140,7 @@ class KubeNode(KubeCluster):
 
     required: tuple[str, ...] = (*TIER1_FILES, "kube-controller-manager", "kube-scheduler")
     api_host = NODE_IP
+    data_dir_prefix = NODE_DATA_PREFIX
 
     def __init__(
         self,
