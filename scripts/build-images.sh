@@ -27,12 +27,22 @@ BASE=tether-e2e/debian:$SUITE
 STANDIN=tether-e2e/python:3.11-slim
 TETHER_IMAGE=${TETHER_IMAGE:-tether:e2e}
 SOURCE_LABEL=dev.tether.source   # the sha256 of what an image was built from
+E2E_LABEL=dev.tether.e2e=1        # every image of ours: the ones a rebuild replaced are pruned
 
 log() { printf '[build-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 command -v docker >/dev/null || die "docker is not on PATH"
 docker info >/dev/null 2>&1 || die "no Docker engine answers (start dockerd)"
+
+# A command's output only when it fails (docker's legacy builder warns at every build).
+quietly() {
+  local out
+  if ! out=$("$@" 2>&1); then
+    printf '%s\n' "$out" >&2
+    die "$1 $2 failed"
+  fi
+}
 
 label_of() { docker image inspect -f "{{ index .Config.Labels \"$SOURCE_LABEL\" }}" "$1" 2>/dev/null || true; }
 
@@ -77,7 +87,8 @@ build() { # <tag> <label> <dockerfile> [files...]
   trap "rm -rf '$context'" RETURN
   if (($#)); then cp -L "$@" "$context/"; fi
   log "build $tag"
-  docker build -q --label "$SOURCE_LABEL=$label" -t "$tag" -f - "$context" <<<"$dockerfile" >/dev/null
+  quietly docker build -q --label "$E2E_LABEL" --label "$SOURCE_LABEL=$label" -t "$tag" -f - \
+    "$context" <<<"$dockerfile"
 }
 
 standin_image() {
@@ -107,7 +118,8 @@ ENTRYPOINT [\"/bin/$name\"]
 base_image
 standin_image
 log "build $TETHER_IMAGE from the Dockerfile"
-docker build -q --build-arg PYTHON_IMAGE="$STANDIN" -t "$TETHER_IMAGE" "$ROOT" >/dev/null
+quietly docker build -q --label "$E2E_LABEL" --build-arg PYTHON_IMAGE="$STANDIN" \
+  -t "$TETHER_IMAGE" "$ROOT"
 
 # Like Restate's own image: Debian with CA certificates (it will not start without a bundle).
 restate=$(bash "$ROOT/scripts/install-restate.sh" | tail -1)
@@ -131,6 +143,9 @@ prometheus=tether-e2e/prometheus:$(version_of prometheus)
 binary_image "$pause" "$node_bin/pause"
 binary_image "$coredns" "$node_bin/coredns"
 binary_image "$prometheus" "$node_bin/prometheus"
+
+# What the builds above replaced (ours only: other dangling images are left alone).
+docker image prune -f --filter "label=$E2E_LABEL" >/dev/null
 
 cat <<EOF
 base=$BASE
