@@ -27,7 +27,6 @@ BASE=tether-e2e/debian:$SUITE
 STANDIN=tether-e2e/python:3.11-slim
 TETHER_IMAGE=${TETHER_IMAGE:-tether:e2e}
 SOURCE_LABEL=dev.tether.source   # the sha256 of what an image was built from
-E2E_LABEL=dev.tether.e2e=1        # every image of ours: the ones a rebuild replaced are pruned
 
 log() { printf '[build-images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -41,6 +40,18 @@ quietly() {
   if ! out=$("$@" 2>&1); then
     printf '%s\n' "$out" >&2
     die "$1 $2 failed"
+  fi
+}
+
+# Build <tag> with the command, then remove the image it replaced (the build stages' layers
+# stay: they are the cache of the next build).
+replacing() {
+  local tag=$1 old
+  shift
+  old=$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
+  quietly "$@"
+  if [[ -n $old && $old != $(docker image inspect -f '{{.Id}}' "$tag") ]]; then
+    docker rmi "$old" >/dev/null 2>&1 || true
   fi
 }
 
@@ -87,8 +98,8 @@ build() { # <tag> <label> <dockerfile> [files...]
   trap "rm -rf '$context'" RETURN
   if (($#)); then cp -L "$@" "$context/"; fi
   log "build $tag"
-  quietly docker build -q --label "$E2E_LABEL" --label "$SOURCE_LABEL=$label" -t "$tag" -f - \
-    "$context" <<<"$dockerfile"
+  replacing "$tag" docker build -q --label "$SOURCE_LABEL=$label" -t "$tag" -f - "$context" \
+    <<<"$dockerfile"
 }
 
 standin_image() {
@@ -118,7 +129,7 @@ ENTRYPOINT [\"/bin/$name\"]
 base_image
 standin_image
 log "build $TETHER_IMAGE from the Dockerfile"
-quietly docker build -q --label "$E2E_LABEL" --build-arg PYTHON_IMAGE="$STANDIN" \
+replacing "$TETHER_IMAGE" docker build -q --build-arg PYTHON_IMAGE="$STANDIN" \
   -t "$TETHER_IMAGE" "$ROOT"
 
 # Like Restate's own image: Debian with CA certificates (it will not start without a bundle).
@@ -143,9 +154,6 @@ prometheus=tether-e2e/prometheus:$(version_of prometheus)
 binary_image "$pause" "$node_bin/pause"
 binary_image "$coredns" "$node_bin/coredns"
 binary_image "$prometheus" "$node_bin/prometheus"
-
-# What the builds above replaced (ours only: other dangling images are left alone).
-docker image prune -f --filter "label=$E2E_LABEL" >/dev/null
 
 cat <<EOF
 base=$BASE
