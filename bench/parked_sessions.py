@@ -235,7 +235,9 @@ def main() -> None:
                 }
             )
         )
-        os.environ["TETHER_WORKSPACE"] = directory
+        workspace = Path(directory) / "workspace"  # the stack's own files stay out of it
+        workspace.mkdir()
+        os.environ["TETHER_WORKSPACE"] = str(workspace)
         with DevStack(spec, Path(directory) / "dev") as stack:
             r = asyncio.run(bench(stack, args.sessions, args.concurrency))
     print(f"{args.sessions} sessions parked on ask_human at once")

@@ -26,8 +26,14 @@ PROMPT = "Ship release 1.4.0: notes, deploy, health check, report."
 CHANGELOG = "# Changelog\n\n## 1.4.0\n- Faster startup\n- Fix login redirect\n"
 
 
+def journal_of(workspace: Path) -> Path:
+    """The run's SQLite journal: next to the workspace, out of the agent's file tools' reach."""
+    return workspace.with_name("runs.db")
+
+
 def tether(workspace: Path, *extra: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "tether", "run", str(SPEC), "--run-id", "demo"]
+    command += ["--db", str(journal_of(workspace))]
     return subprocess.Popen(
         [*command, "--prompt", PROMPT, *extra],
         cwd=workspace,
@@ -118,9 +124,10 @@ def verify(workspace: Path, result: dict[str, object], killed: bool) -> list[str
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tether-demo-") as directory:
-        workspace = Path(directory)
+        workspace = Path(directory) / "workspace"
+        workspace.mkdir()
         (workspace / "CHANGELOG.md").write_text(CHANGELOG)
-        print(f"workspace: {workspace} (journal in .tether/runs.db)")
+        print(f"workspace: {workspace} (journal in {journal_of(workspace)})")
         killed = first_attempt(workspace)
         result = second_attempt(workspace)
         problems = verify(workspace, result, killed)

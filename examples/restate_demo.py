@@ -74,12 +74,14 @@ def parked_calls(stack: DevStack) -> list[dict[str, Any]]:
 
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tether-restate-demo-") as directory:
-        workspace = Path(directory)
+        workspace = Path(directory) / "workspace"
+        workspace.mkdir()
         (workspace / "CHANGELOG.md").write_text(CHANGELOG)
         os.chdir(workspace)  # the worker's tools work here
         spec = manifest(workspace)
         step("starting restate-server, the worker and the sidecar (tether dev)")
-        with DevStack(spec, workspace / ".tether" / "dev") as stack:
+        # Its secret and logs next to the workspace: inside, the file tools could read them.
+        with DevStack(spec, Path(directory) / "dev") as stack:
             print(stack.describe())
             return run_demo(stack, workspace)
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from test_cli import tether
+from test_cli import runs_db, tether
 from tether.session import load_session, sqlite_store
 
 SHIP = {"name": "ship", "input": {"path": "shipped.txt", "content": "v1"}}
@@ -44,7 +44,7 @@ def run(directory: Path, *extra: str) -> Any:
 
 def tool_results(directory: Path) -> list[str]:
     async def read() -> list[str]:
-        session = await load_session(sqlite_store(directory / ".tether" / "runs.db"), "r1")
+        session = await load_session(sqlite_store(runs_db(directory)), "r1")
         assert session is not None
         return [
             str(block["content"])
@@ -57,7 +57,7 @@ def tool_results(directory: Path) -> list[str]:
 
 
 def run_status(directory: Path) -> str:
-    with sqlite3.connect(directory / ".tether" / "runs.db") as db:
+    with sqlite3.connect(runs_db(directory)) as db:
         [(status,)] = db.execute("SELECT status FROM tether_runs WHERE run_id = 'r1'").fetchall()
     return str(status)
 
@@ -129,7 +129,7 @@ def test_the_deadline_applies_when_the_run_resumes(
     write_agent(tmp_path, [{"tool_calls": [SHIP]}, {"text": "ok"}], timeout="1h", onTimeout=policy)
     assert run(tmp_path, "--prompt", "ship it").returncode == 3
     # Two hours pass (the deadline counts from the first park).
-    with sqlite3.connect(tmp_path / ".tether" / "runs.db") as db:
+    with sqlite3.connect(runs_db(tmp_path)) as db:
         db.execute("UPDATE tether_answers SET parked_at = parked_at - 7200")
     resumed = run(tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -140,7 +140,7 @@ def test_the_deadline_applies_when_the_run_resumes(
 def test_answer_errors_are_clear(tmp_path: Path) -> None:
     write_agent(tmp_path, [{"tool_calls": [SHIP]}, {"text": "ok"}])
     missing = tether("answer", "r1", "--approve", cwd=tmp_path)
-    assert missing.returncode == 2 and ".tether/runs.db does not exist" in missing.stderr
+    assert missing.returncode == 2 and f"{runs_db(tmp_path)} does not exist" in missing.stderr
     assert run(tmp_path, "--prompt", "ship it").returncode == 3
     unknown = tether("answer", "r9", "--approve", cwd=tmp_path)
     assert unknown.returncode == 2 and "nothing waits for an answer in run 'r9'" in unknown.stderr
@@ -188,5 +188,5 @@ def test_spawn_is_the_sub_agent_tool(tmp_path: Path) -> None:
     refused = run(tmp_path, "--prompt", "go")
     assert refused.returncode == 2
     assert "'spawn' is the sub-agent tool of `spec.subagents`" in refused.stderr
-    with sqlite3.connect(tmp_path / ".tether" / "runs.db") as db:  # the run was never opened
+    with sqlite3.connect(runs_db(tmp_path)) as db:  # the run was never opened
         assert db.execute("SELECT * FROM tether_runs").fetchall() == []

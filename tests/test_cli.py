@@ -2,27 +2,52 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import re
+import secrets
+import shutil
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from tether.session import load_session, sqlite_store
 from tether.spec import SpecError, load_agent, parse_agent
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PROC_PROBE = Path(__file__).resolve().parent / "programs" / "proc_probe.py"
 NO_KEYS = {"PATH": "/usr/bin:/bin"}
 
 
-def tether(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def state_home(cwd: Path) -> Path:
+    """`XDG_STATE_HOME` of the commands a test runs in `cwd`: next to it, not in it."""
+    return cwd.with_name(f"{cwd.name}-state")
+
+
+def runs_db(cwd: Path) -> Path:
+    """The runs' SQLite file of `tether run` in `cwd` by default (outside the workspace)."""
+    return state_home(cwd) / "tether" / "runs.db"
+
+
+def tether(
+    *args: str,
+    cwd: Path,
+    env: Mapping[str, str] | None = None,
+    prefix: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tether", *args],
+        [*prefix, sys.executable, "-m", "tether", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
-        env=NO_KEYS,
+        env={**NO_KEYS, "XDG_STATE_HOME": str(state_home(cwd)), **(env or {})},
     )
 
 
@@ -163,3 +188,110 @@ def test_a_worker_without_its_model_key_says_which_variable(tmp_path: Path) -> N
     assert done.stderr.strip() == (
         "tether: ANTHROPIC_API_KEY is not set: the worker needs the model's API key"
     )
+
+
+def write_manifest(directory: Path, tools: list[dict[str, Any]], script: list[Any]) -> Path:
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "probe"},
+        "spec": {"model": {"provider": "scripted", "name": "s", "script": script}, "tools": tools},
+    }
+    path = directory.with_name(f"{directory.name}-agent.yaml")  # outside the workspace
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def tool_results(db: Path, run_id: str) -> list[str]:
+    async def read() -> list[str]:
+        session = await load_session(sqlite_store(db), run_id)
+        assert session is not None
+        return [
+            str(block["content"])
+            for turn in session.turns
+            for block in turn.content
+            if block["type"] == "tool_result"
+        ]
+
+    return asyncio.run(read())
+
+
+def test_the_agent_cannot_rewrite_its_own_journal(tmp_path: Path) -> None:
+    """`write_file` aimed at the runs' database, where it used to be (`.tether/runs.db` in the
+    workspace) and where it is now (outside it): no write reaches the file that journals the
+    run, which completes and replays whole."""
+    db = runs_db(tmp_path)
+    targets = [".tether/runs.db", os.path.relpath(db, tmp_path), str(db)]
+    calls = [{"name": "write_file", "input": {"path": t, "content": "garbage"}} for t in targets]
+    script = [{"tool_calls": calls}, {"text": "done"}]
+    spec = str(write_manifest(tmp_path, [{"name": "write_file", "builtin": "write_file"}], script))
+    done = tether("run", spec, "--run-id", "r", "--prompt", "go", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["stats"]["status"] == "completed"
+    named = re.search(r"^agent probe, run r in (.+)$", done.stdout, re.MULTILINE)
+    assert named, done.stdout
+    journal = (tmp_path / named.group(1)).resolve()
+    journal_files = {journal.with_name(journal.name + end) for end in ("", "-wal", "-shm")}
+    results = tool_results(journal, "r")
+    written = [r.removeprefix("wrote 7 bytes to ") for r in results if r.startswith("wrote")]
+    assert not {(tmp_path / w).resolve() for w in written} & journal_files, (journal, results)
+    assert journal == db.resolve()
+    assert results[1:] == [
+        f"Tool error: {os.path.relpath(db, tmp_path)!r} is outside the workspace",
+        f"Tool error: {str(db)!r} is outside the workspace",
+    ]
+    again = tether("run", spec, "--run-id", "r", "--json", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout.splitlines()[-1])["live"] == {}  # all of it replayed
+
+
+@pytest.mark.parametrize("how", ["inside", "the workspace itself", "through a symlink"])
+def test_a_database_inside_the_workspace_is_refused(tmp_path: Path, how: str) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (tmp_path / "link").symlink_to(workspace)
+    db = {
+        "inside": "ws/.tether/runs.db",
+        "the workspace itself": "ws",
+        "through a symlink": "link/runs.db",
+    }[how]
+    spec = str(write_manifest(tmp_path, [], [{"text": "done"}]))
+    args = ["run", spec, "--run-id", "r", "--prompt", "go", "--workspace", "ws", "--db", db]
+    refused = tether(*args, cwd=tmp_path)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert f"is inside the workspace {workspace}" in refused.stderr
+    assert "pass --db outside the workspace" in refused.stderr
+    assert sorted(p.name for p in workspace.iterdir()) == []
+
+
+def without_capabilities() -> list[str]:
+    """Run as this uid with no capabilities (tests/restate/support.py says why)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to drop root's capabilities"
+    return [setpriv, "--bounding-set", "-all", "--inh-caps", "-all", "--"]
+
+
+def test_a_shell_command_cannot_read_the_secrets_of_tether_run(tmp_path: Path) -> None:
+    """`tether run` holds the model keys (and whatever else its environment has): the agent's
+    `shell`, the same user, reads neither its `/proc/<pid>/environ` nor its memory."""
+    key, secret = secrets.token_hex(16), secrets.token_hex(16)
+    probe = f"cat /proc/$PPID/environ; echo; {sys.executable} {PROC_PROBE} {os.getpid()}"
+    shell = {"name": "sh", "builtin": "shell", "config": {"maxOutputBytes": 4 * 1024 * 1024}}
+    script = [{"tool_calls": [{"name": "sh", "input": {"command": probe}}]}, {"text": "done"}]
+    spec = str(write_manifest(tmp_path, [shell], script))
+    env = {"ANTHROPIC_API_KEY": key, "TETHER_WEBHOOK_SECRET": secret}
+    args = ["run", spec, "--run-id", "r", "--prompt", "look", "--db", str(runs_db(tmp_path))]
+    done = tether(*args, cwd=tmp_path, env=env, prefix=without_capabilities())
+    assert done.returncode == 0, done.stdout + done.stderr
+    [output] = tool_results(runs_db(tmp_path), "r")
+    assert "probe done" in output and "self CapEff:\t0000000000000000" in output, output
+    assert key not in output and secret not in output, output
+    ancestors = re.findall(r"^ancestor (\d+): (.*)\n  (.*)\n  (.*)$", output, re.MULTILINE)
+    [(_, _, *read)] = [a for a in ancestors if "-m tether run" in a[1]]
+    assert read == [
+        "environ: cannot read (Permission denied)",
+        "memory: cannot read (Permission denied)",
+    ], output

@@ -16,6 +16,7 @@ from kubernetes.client import ApiClient, ApiException
 from kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
 from kube.controlplane import ControlPlane, wait_until
 from tether.crd import CRD_NAME, GROUP, PLURAL, VERSION, durableagent_crd, durableagent_crd_yaml
+from tether.spec import SpecError, parse_agent
 
 CHECKED_IN = Path(__file__).resolve().parent.parent / "crds" / "durableagent.yaml"
 
@@ -256,6 +257,22 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {**_model(**KEY), "approvals": {"notify": {"url": "ftp://x"}}},
         "spec.approvals.notify.url",
     ),
+    (
+        "notify-url-and-secret",
+        {
+            **_model(**KEY),
+            "approvals": {
+                "notify": {"url": "https://h.example/x", "urlSecretRef": {"name": "n", "key": "k"}}
+            },
+        },
+        "spec.approvals.notify",
+    ),
+    ("notify-without-url", {**_model(**KEY), "approvals": {"notify": {}}}, "spec.approvals.notify"),
+    (
+        "notify-url-with-a-token",
+        {**_model(**KEY), "approvals": {"notify": {"url": "https://h.example/x?token=t0ken"}}},
+        "spec.approvals.notify.url",
+    ),
     ("too-many-replicas", {**_model(**KEY), "worker": {"replicas": 101}}, "spec.worker.replicas"),
     (
         "bad-env-name",
@@ -282,6 +299,52 @@ def test_an_invalid_manifest_is_rejected_naming_the_field(
     assert rejected.value.status == 422, rejected.value.body
     message = json.loads(rejected.value.body or "{}")["message"]
     assert field in message, message
+
+
+SLACK_TOKEN = "xT0kenT0kenT0kenT0kenT0ke"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://hooks.slack.com/services/T0AAAAAAA/B0BBBBBBB/{SLACK_TOKEN}",
+        f"https://HOOKS.SLACK.COM/services/T0AAAAAAA/B0BBBBBBB/{SLACK_TOKEN}",
+        f"https://discord.com/api/webhooks/123456/{SLACK_TOKEN}",
+        f"https://acme.webhook.office.com/webhookb2/{SLACK_TOKEN}",
+        f"https://hooks.example.com/notify?token={SLACK_TOKEN}",
+        f"https://bot:{SLACK_TOKEN}@hooks.example.com/notify",
+    ],
+)
+def test_a_notify_url_with_a_token_is_refused_and_never_stored(
+    api: ApiClient, namespace: str, url: str
+) -> None:
+    """Refused at admission (CEL), so it never reaches etcd (the API server's answer to the one
+    who sent it quotes the value, as it does for any invalid field). The spec model refuses it
+    too (`tether dev`, the worker, the operator), naming the Secret form, without quoting it."""
+    body = agent(f"noisy-{uuid.uuid4().hex[:6]}", approvals={"notify": {"url": url}})
+    with pytest.raises(ApiException) as rejected:
+        create(api, namespace, body, dry_run=False)
+    assert rejected.value.status == 422, rejected.value.body
+    message = json.loads(rejected.value.body or "{}")["message"]
+    assert "spec.approvals.notify.url" in message and "urlSecretRef" in message, message
+    objects = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL
+    )
+    assert SLACK_TOKEN not in json.dumps(objects)
+    with pytest.raises(SpecError) as refused:
+        parse_agent(body)
+    assert "spec.approvals.notify.url" in str(refused.value) and "urlSecretRef" in str(
+        refused.value
+    )
+    assert SLACK_TOKEN not in str(refused.value)
+
+
+def test_a_notify_url_from_a_secret_is_accepted(api: ApiClient, namespace: str) -> None:
+    notify = {"urlSecretRef": {"name": "slack", "key": "url"}, "urlEnv": "SLACK_URL"}
+    created = create(api, namespace, agent("notified", approvals={"notify": notify}))
+    assert created["spec"]["approvals"]["notify"] == notify
+    plain = {"url": "http://approver.ops.svc.cluster.local/hook"}  # no token: may stay plain
+    create(api, namespace, agent("plain", approvals={"notify": plain}))
 
 
 @pytest.mark.parametrize(

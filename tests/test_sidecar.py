@@ -5,6 +5,7 @@ call), and the worker-side metric hooks. The real-server version is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -82,6 +83,9 @@ class FakeRestate:
     reachable: bool = True
     queries: int = 0
     base: str = ""
+    accepted: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(target path, idempotency key) -> invocation id, like Restate's idempotency table."""
+    outputs: dict[str, Any] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
 
     @property
@@ -112,7 +116,22 @@ class FakeRestate:
 
     @property
     def completions(self) -> list[Recorded]:
-        return [r for r in self.requests if r.url.path.startswith("/ingress/restate/awakeables/")]
+        """The answers sent to the agent's `answer` handler (resolutions and rejections)."""
+        return [r for r in self.requests if r.url.path.endswith("/answer/send")]
+
+    def send(self, path: str, key: str | None, output: Any = None) -> web.Response:
+        """A `/send` as Restate answers it: a known key is `PreviouslyAccepted` and starts
+        nothing (`output` is the new invocation's output, for `attach`)."""
+        if key is not None and (path, key) in self.accepted:
+            invocation = self.accepted[(path, key)]
+            return web.json_response({"invocationId": invocation, "status": "PreviouslyAccepted"})
+        invocation = (
+            f"inv_{key or 'x'}" if path.endswith("/run/send") else f"inv_{len(self.outputs)}"
+        )
+        self.outputs[invocation] = output
+        if key is not None:
+            self.accepted[(path, key)] = invocation
+        return web.json_response({"invocationId": invocation, "status": "Accepted"})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -134,17 +153,18 @@ class FakeRestate:
             return web.json_response({"rows": rows})
         if path == "/ingress/restate/health":
             return web.Response(status=200 if self.healthy else 503)
-        if path.startswith("/ingress/restate/awakeables/"):
-            return web.Response(status=self.ingress_status)
-        if path.startswith(f"/ingress/{AGENT}-inbox/") and path.endswith("/post"):
-            return web.json_response({"waiting": len(self.messages)})
+        key = headers.get("idempotency-key")
+        if path.startswith("/ingress/restate/invocation/") and path.endswith("/attach"):
+            return web.json_response(self.outputs[path.split("/")[-2]])
+        if path.startswith(f"/ingress/{AGENT}/") and path.endswith("/answer/send"):
+            if not 200 <= self.ingress_status < 300:
+                return web.Response(status=self.ingress_status)
+            return self.send(path, key, {"answered": True})
+        if path.startswith(f"/ingress/{AGENT}-inbox/") and path.endswith("/post/send"):
+            waiting = len([k for k in self.accepted if k[0] == path]) + 1
+            return self.send(path, key, {"waiting": waiting})
         if path.startswith(f"/ingress/{AGENT}/") and path.endswith("/run/send"):
-            key = headers.get("idempotency-key")
-            seen = key is not None and any(
-                r.headers.get("idempotency-key") == key for r in self.requests[:-1]
-            )
-            status = "PreviouslyAccepted" if seen else "Accepted"
-            return web.json_response({"invocationId": f"inv_{key or 'x'}", "status": status})
+            return self.send(path, key)
         return web.Response(status=404)
 
     @property
@@ -154,6 +174,11 @@ class FakeRestate:
     @property
     def runs(self) -> list[Recorded]:
         return [r for r in self.requests if r.url.path.endswith("/run/send")]
+
+
+def answer_value(answer: Recorded) -> Any:
+    """The value an answer sent to the `answer` handler resolves its call with."""
+    return json.loads(answer.content)["value"]
 
 
 def settings(**overrides: Any) -> SidecarSettings:
@@ -303,9 +328,12 @@ async def test_signed_post_resolves_once(sidecar: Sidecar) -> None:
     resp = await sidecar.post(ID_A, {"approved": True, "note": "go"})
     assert resp.status_code == 202, resp.text
     [forwarded] = sidecar.restate.completions
-    assert str(forwarded.url) == f"{sidecar.restate.ingress}/restate/awakeables/{ID_A}/resolve"
-    assert json.loads(forwarded.content) == {"approved": True, "note": "go"}
+    assert str(forwarded.url) == f"{sidecar.restate.ingress}/{AGENT}/session-1/answer/send"
+    assert json.loads(forwarded.content) == {
+        "awakeable_id": ID_A, "value": {"approved": True, "note": "go"}
+    }  # fmt: skip
     assert forwarded.headers["content-type"] == "application/json"
+    assert forwarded.headers["idempotency-key"] == f"tether-answer:{ID_A}"
 
     again = await sidecar.post(ID_A, {"approved": False})  # a new, valid signature
     assert again.status_code == 409
@@ -317,8 +345,9 @@ async def test_signed_post_rejects_with_a_reason(sidecar: Sidecar) -> None:
     resp = await sidecar.post(ID_B, {"reason": "not now"}, verb="reject")
     assert resp.status_code == 202, resp.text
     [forwarded] = sidecar.restate.completions
-    assert str(forwarded.url) == f"{sidecar.restate.ingress}/restate/awakeables/{ID_B}/reject"
-    assert forwarded.content == b"not now"
+    assert str(forwarded.url) == f"{sidecar.restate.ingress}/{AGENT}/session-2/answer/send"
+    assert json.loads(forwarded.content) == {"awakeable_id": ID_B, "reject": "not now"}
+    assert forwarded.headers["idempotency-key"] == f"tether-answer:{ID_B}"
     assert (await sidecar.post(ID_B, {"ok": 1})).status_code == 409
 
 
@@ -590,8 +619,8 @@ async def test_the_pages_button_approves_once(sidecar: Sidecar) -> None:
     assert "<h1>Approved</h1>" in approved.text
     security_headers_of(approved)
     [forwarded] = sidecar.restate.completions
-    assert forwarded.url.path == f"/ingress/restate/awakeables/{ID_A}/resolve"
-    value = json.loads(forwarded.content)
+    assert forwarded.url.path == f"/ingress/{AGENT}/session-1/answer/send"
+    value = answer_value(forwarded)
     assert value == {"approved": True, "by": "link", "approver": None, "decided_at": ANY}
     assert before <= value["decided_at"] <= after
     assert ID_A not in await listed_ids(sidecar)
@@ -614,7 +643,7 @@ async def test_a_deny_link_denies_and_cannot_approve(sidecar: Sidecar) -> None:
     # An approve link's page may deny too (its second button).
     other = await open_link(sidecar, link("approve", ID_B))
     assert (await press(sidecar, other, "deny")).status_code == 200
-    values = [json.loads(r.content) for r in sidecar.restate.completions]
+    values = [answer_value(r) for r in sidecar.restate.completions]
     assert [(v["approved"], v["by"]) for v in values] == [(False, "link"), (False, "link")]
 
 
@@ -640,7 +669,7 @@ async def test_a_link_minted_for_a_recipient_records_the_approver(
     with caplog.at_level(logging.INFO, logger="tether.sidecar"):
         assert (await press(sidecar, page, "approve")).status_code == 200
     [forwarded] = sidecar.restate.completions
-    assert json.loads(forwarded.content)["approver"] == alice
+    assert answer_value(forwarded)["approver"] == alice
     assert f"approved by link (approver {alice!r})" in caplog.text
 
 
@@ -825,7 +854,7 @@ async def test_a_webhook_resolution_records_its_approver(sidecar: Sidecar) -> No
     assert resolved.status_code == 202, resolved.text
     answered = await sidecar.post(ID_B, {"answer": "yes", "approver": "carol", "decided_at": 5})
     assert answered.status_code == 202, answered.text
-    first, second = (json.loads(r.content) for r in sidecar.restate.completions)
+    first, second = (answer_value(r) for r in sidecar.restate.completions)
     assert first == {"approved": True, "approver": "bob@example.com", "decided_at": ANY}
     assert before <= first["decided_at"] <= int(time.time() * 1000)
     assert second == {"answer": "yes", "approver": "carol", "decided_at": 5}  # the sender's own
@@ -1117,20 +1146,23 @@ async def test_only_signed_posts_take_the_webhook_path(sidecar: Sidecar) -> None
 
 
 def signed_run(
-    body: bytes, path: str, timestamp: int | None = None, **extra: str
+    body: bytes,
+    path: str,
+    timestamp: int | None = None,
+    idempotency_key: str | None = None,
+    **extra: str,
 ) -> dict[str, str]:
-    return {
-        **sign_request(SECRET.encode(), body, path=path, timestamp=timestamp),
-        "content-type": "application/json",
-        **extra,
-    }
+    signed = sign_request(
+        SECRET.encode(), body, path=path, timestamp=timestamp, idempotency_key=idempotency_key
+    )
+    return {**signed, "content-type": "application/json", **extra}
 
 
 async def test_a_signed_webhook_starts_a_run_once(sidecar: Sidecar) -> None:
     path = "/v1/sessions/ticket-42/runs"
     body = json.dumps({"prompt": "triage ticket 42"}).encode()
     started = await sidecar.client.post(
-        path, content=body, headers=signed_run(body, path, **{"idempotency-key": "delivery-7"})
+        path, content=body, headers=signed_run(body, path, idempotency_key="delivery-7")
     )
     assert started.status_code == 202, started.text
     assert started.json() == {
@@ -1141,10 +1173,43 @@ async def test_a_signed_webhook_starts_a_run_once(sidecar: Sidecar) -> None:
     assert json.loads(sent.content) == {"prompt": "triage ticket 42"}
     assert sent.headers["idempotency-key"] == "delivery-7"
     # The sender retries the delivery a second later (a fresh signature, the same key): one run.
-    retry = signed_run(body, path, int(time.time()) + 1, **{"idempotency-key": "delivery-7"})
+    retry = signed_run(body, path, int(time.time()) + 1, idempotency_key="delivery-7")
     again = await sidecar.client.post(path, content=body, headers=retry)
-    assert again.json()["status"] == "PreviouslyAccepted"
+    assert again.status_code == 202, again.text
+    assert again.json() == {**started.json(), "status": "PreviouslyAccepted"}
     assert await sidecar.metric("tether_webhook_requests_total", outcome="run_started") == 2
+
+
+async def test_the_idempotency_key_of_a_run_must_be_signed(sidecar: Sidecar) -> None:
+    """The key decides which run a request is: a key the signature does not cover (dropped,
+    added or changed by whoever replays the request) is refused."""
+    path = "/v1/sessions/ticket-43/runs"
+    body = json.dumps({"prompt": "triage ticket 43"}).encode()
+    keyed = signed_run(body, path, idempotency_key="delivery-8")
+    for headers in (
+        signed_run(body, path, **{"idempotency-key": "delivery-8"}),  # signed without its key
+        {**keyed, "idempotency-key": "delivery-9"},  # the key changed
+        {k: v for k, v in keyed.items() if k != "idempotency-key"},  # the key dropped
+    ):
+        refused = await sidecar.client.post(path, content=body, headers=headers)
+        assert (refused.status_code, refused.json()["outcome"]) == (401, "bad_signature")
+    old_client = signed_run(body, path, **{"idempotency-key": "delivery-8"})
+    told = await sidecar.client.post(path, content=body, headers=old_client)
+    assert "does not cover the Idempotency-Key header" in told.json()["error"]
+    assert sidecar.restate.runs == []
+    assert (await sidecar.client.post(path, content=body, headers=keyed)).status_code == 202
+
+
+async def test_a_run_without_a_key_runs_under_its_signatures_key(sidecar: Sidecar) -> None:
+    path = "/v1/sessions/ticket-44/runs"
+    body = json.dumps({"prompt": "triage ticket 44"}).encode()
+    headers = signed_run(body, path)
+    started = await sidecar.client.post(path, content=body, headers=headers)
+    assert started.status_code == 202, started.text
+    [sent] = sidecar.restate.runs
+    digest = hashlib.sha256(headers["x-tether-signature"].encode()).hexdigest()[:32]
+    assert sent.headers["idempotency-key"] == f"tether-sig-{digest}"
+    assert headers["x-tether-signature"].removeprefix("v1=") not in str(sent.headers)
 
 
 BAD_RUNS: dict[str, tuple[str, bytes, dict[str, str], int, str]] = {
@@ -1195,13 +1260,15 @@ async def test_a_run_request_is_not_replayed_and_survives_restate_being_down(
 async def test_a_signed_message_goes_to_the_sessions_inbox(sidecar: Sidecar) -> None:
     path = "/v1/sessions/ticket-42/messages"
     body = json.dumps({"text": "the customer called back"}).encode()
-    posted = await sidecar.client.post(path, content=body, headers=signed_run(body, path))
+    headers = signed_run(body, path)
+    posted = await sidecar.client.post(path, content=body, headers=headers)
     assert posted.status_code == 202, posted.text
     assert posted.json() == {"session": "ticket-42", "waiting": 1}
     [sent] = sidecar.restate.messages
-    assert sent.url.path == f"/ingress/{AGENT}-inbox/ticket-42/post"
+    assert sent.url.path == f"/ingress/{AGENT}-inbox/ticket-42/post/send"
     assert json.loads(sent.content) == {"text": "the customer called back"}
-    replayed = await sidecar.client.post(path, content=body, headers=signed_run(body, path))
+    assert sent.headers["idempotency-key"].startswith("tether-sig-")
+    replayed = await sidecar.client.post(path, content=body, headers=headers)  # the same bytes
     assert (replayed.status_code, replayed.json()["outcome"]) == (409, "replayed")
     unsigned = await sidecar.client.post(
         path, content=body, headers={"content-type": "application/json"}
@@ -1212,3 +1279,65 @@ async def test_a_signed_message_goes_to_the_sessions_inbox(sidecar: Sidecar) -> 
         assert (refused.status_code, refused.json()["outcome"]) == (400, "bad_body")
     assert len(sidecar.restate.messages) == 1
     assert await sidecar.metric("tether_webhook_requests_total", outcome="message_posted") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Replicas: what one sidecar did, another one (or the same one restarted) does not do again
+
+
+@pytest.fixture
+async def replicas(sidecar: Sidecar) -> AsyncIterator[tuple[Sidecar, Sidecar]]:
+    """A second sidecar app (its own replay guard and ledger, as another replica or a restarted
+    process has) in front of the same fake Restate."""
+    restate = sidecar.restate
+    app = create_app(settings(restate_ingress_url=restate.ingress, restate_admin_url=restate.admin))
+    try:
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"
+        ) as client:
+            yield sidecar, Sidecar(client, restate)
+    finally:
+        await app.state.sidecar.restate.close()
+
+
+async def test_another_replica_acts_on_nothing_a_replica_did(
+    replicas: tuple[Sidecar, Sidecar],
+) -> None:
+    one, other = replicas
+    run_path = "/v1/sessions/ticket-45/runs"
+    run = json.dumps({"prompt": "go"}).encode()
+    run_headers = signed_run(run, run_path)
+    assert (await one.client.post(run_path, content=run, headers=run_headers)).status_code == 202
+    replayed = await other.client.post(run_path, content=run, headers=run_headers)
+    assert (replayed.status_code, replayed.json()["outcome"]) == (409, "replayed")
+    assert "invocation_id" not in replayed.json()
+
+    keyed_headers = signed_run(run, run_path, idempotency_key="delivery-45")
+    first = await one.client.post(run_path, content=run, headers=keyed_headers)
+    again = await other.client.post(run_path, content=run, headers=keyed_headers)
+    assert again.status_code == 202
+    assert again.json() == {**first.json(), "status": "PreviouslyAccepted"}
+
+    message_path = "/v1/sessions/ticket-45/messages"
+    message = json.dumps({"text": "hello"}).encode()
+    message_headers = signed_run(message, message_path)
+    posted = await one.client.post(message_path, content=message, headers=message_headers)
+    assert posted.status_code == 202
+    again = await other.client.post(message_path, content=message, headers=message_headers)
+    assert (again.status_code, again.json()["outcome"]) == (409, "replayed")
+
+    assert (await one.post(ID_A, {"approved": True})).status_code == 202
+    answered = await other.post(ID_A, {"approved": False})  # another approver, the same call
+    assert (answered.status_code, answered.json()["outcome"]) == (409, "already_resolved")
+    keys = {r.headers["idempotency-key"] for r in one.restate.completions}
+    assert keys == {f"tether-answer:{ID_A}"}  # both reached Restate: it said no to the second
+    assert ID_A not in await listed_ids(other)
+    page = await other.client.get(link("approve", ID_A))
+    assert page.status_code == 409 and "already answered" in page.text
+
+
+def test_the_sidecar_checks_the_inboxs_message_limit() -> None:
+    from tether.sidecar.sessions import MAX_MESSAGE_CHARS
+    from tether.worker.inbox import MAX_MESSAGE_CHARS as INBOX_LIMIT
+
+    assert MAX_MESSAGE_CHARS == INBOX_LIMIT

@@ -10,6 +10,7 @@ from typing import Any
 
 import kopf
 
+from tether.redact import install as install_redaction
 from tether.spec import SpecError
 
 from . import children, deletion, supervisor
@@ -52,6 +53,7 @@ def backoff(retry: int) -> float:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    install_redaction()  # also under `kopf run -m tether_operator` (main() does it sooner)
     ours = settings_from_env()
     logging.getLogger("kopf.objects").addFilter(QuietRoutine())
     settings.persistence.finalizer = FINALIZER

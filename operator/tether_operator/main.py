@@ -12,6 +12,8 @@ import sys
 
 import kopf
 
+from tether.redact import install as install_redaction
+
 from .settings import SettingsError, settings_from_env
 
 
@@ -21,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     except SettingsError as error:
         print(f"tether-operator: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    install_redaction()  # URLs, tokens and secrets of the environment out of every log line
     verbose = "--verbose" in (argv if argv is not None else sys.argv[1:])
     kopf.configure(verbose=verbose, log_format=kopf.LogFormat.PLAIN)
     from . import handlers  # noqa: F401  (registers the handlers)

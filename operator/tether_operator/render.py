@@ -131,6 +131,12 @@ def _worker_container(
     ref = spec.model.api_key_secret_ref
     if ref is not None:
         env.append(_secret_env(api_key_env_name(spec), ref.name, ref.key))
+    notify = spec.approvals.notify
+    if notify is not None and notify.url_secret_ref is not None:
+        # The URL can be a credential (a Slack webhook's path is its token): from its Secret,
+        # like the API key, never through the ConfigMap (which holds only the reference).
+        secret = notify.url_secret_ref
+        env.append(_secret_env(notify.url_variable, secret.name, secret.key))
     env.extend({"name": e.name, "value": e.value} for e in spec.worker.env)
     resources: Manifest = {}
     if spec.worker.resources.requests:

@@ -3,6 +3,8 @@ through the ingress, status and events, and idempotent server-side apply."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -152,6 +154,56 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
 
     reasons = {e["reason"] for e in cluster.events(AGENT)}
     assert {"VersionDeployed", "Registered"} <= reasons
+
+
+SLACK_TOKEN = "T0kenT0kenT0kenT0kenT0ken"
+SLACK_URL = f"https://hooks.slack.com/services/T0AAAAAAA/B0BBBBBBB/{SLACK_TOKEN}"
+NOTIFY = {"notify": {"urlSecretRef": {"name": "slack", "key": "url"}}}
+"""Approval notifications to a Slack incoming webhook: its URL's path is its token."""
+
+
+def test_the_notify_url_reaches_the_worker_from_its_secret_only(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, tmp_path: Path
+) -> None:
+    """`approvals.notify.urlSecretRef` is mapped into the worker's TETHER_NOTIFY_URL by a
+    `secretKeyRef`; the ConfigMap holds the reference, and nothing the operator writes (objects,
+    status, events, its log) holds the URL."""
+    with_secrets(cluster)
+    cluster.secret("slack", {"url": SLACK_URL})
+    run_operator()
+    cluster.apply_agent(manifest(approvals=NOTIFY))
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered=True")
+    [version] = cluster.versions(AGENT)
+    name = f"{AGENT}-{version['hash']}"
+
+    config_map = cluster.core.read_namespaced_config_map(name, cluster.namespace)
+    assert config_map.data is not None
+    document = config_map.data["agent.yaml"]
+    notify = parse_agent(yaml.safe_load(document)).spec.approvals.notify
+    assert notify is not None and notify.url is None
+    assert notify.url_secret_ref is not None
+    assert (notify.url_secret_ref.name, notify.url_secret_ref.key) == ("slack", "url")
+    assert SLACK_TOKEN not in document and "hooks.slack.com" not in document
+
+    deployment = cluster.apps.read_namespaced_deployment(name, cluster.namespace)
+    assert deployment.spec is not None and deployment.spec.template.spec is not None
+    worker, sidecar = deployment.spec.template.spec.containers
+    variable = env_of(worker)["TETHER_NOTIFY_URL"]
+    assert variable.value is None and variable.value_from is not None
+    ref = variable.value_from.secret_key_ref
+    assert (ref.name, ref.key) == ("slack", "url")
+    assert "TETHER_NOTIFY_URL" not in env_of(sidecar)  # the sidecar never sends notifications
+
+    written = json.dumps(
+        [
+            cluster.agent(AGENT),
+            cluster.events(AGENT),
+            cluster.api.sanitize_for_serialization(deployment),
+            cluster.api.sanitize_for_serialization(config_map),
+        ]
+    )
+    assert SLACK_TOKEN not in written and "hooks.slack.com" not in written
+    assert SLACK_TOKEN not in (tmp_path / "operator.log").read_text(errors="replace")
 
 
 def test_applying_again_changes_nothing(

@@ -7,7 +7,15 @@ from typing import Any
 
 from kubernetes import client
 from op_harness import Cluster, OperatorFactory, Restate, free_port, wait_for
-from test_children import AGENT, manifest, registered, with_secrets
+from test_children import (
+    AGENT,
+    NOTIFY,
+    SLACK_TOKEN,
+    SLACK_URL,
+    manifest,
+    registered,
+    with_secrets,
+)
 
 
 def condition_with_reason(cluster: Cluster, kind: str, reason: str) -> dict[str, Any]:
@@ -41,6 +49,42 @@ def test_a_missing_secret_is_a_condition_until_it_exists(
 
     with_secrets(cluster)
     wait_for(lambda: registered(cluster), timeout=60, what="Registered after the Secret exists")
+    assert cluster.status(AGENT)["phase"] == "Ready"
+
+
+def test_a_missing_notify_secret_is_a_condition_until_it_exists(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    """The Secret of `approvals.notify.urlSecretRef` is checked like the others: missing, or
+    without its key, it is `SecretNotFound` naming the field, and nothing is deployed."""
+    with_secrets(cluster)
+    run_operator()
+    cluster.apply_agent(manifest(approvals=NOTIFY))
+    blocked = condition_with_reason(cluster, "Progressing", "SecretNotFound")
+    assert blocked["status"] == "False"
+    assert (
+        f"Secret {cluster.namespace}/slack named by spec.approvals.notify.urlSecretRef does not "
+        "exist" in blocked["message"]
+    )
+    assert "kubectl" in blocked["message"]
+    assert cluster.status(AGENT)["phase"] == "Degraded"
+    assert cluster.child_names(AGENT)["deployments"] == set()
+    assert any(
+        e["type"] == "Warning" and e["reason"] == "SecretNotFound" for e in cluster.events(AGENT)
+    )
+
+    # There, but with the URL under another key: the condition says which key it wants.
+    cluster.secret("slack", {"webhook": SLACK_URL})
+    wait_for(
+        lambda: "has no key 'url'" in cluster.condition(AGENT, "Progressing").get("message", ""),
+        timeout=60,
+        what="the condition to name the missing key",
+    )
+    assert SLACK_TOKEN not in str([cluster.agent(AGENT), cluster.events(AGENT)])
+
+    cluster.core.delete_namespaced_secret("slack", cluster.namespace)
+    cluster.secret("slack", {"url": SLACK_URL})
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered after the Secret is right")
     assert cluster.status(AGENT)["phase"] == "Ready"
 
 

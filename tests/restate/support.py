@@ -199,6 +199,26 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+PROC_PROBE = Path(__file__).resolve().parent.parent / "programs" / "proc_probe.py"
+"""What a `shell` command can read of the processes around it (see the program)."""
+
+
+def without_capabilities() -> list[str]:
+    """A command prefix: the program runs as this user id with no capabilities at all.
+
+    The agent's `shell` runs as the worker's user: a pod's non-root user, which has none.
+    These tests may run as root, whose CAP_SYS_PTRACE (and the capabilities a target would
+    hold beyond the reader's) lets it read any process's `/proc/<pid>/environ` and `mem`, so
+    they would show nothing. Root without any capability is the same uid as the worker and
+    no more: it reads a dumpable process of its uid, and a non-dumpable one not. (Another uid
+    cannot run this interpreter here: /root is 0700.)"""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to drop root's capabilities"
+    return [setpriv, "--bounding-set", "-all", "--inh-caps", "-all", "--"]
+
+
 _HYPERCORN_CONFIG = """\
 bind = ["127.0.0.1:{port}"]
 workers = 1

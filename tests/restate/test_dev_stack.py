@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
-from support import decide_by_link, wait_until
+from support import PROC_PROBE, decide_by_link, wait_until, without_capabilities
 
 from tether.dev import DevStack
 from tether.webhooks import sign_request, signed_link
@@ -80,7 +81,8 @@ def approve_and_finish(stack: DevStack, invocation: str, workspace: Path) -> dic
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
     monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
-    with DevStack(write_manifest(tmp_path, "dev-clerk"), tmp_path / "dev") as running:
+    data_dir = tmp_path.with_name(f"{tmp_path.name}-dev")  # outside the workspace
+    with DevStack(write_manifest(tmp_path, "dev-clerk"), data_dir) as running:
         yield running
 
 
@@ -173,10 +175,11 @@ def test_the_tether_dev_command_prints_its_urls_and_stops_everything(tmp_path: P
 def test_the_first_answer_wins_when_two_reach_restate(
     stack: DevStack, tmp_path: Path, first: bool
 ) -> None:
-    """Each sidecar refuses a second answer itself (409), but two sidecars of one agent (two
-    replicas, or two versions during a rollout) each forward theirs. Restate keeps the first
-    completion of an awakeable and ignores later ones; this pins that behaviour, which the
-    approval decision relies on."""
+    """Two answers sent straight to Restate's awakeable endpoint both get 202: Restate keeps the
+    first completion of an awakeable and ignores later ones, silently. This pins that behaviour;
+    the sidecar does not rely on it (its answers go to the session's `answer` handler under one
+    idempotency key per call, so a second one, through any replica, is refused with 409:
+    test_sidecar_replicas.py)."""
     invocation = start_run(stack, "twice")
     [call] = wait_until(lambda: approvals(stack), what="a parked call")
     assert stack.worker.popen is not None
@@ -195,16 +198,19 @@ def test_the_first_answer_wins_when_two_reach_restate(
 
 def test_a_signed_webhook_starts_a_run_once(stack: DevStack, tmp_path: Path) -> None:
     """`POST /v1/sessions/{id}/runs` through the real sidecar and ingress: a retried delivery
-    with the same Idempotency-Key is the same run."""
+    with the same (signed) Idempotency-Key is the same run."""
     path = "/v1/sessions/hooked/runs"
     body = json.dumps({"prompt": "write it"}).encode()
 
     def deliver(timestamp: int | None = None) -> httpx2.Response:
-        headers = {
-            **sign_request(stack.secret.encode(), body, path=path, timestamp=timestamp),
-            "content-type": "application/json",
-            "idempotency-key": "delivery-1",
-        }
+        signed = sign_request(
+            stack.secret.encode(),
+            body,
+            path=path,
+            timestamp=timestamp,
+            idempotency_key="delivery-1",
+        )
+        headers = {**signed, "content-type": "application/json"}
         return httpx2.post(f"{stack.sidecar_url}{path}", content=body, headers=headers, timeout=30)
 
     first = deliver()
@@ -242,3 +248,158 @@ def test_a_message_reaches_the_running_agent_at_its_next_turn(
     assert results["role"] == "user"
     assert [b["type"] for b in results["content"]] == ["tool_result", "text"]
     assert results["content"][1]["text"] == "ship it to staging first"
+
+
+def tool_results(stack: DevStack, session: str) -> list[str]:
+    url = f"{stack.server.ingress_url}/{stack.agent}/{session}/session"
+    turns = httpx2.post(url, timeout=30).json()["turns"]
+    return [
+        str(block["content"])
+        for turn in turns
+        for block in turn["content"]
+        if block["type"] == "tool_result"
+    ]
+
+
+def test_the_file_tools_cannot_read_what_the_dev_stack_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tether dev` started in a project (the workspace): its secret, which approves calls, and
+    its logs are out of the file tools' reach, where they were (`.tether/dev` in the workspace)
+    and where they are (Tether's state directory), by relative, `..` or absolute path."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    monkeypatch.chdir(workspace)
+    monkeypatch.delenv("TETHER_WORKSPACE", raising=False)
+    monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    state = tmp_path / "state" / "tether" / "dev"
+    paths = [f".tether/dev/{name}" for name in ("webhook-secret", "worker.log", "sidecar.log")]
+    paths += ["../state/tether/dev/webhook-secret", str(state / "webhook-secret")]
+    calls = [{"name": "read_file", "input": {"path": path}} for path in paths]
+    calls.append({"name": "list_files", "input": {"path": "."}})
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "dev-reader"},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": [{"tool_calls": calls}]},
+            "tools": [
+                {"name": "read_file", "builtin": "read_file"},
+                {"name": "list_files", "builtin": "list_files"},
+            ],
+        },
+    }
+    spec = tmp_path / "dev-reader.yaml"
+    spec.write_text(yaml.safe_dump(document))
+    with DevStack(spec) as stack:
+        url = f"{stack.server.ingress_url}/{stack.agent}/s/run"
+        done = httpx2.post(url, json={"prompt": "read"}, timeout=120)
+        assert done.status_code == 200, done.text
+        results = tool_results(stack, "s")
+        written = [path for path in stack.data_dir.rglob("*") if path.is_file()]
+    assert len(results) == len(calls), results
+    assert not [r for r in results if stack.secret in r], results
+    assert {"webhook-secret", "worker.log", "sidecar.log"} <= {path.name for path in written}
+    assert not [p for p in written if workspace.resolve() in p.resolve().parents], written
+    in_workspace = [path for path in workspace.rglob("*") if path.is_file()]
+    assert not [p for p in in_workspace if stack.secret in p.read_text(errors="replace")]
+
+
+def test_a_data_dir_inside_the_workspace_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
+    monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
+    spec = write_manifest(tmp_path, "dev-refused")
+    with pytest.raises(ValueError, match="is inside the workspace"):
+        DevStack(spec, tmp_path / "dev")
+    command = [sys.executable, "-m", "tether", "dev", "--spec", str(spec)]
+    command += ["--data-dir", str(tmp_path / ".tether" / "dev")]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert f"is inside the workspace {tmp_path.resolve()}" in refused.stderr
+    assert "pass --data-dir outside the workspace" in refused.stderr
+    assert not (tmp_path / "dev").exists() and not (tmp_path / ".tether").exists()
+
+
+def descendants(pid: int) -> list[int]:
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        found += [int(child) for child in children]
+        pending += [int(child) for child in children]
+    return found
+
+
+def test_no_process_of_the_dev_stack_lets_the_same_user_read_its_secret(tmp_path: Path) -> None:
+    """Every process of `tether dev` that holds the webhook secret (`tether dev` itself, the
+    worker's supervisor, hypercorn master and child, the sidecar) is non-dumpable, and those
+    that cannot be (multiprocessing's resource tracker, restate-server) never get it, nor a
+    model key: a process of the same user id, without capabilities like the agent's `shell`,
+    finds them in no `/proc/<pid>/environ` and no Python process's memory."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    spec = write_manifest(tmp_path, "dev-probed")
+    data_dir = tmp_path / "dev"
+    hidden = ("TETHER_WEBHOOK_SECRET", "TETHER_WORKSPACE")
+    key = secrets.token_hex(16)  # a model key in the user's environment
+    env = {**{k: v for k, v in os.environ.items() if k not in hidden}, "ANTHROPIC_API_KEY": key}
+    command = [*without_capabilities(), sys.executable, "-m", "tether", "dev"]
+    command += ["--spec", str(spec), "--data-dir", str(data_dir)]
+    process = subprocess.Popen(
+        command,
+        cwd=workspace,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        while not any("resolve:" in line for line in lines):
+            line = process.stdout.readline()
+            assert line, "tether dev exited: " + "".join(lines)
+            lines.append(line)
+        secret = (data_dir / "webhook-secret").read_text().strip()
+        pids = [process.pid, *descendants(process.pid)]
+        probe = [*without_capabilities(), sys.executable, str(PROC_PROBE), "--pids"]
+        read = subprocess.run(
+            [*probe, *map(str, pids)], capture_output=True, text=True, timeout=120
+        )
+        output = read.stdout
+        assert read.returncode == 0 and "probe done" in output, output + read.stderr
+        assert "self CapEff:\t0000000000000000" in output, output
+        assert secret not in output and key not in output, output
+        found = re.findall(r"^pid (\d+): (.*)\n  (.*)\n  (.*)$", output, re.MULTILINE)
+
+        def reads_of(program: str) -> tuple[str, str]:
+            [reads] = [(e, m) for _, c, e, m in found if re.match(rf"\S+ {program}", c)]
+            return reads
+
+        denied = (
+            "environ: cannot read (Permission denied)",
+            "memory: cannot read (Permission denied)",
+        )
+        for holder in (
+            "-m tether dev",
+            "-I \\S+/supervise.py",
+            "-m hypercorn",
+            "-m tether sidecar",
+        ):
+            assert reads_of(holder) == denied, (holder, output)
+        assert reads_of("-B -c from multiprocessing.spawn") == denied, output
+        assert reads_of("-B -c from multiprocessing.resource_tracker")[0] == "environ: no secret"
+        [restate] = [e for _, c, e, _ in found if c.split(" ")[0].endswith("restate-server")]
+        assert restate == "environ: no secret", output
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

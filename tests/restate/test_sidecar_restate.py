@@ -1,9 +1,10 @@
 """The sidecar as a real process (`python -m tether.sidecar`) against the real restate-server.
 
 `ParkAgent` (tests/restate/services/parking_service.py, served by hypercorn) parks calls the way
-the worker does. The sidecar reaches Restate's ingress through a counting proxy, so a test can
-prove that a refused request never got to Restate; the parked invocation staying suspended (and
-listed) proves it again. Worker and sidecar share one `PROMETHEUS_MULTIPROC_DIR`.
+the worker does, and answers them with the worker's `answer` handler. The sidecar reaches
+Restate's ingress through a counting proxy, so a test can prove that a refused request never got
+to Restate; the parked invocation staying suspended (and listed) proves it again. Worker and
+sidecar share one `PROMETHEUS_MULTIPROC_DIR`.
 """
 
 from __future__ import annotations
@@ -59,11 +60,12 @@ DEADLINE = 120.0  # generous: other suites share the two cores
 
 
 class CountingProxy:
-    """Forwards every request to `target` and records the paths it forwarded."""
+    """Forwards every request to `target` and records the paths (and bodies) it forwarded."""
 
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.paths: list[str] = []
+        self.bodies: list[bytes] = []
         self._lock = threading.Lock()
         proxy = self
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -77,9 +79,9 @@ class CountingProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy._lock:
                     proxy.paths.append(self.path)
-                headers = {
-                    k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")
-                }
+                    proxy.bodies.append(body or b"")
+                forwarded = ("content-type", "accept", "idempotency-key")
+                headers = {k: v for k, v in self.headers.items() if k.lower() in forwarded}
                 request = urllib.request.Request(
                     proxy.target + self.path, data=body, method=self.command, headers=headers
                 )
@@ -100,14 +102,23 @@ class CountingProxy:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    def completions(self, awakeable_id: str) -> list[str]:
-        """The forwarded resolve/reject requests of one awakeable."""
+    def _answers(self) -> list[tuple[str, dict[str, Any]]]:
+        """The forwarded answers (sends to the `answer` handler): (awakeable id, answer)."""
         with self._lock:
-            return [p for p in self.paths if p.startswith(f"/restate/awakeables/{awakeable_id}/")]
+            sent = list(zip(self.paths, self.bodies, strict=True))
+        answers = [json.loads(body) for path, body in sent if path.endswith("/answer/send")]
+        return [(answer.pop("awakeable_id"), answer) for answer in answers]
+
+    def completions(self, awakeable_id: str) -> list[str]:
+        """The forwarded answers to one awakeable: "resolve" or "reject" each."""
+        return [
+            "reject" if "reject" in answer else "resolve"
+            for answered, answer in self._answers()
+            if answered == awakeable_id
+        ]
 
     def all_completions(self) -> list[str]:
-        with self._lock:
-            return [p for p in self.paths if p.startswith("/restate/awakeables/")]
+        return [awakeable_id for awakeable_id, _ in self._answers()]
 
     def close(self) -> None:
         self._server.shutdown()
@@ -321,7 +332,7 @@ def test_a_signed_post_resolves_the_parked_call(stack: Stack) -> None:
     resp = stack.signed_post(awakeable_id, {"approved": True, "by": "ops"})
     assert resp.status == 202, resp.text
     assert stack.result(invocation_id) == {"value": {"approved": True, "by": "ops"}}
-    assert stack.proxy.completions(awakeable_id) == [f"/restate/awakeables/{awakeable_id}/resolve"]
+    assert stack.proxy.completions(awakeable_id) == ["resolve"]
     wait_until(
         lambda: all(p["session"] != session for p in stack.list_parked()),
         timeout=DEADLINE,
@@ -373,7 +384,7 @@ def test_a_link_shows_the_call_and_only_its_form_decides(stack: Stack) -> None:
 
 def test_a_webhook_approver_reaches_restate_with_the_decision_time(stack: Stack) -> None:
     _, invocation_id, awakeable_id = stack.park()
-    before = time.time() * 1000
+    before = int(time.time() * 1000)  # the sidecar's decided_at is whole milliseconds
     resp = stack.signed_post(awakeable_id, {"approved": True, "approver": "bob@example.com"})
     assert resp.status == 202, resp.text
     value = stack.result(invocation_id)["value"]
@@ -529,7 +540,7 @@ def test_bad_requests_never_reach_restate(stack: Stack) -> None:
     assert (replayed.status, second.status, used_link.status) == (409, 409, 409)
     assert replayed.json()["outcome"] == "replayed"
     assert second.json()["outcome"] == "already_resolved"
-    assert stack.proxy.completions(target) == [f"/restate/awakeables/{target}/resolve"]
+    assert stack.proxy.completions(target) == ["resolve"]
     assert stack.status(other_invocation) in ("running", "suspended")
     assert stack.proxy.completions(other) == []
 

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support import HypercornWorker, http, wait_until
+from support import PROC_PROBE, HypercornWorker, http, wait_until, without_capabilities
 
-from tether.restate_server import RestateServer
+from tether.restate_server import RestateServer, free_port
 from tether.worker.parking import MAX_DECISION_TEXT, decision_of
 
 WRITE_APPROVED = [
@@ -75,10 +77,12 @@ def agent_worker(
 ) -> Iterator[Callable[[dict[str, Any]], HypercornWorker]]:
     workers: list[HypercornWorker] = []
 
-    def start(document: dict[str, Any], **extra_env: str) -> HypercornWorker:
+    def start(
+        document: dict[str, Any], *, prefix: Sequence[str] = (), **extra_env: str
+    ) -> HypercornWorker:
         spec = tmp_path / f"{document['metadata']['name']}.yaml"
         spec.write_text(yaml.safe_dump(document))
-        command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
+        command = [*prefix, sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
         command += ["--host", "127.0.0.1", "--port", "{port}"]
         env = {
             "TETHER_WORKSPACE": str(tmp_path),
@@ -330,3 +334,160 @@ def test_a_worker_that_does_not_drain_is_stopped_after_its_graceful_timeout(
     assert time.monotonic() - started < 3 + 2 + 2  # graceful timeout + margin + polling
     assert worker.returncode() == 1
     assert "did not stop within its graceful timeout" in worker.log_tail()
+
+
+PATH_TOKEN = "T0kenInThePath0123456789abcdef"
+"""The secret part of a notify URL (a Slack incoming webhook's path is its token)."""
+
+
+class Failing(BaseHTTPRequestHandler):
+    """A notify endpoint that answers every POST with HTTP 500."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(500)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+
+@pytest.fixture
+def failing_port() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def whole_log(worker: HypercornWorker) -> str:
+    return worker.log_path.read_text(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("source", "endpoint", "outcome"),
+    [
+        ("urlSecretRef", "closed port", "failed: ConnectError"),
+        ("url", "closed port", "failed: ConnectError"),
+        ("urlSecretRef", "HTTP 500", "answered HTTP 500"),
+    ],
+)
+def test_a_failed_notification_is_logged_by_its_host_without_the_token(
+    restate_server: RestateServer,
+    agent_worker: Any,
+    failing_port: int,
+    source: str,
+    endpoint: str,
+    outcome: str,
+) -> None:
+    """The worker logs a notification it could not deliver, naming the host only: the URL
+    (from the Secret, through TETHER_NOTIFY_URL, or a plain `url`) never shows in its log."""
+    port = failing_port if endpoint == "HTTP 500" else free_port()
+    url = f"http://127.0.0.1:{port}/services/T0AAAAAAA/B0BBBBBBB/{PATH_TOKEN}"
+    agent = name()
+    if source == "url":
+        document, env = manifest(agent, WRITE_APPROVED, approvals={"notify": {"url": url}}), {}
+    else:
+        notify = {"urlSecretRef": {"name": "slack", "key": "url"}}
+        document = manifest(agent, WRITE_APPROVED, approvals={"notify": notify})
+        env = {"TETHER_NOTIFY_URL": url}
+    worker = agent_worker(document, **env)
+    invocation = send_run(restate_server, agent, "s1", "write it")
+    [call] = wait_until(lambda: parked(restate_server, agent, "s1"), what="a parked call")
+    wait_until(
+        lambda: step_completed(restate_server, invocation, "notify:"), what="the notify step"
+    )
+    noted = "approval notification to"
+    wait_until(lambda: noted in whole_log(worker), timeout=10, what=f"{noted!r} in the log")
+    log = whole_log(worker)
+    assert PATH_TOKEN not in log and "/services/" not in log, log
+    assert f"approval notification to 127.0.0.1:{port} {outcome}" in log, log
+    resolve(restate_server, call["awakeable_id"], True)
+    assert result_of(restate_server, invocation)["status"] == "completed"
+
+
+CHATTY_TOOL = """
+import logging
+import os
+
+from tether import tool
+
+
+@tool
+async def chatty() -> str:
+    \"\"\"Logs what careless code logs.\"\"\"
+    logging.getLogger("chatty").warning(
+        "posting to %s with Authorization: Bearer %s (secret %s, key %s)",
+        os.environ["TETHER_NOTIFY_URL"],
+        os.environ["TETHER_WEBHOOK_SECRET"],
+        os.environ["TETHER_WEBHOOK_SECRET"],
+        os.environ["ANTHROPIC_API_KEY"],
+    )
+    return "logged"
+"""
+
+
+def test_the_worker_redacts_every_line_it_logs(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path
+) -> None:
+    """The redaction filter runs in the worker's processes: a line that a tool (or a library)
+    logs keeps the scheme and host of a URL and loses the rest, tokens and known secrets."""
+    (tmp_path / "chatty_tools.py").write_text(CHATTY_TOOL)
+    agent = name()
+    document = manifest(agent, [{"tool_calls": [{"name": "chatty", "input": {}}]}, {"text": "ok"}])
+    document["spec"]["tools"] = [{"name": "chatty", "python": "chatty_tools:chatty"}]
+    url = f"https://hooks.slack.com/services/T0AAAAAAA/B0BBBBBBB/{PATH_TOKEN}"
+    api_key = "sk-ant-api03-n0tReaLbutL0ngEnough"
+    worker = agent_worker(document, TETHER_NOTIFY_URL=url, ANTHROPIC_API_KEY=api_key)
+    response = http("POST", f"{restate_server.ingress_url}/{agent}/s1/run", {"prompt": "log"})
+    assert response.status == 200 and response.json()["status"] == "completed", response.text
+    wait_until(lambda: "posting to" in whole_log(worker), timeout=10, what="the tool's line")
+    log = whole_log(worker)
+    for secret in (PATH_TOKEN, "s3cret", api_key):
+        assert secret not in log, log
+    line = "posting to https://hooks.slack.com/[redacted] with Authorization: Bearer [redacted]"
+    assert line in log, log
+
+
+def test_a_shell_command_cannot_read_the_secrets_of_the_worker_processes(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    """The agent's `shell` runs as the worker's user. Every process of the worker holds the
+    webhook secret and the model keys in its environment (`tether worker`, PID 1 of a pod, as
+    `tether.worker.supervise`; the hypercorn master; its worker child) or ran without them (the
+    resource tracker): a command reads none of them from `/proc/<pid>/environ` or `mem`."""
+    secret, key = secrets.token_hex(16), secrets.token_hex(16)
+    agent = name()
+    probe = "cat /proc/$PPID/environ; echo; cat /proc/1/environ; echo; "
+    probe += f"{sys.executable} {PROC_PROBE} {os.getpid()}"
+    script = [{"tool_calls": [{"name": "sh", "input": {"command": probe}}]}, {"text": "done"}]
+    document = manifest(agent, script)
+    shell = {"maxOutputBytes": 4 * 1024 * 1024, "timeoutSeconds": 120}
+    document["spec"]["tools"] = [{"name": "sh", "builtin": "shell", "config": shell}]
+    # Same uid as the tests, no capabilities: what the worker's own user is in a pod.
+    env = {"TETHER_WEBHOOK_SECRET": secret, "ANTHROPIC_API_KEY": key}
+    worker = agent_worker(document, prefix=without_capabilities(), **env)
+    response = http("POST", f"{restate_server.ingress_url}/{agent}/s1/run", {"prompt": "look"})
+    assert response.status == 200, response.text
+    turns = http("POST", f"{restate_server.ingress_url}/{agent}/s1/session").json()["turns"]
+    [output] = [
+        str(block["content"])
+        for turn in turns
+        for block in turn["content"]
+        if block["type"] == "tool_result"
+    ]
+    assert "probe done" in output, output
+    assert "self CapEff:\t0000000000000000" in output, output  # nothing that bypasses the check
+    assert secret not in output and key not in output, output
+    # Up from the command's own `sh -c`: the hypercorn child, its master, and `tether worker`
+    # (supervise), each of which the probe could read neither the environment nor the memory of.
+    ancestors = re.findall(r"^ancestor (\d+): (.*)\n  (.*)\n  (.*)$", output, re.MULTILINE)
+    assert ancestors[0][1].startswith("/bin/sh -c "), output
+    workers = {pid: (command, read) for pid, command, *read in ancestors[1:]}
+    assert str(worker.pid) in workers, output
+    for needle in ("multiprocessing.spawn", "-m hypercorn", "supervise.py"):
+        assert any(needle in command for command, _ in workers.values()), output
+    denied = ["environ: cannot read (Permission denied)", "memory: cannot read (Permission denied)"]
+    assert all(read == denied for _, read in workers.values()), output

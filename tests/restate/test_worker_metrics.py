@@ -77,6 +77,11 @@ def manifest(
     return path
 
 
+def outside(workspace: Path) -> Path:
+    """The stack's data dir: next to the workspace (inside it, `DevStack` refuses it)."""
+    return workspace.with_name(f"{workspace.name}-dev")
+
+
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
@@ -215,7 +220,7 @@ def fanout_stack(workspace: Path) -> Iterator[DevStack]:
         {"name": "write_file", "builtin": "write_file"},
         {"name": "ask", "builtin": "ask_human"},
     ]
-    with DevStack(manifest(workspace, SCRIPT, tools), workspace / "dev") as stack:
+    with DevStack(manifest(workspace, SCRIPT, tools), outside(workspace)) as stack:
         yield stack
 
 
@@ -330,7 +335,7 @@ def test_a_grandchild_parks_on_an_approval_under_the_agent(workspace: Path) -> N
     }
     tools = [{"name": "write_file", "builtin": "write_file", "requireApproval": True}]
     path = manifest(workspace, script, tools, max_depth=2)
-    with DevStack(path, workspace / "dev") as stack:
+    with DevStack(path, outside(workspace)) as stack:
         invocation = start_run(stack, "s2", "write the notes")
         [call] = wait_until(
             lambda: parked(stack), timeout=ANSWER_TIMEOUT, what="the grandchild's approval"

@@ -9,10 +9,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._hardening import StateInWorkspaceError, make_undumpable, state_dir
 from .durable.errors import DurableControlError
 from .spec import SpecError
 
-USER_ERRORS = (SpecError, DurableControlError)
+USER_ERRORS = (SpecError, DurableControlError, StateInWorkspaceError)
+
+
+def _runs_db() -> str:
+    """The runs' SQLite file by default: in Tether's state directory, outside any workspace."""
+    return str(state_dir() / "runs.db")
+
+
+def _dev_dir() -> str:
+    """`tether dev`'s secret, logs and metrics by default: outside any workspace."""
+    return str(state_dir() / "dev")
 
 
 def _run_parser(commands: Any) -> None:
@@ -26,7 +37,11 @@ def _run_parser(commands: Any) -> None:
     run.add_argument("--run-id", required=True, help="run id; reuse it to resume the run")
     run.add_argument("--prompt", help="the task (required on the first start of a run)")
     run.add_argument("--session", help="session id (default: the run id)")
-    run.add_argument("--db", default=".tether/runs.db", help="SQLite file (default: %(default)s)")
+    run.add_argument(
+        "--db",
+        default=_runs_db(),
+        help="SQLite file, outside --workspace (default: %(default)s)",
+    )
     run.add_argument("--workspace", default=".", help="directory the file tools may use")
     run.add_argument("--script", help="scripted model file used when no API key is set")
     run.add_argument("--json", action="store_true", help="print the final stats as JSON")
@@ -47,9 +62,7 @@ def _answer_parser(commands: Any) -> None:
     decision.add_argument("--value", help="JSON answer (an ask_human answer, for instance)")
     answer.add_argument("--reason", help="why (sent to the model with --approve or --deny)")
     answer.add_argument("--call", help="the waiting call's id, when the run has several")
-    answer.add_argument(
-        "--db", default=".tether/runs.db", help="SQLite file (default: %(default)s)"
-    )
+    answer.add_argument("--db", default=_runs_db(), help="SQLite file (default: %(default)s)")
 
 
 def _waiting_parser(commands: Any) -> None:
@@ -58,7 +71,9 @@ def _waiting_parser(commands: Any) -> None:
         help="list the calls of `tether run` runs that wait for a person (embedded runtime)",
         description="One line per waiting call, oldest first: run, call, kind, tool and input.",
     )
-    waiting.add_argument("--db", default=".tether/runs.db", help="the runs' SQLite file")
+    waiting.add_argument(
+        "--db", default=_runs_db(), help="the runs' SQLite file (default: %(default)s)"
+    )
 
 
 def _worker_parser(commands: Any) -> None:
@@ -94,7 +109,11 @@ def _dev_parser(commands: Any) -> None:
         "the sidecar for a manifest, register the worker, print the URLs; Ctrl-C stops it all.",
     )
     dev.add_argument("--spec", required=True, help="DurableAgent manifest (YAML)")
-    dev.add_argument("--data-dir", default=".tether/dev", help="logs, secret and metrics")
+    dev.add_argument(
+        "--data-dir",
+        default=_dev_dir(),
+        help="logs, secret and metrics, outside the workspace (default: %(default)s)",
+    )
 
 
 def _resolve_parser(commands: Any) -> None:
@@ -125,7 +144,9 @@ def _approvals_parser(commands: Any) -> None:
 def _sidecar_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sidecar", default="http://127.0.0.1:8000", help="sidecar base URL")
     parser.add_argument(
-        "--data-dir", default=".tether/dev", help="where `tether dev` keeps its secret"
+        "--data-dir",
+        default=_dev_dir(),
+        help="where `tether dev` keeps its secret (default: %(default)s)",
     )
 
 
@@ -306,7 +327,13 @@ def worker_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # `run`, `worker` (until it execs `tether.worker.supervise`, which does the same), `sidecar`
+    # and `dev` hold the webhook secret or the model keys: out of reach of the agent's `shell`.
+    make_undumpable()
     args = build_parser().parse_args(argv)
+    from .redact import install as install_redaction
+
+    install_redaction()  # URLs, tokens and secrets of the environment out of every log line
     try:
         if args.command == "run":
             from .run_command import run_command

@@ -15,7 +15,16 @@ from typing import Any
 
 import yaml
 
-from .spec import API_VERSION, KIND, DurableAgentSpec, DurableAgentStatus
+from .spec import (
+    API_VERSION,
+    KIND,
+    TOKEN_WEBHOOK,
+    URL_QUERY,
+    URL_USERINFO,
+    URL_WITH_TOKEN,
+    DurableAgentSpec,
+    DurableAgentStatus,
+)
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "durableagents"
@@ -125,6 +134,11 @@ def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, s
     return entry
 
 
+def _cel_string(text: str) -> str:
+    """`text` as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def _add_rules(node: Schema, *rules: dict[str, str]) -> None:
     node.setdefault("x-kubernetes-validations", []).extend(rules)
 
@@ -180,6 +194,24 @@ def _spec_schema() -> Schema:
     _add_rules(
         props["approvals"]["properties"]["timeout"],
         _rule("duration(self) > duration('0s')", "spec.approvals.timeout must be longer than 0s"),
+    )
+    notify = props["approvals"]["properties"]["notify"]
+    _add_rules(
+        notify,
+        _rule(
+            "has(self.url) ? !has(self.urlSecretRef) && !has(self.urlEnv) : has(self.urlSecretRef)",
+            "spec.approvals.notify: set urlSecretRef (a Secret holding the URL; optionally "
+            "urlEnv), or url alone for a URL without a token",
+        ),
+    )
+    # Refused at admission, so a URL with a token is never stored in the object.
+    token_free = " && ".join(
+        f"!self.matches({_cel_string(pattern)})"
+        for pattern in (URL_USERINFO, URL_QUERY, f"(?i){TOKEN_WEBHOOK}")
+    )
+    _add_rules(
+        notify["properties"]["url"],
+        _rule(token_free, f"spec.approvals.notify.url {URL_WITH_TOKEN}"),
     )
     drain = props["drain"]
     _add_rules(

@@ -3,6 +3,12 @@
 Everything runs on loopback, in process groups of its own, and stops when the stack stops.
 The webhook secret is generated once and kept in the data directory, so `tether resolve` can
 sign resolutions for the running stack.
+
+The agent's workspace is `TETHER_WORKSPACE`, else the current directory; the data directory
+(the secret, the logs, the metrics) must be outside it, where the file tools cannot read the
+secret that approves calls: by default it is in Tether's state directory
+(`tether._hardening.state_dir`). The restate-server gets nothing of the environment but its
+own settings (none of the worker's secrets).
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ from typing import Self
 
 import httpx2
 
+from ._hardening import refuse_state_in_workspace, state_dir
 from .process_group import stop_group
-from .restate_server import RestateServer, find_or_install_restate_server, free_port
+from .restate_server import RestatePorts, RestateServer, find_or_install_restate_server, free_port
 from .spec import load_agent
 
 SECRET_FILE = "webhook-secret"
@@ -34,10 +41,29 @@ def webhook_secret(data_dir: Path) -> str:
         return os.environ["TETHER_WEBHOOK_SECRET"]
     path = data_dir / SECRET_FILE
     if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Created 0600 (never readable by others, not even for a moment), by one process only.
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as file:
+                file.write(secrets.token_urlsafe(32))
     return path.read_text().strip()
+
+
+_SERVER_KEEPS = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR", "DO_NOT_TRACK"})
+
+
+class _RestateServer(RestateServer):
+    """The stack's restate-server with its own settings (`RESTATE_*`) and nothing else of the
+    environment: none of the secrets (webhook secret, model keys, notify URL) that the worker
+    and the sidecar get, since the agent's `shell` could read them from its `/proc/<pid>/environ`
+    (a program of ours makes itself non-dumpable; restate-server does not)."""
+
+    def _environment(self, ports: RestatePorts, base_dir: Path) -> dict[str, str]:
+        env = super()._environment(ports, base_dir)
+        return {
+            k: v for k, v in env.items() if k in _SERVER_KEEPS or k.startswith(("RESTATE_", "LC_"))
+        }
 
 
 @dataclass
@@ -85,15 +111,18 @@ def wait_for(url: str, what: str, process: Process, timeout: float = 60) -> None
 class DevStack:
     """restate-server + `tether worker` + `tether sidecar` for one DurableAgent manifest."""
 
-    def __init__(self, spec: str | Path, data_dir: str | Path = ".tether/dev") -> None:
+    def __init__(self, spec: str | Path, data_dir: str | Path | None = None) -> None:
         self.spec = Path(spec).resolve()
         self.agent = load_agent(self.spec).metadata.name
-        self.data_dir = Path(data_dir).resolve()
+        self.workspace = Path(os.environ.get("TETHER_WORKSPACE") or os.getcwd()).resolve()
+        self.data_dir = Path(state_dir() / "dev" if data_dir is None else data_dir).resolve()
+        # Before anything is written there: the secret file approves calls.
+        refuse_state_in_workspace(self.data_dir, self.workspace, "the data dir", "--data-dir")
         self.secret = webhook_secret(self.data_dir)
         self.metrics_dir = self.data_dir / "metrics"
         self.worker_port = free_port()
         self.sidecar_port = free_port()
-        self.server = RestateServer(find_or_install_restate_server())
+        self.server = _RestateServer(find_or_install_restate_server())
         env = {
             **os.environ,
             "TETHER_WEBHOOK_SECRET": self.secret,
@@ -115,7 +144,7 @@ class DevStack:
             {
                 **env,
                 "TETHER_WEBHOOK_BASE_URL": self.sidecar_url,
-                "TETHER_WORKSPACE": os.environ.get("TETHER_WORKSPACE", os.getcwd()),
+                "TETHER_WORKSPACE": str(self.workspace),
             },
             self.data_dir / "worker.log",
         )
@@ -185,6 +214,7 @@ class DevStack:
                 f"(parked calls: {self.sidecar_url}/v1/approvals)",
                 f"  metrics:      {self.sidecar_url}/metrics",
                 f"  resolve:      tether resolve <awakeable-id> --sidecar {self.sidecar_url}",
+                f"  workspace:    {self.workspace}  (the file tools' directory)",
                 f"  logs:         {self.data_dir}",
             ]
         )

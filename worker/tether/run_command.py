@@ -3,6 +3,10 @@
 Calls that wait for a person (`requireApproval`, `ask_human`) stop the run: it exits with
 `PARKED_EXIT` and names them; `tether answer` records the answer and the same `tether run`
 command resumes the run from its journal (`tether.durable.answers`).
+
+The journal and the answers live in `--db`, which must be outside `--workspace`: inside, the
+agent's file tools could rewrite the run's own journal or answer its own calls. By default it
+is in Tether's state directory (`tether._hardening.state_dir`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ._hardening import refuse_state_in_workspace
 from ._sqlite import Database
 from .agent import AgentStats, create_agent
 from .agent.hooks import HooksInit
@@ -134,7 +139,8 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
     sys.path.insert(0, str(spec_path.resolve().parent))
     spec = manifest.spec
     provider, provider_note = choose_provider(spec, spec_path, args.script, env)
-    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
+    refuse_state_in_workspace(Path(args.db), Path(args.workspace), "the runs' database", "--db")
+    Path(args.db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     answers = Database(args.db)
     try:
         book = AnswerBook(answers)

@@ -217,12 +217,85 @@ class BehaviorSpec(_Model):
     thinking_budget: int | None = Field(default=None, gt=0, description="Thinking tokens.")
 
 
-class ApprovalNotify(_Model):
-    """Where to announce a call that waits for approval."""
+NOTIFY_URL_ENV = "TETHER_NOTIFY_URL"
+"""Where the worker reads the notify URL from by default (the operator maps the Secret there)."""
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_URL_LENGTH = 2048
+NOTIFY_URL = r"^https?://"
+URL_USERINFO = r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@"
+URL_QUERY = r"[?#]"
+TOKEN_WEBHOOK = (
+    r"^https?://(hooks\.slack\.com|([a-z0-9-]+\.)?discord(app)?\.com/api/webhooks"
+    r"|[a-z0-9-]+\.webhook\.office\.com|outlook\.office(365)?\.com/webhook)([/:?#]|$)"
+)
+"""Incoming webhooks whose URL path is their token: Slack, Discord, Microsoft Teams."""
+URL_WITH_TOKEN = (
+    "carries a token (user information, a query, or a Slack, Discord or Teams incoming-webhook "
+    "path), and this field is stored in plain text in the DurableAgent and its ConfigMap: put "
+    "the URL in a Secret and name it in `urlSecretRef` instead (`urlEnv` outside Kubernetes)"
+)
 
-    url: str = Field(
-        pattern=r"^https?://", description="URL that receives a signed POST per parked call."
+
+def url_token_problem(url: str) -> str | None:
+    """Why `url` is a credential that must not sit in a manifest, or None."""
+    if re.search(URL_USERINFO, url) or re.search(URL_QUERY, url):
+        return URL_WITH_TOKEN
+    if re.search(TOKEN_WEBHOOK, url, re.IGNORECASE):
+        return URL_WITH_TOKEN
+    return None
+
+
+class ApprovalNotify(_Model):
+    """Where to announce a call that waits for approval: a signed POST per parked call, with
+    approve and deny links. A URL with a token in it (a Slack incoming webhook carries one in
+    its path) is a credential: keep it in a Secret and reference it with `urlSecretRef`."""
+
+    url_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding the URL that receives a signed POST per parked call: the "
+        "way to give it (required for a URL that carries a token, such as a Slack incoming "
+        "webhook). The operator maps it into the worker's environment (urlEnv), never into the "
+        "version's ConfigMap, the status or an event.",
     )
+    url_env: str | None = Field(
+        default=None,
+        pattern=ENV_NAME,
+        description=f"Environment variable holding the URL (default {NOTIFY_URL_ENV}): the "
+        "operator fills it from urlSecretRef; `tether worker` and `tether dev` read it from "
+        "their environment.",
+    )
+    url: str | None = Field(
+        default=None,
+        pattern=NOTIFY_URL,
+        max_length=MAX_URL_LENGTH,
+        description="A URL without a token (an in-cluster receiver that checks the request's "
+        "signature, say): it is stored in plain text in the DurableAgent and the version's "
+        "ConfigMap. A URL with a token belongs in a Secret (urlSecretRef); one with user "
+        "information, a query, or a Slack, Discord or Teams webhook path is refused here.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_token(cls, value: str | None) -> str | None:
+        if value is not None and (problem := url_token_problem(value)):
+            raise ValueError(f"this URL {problem}")  # the URL itself is not repeated
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApprovalNotify:
+        from_env = self.url_secret_ref is not None or self.url_env is not None
+        if self.url is not None and from_env:
+            raise ValueError("set `url` or `urlSecretRef` (with an optional `urlEnv`), not both")
+        if self.url is None and not from_env:
+            raise ValueError(
+                "set `urlSecretRef` (a Secret holding the URL), or `url` for a URL without a token"
+            )
+        return self
+
+    @property
+    def url_variable(self) -> str:
+        """The environment variable the worker reads the URL from (unless `url` is set)."""
+        return self.url_env or NOTIFY_URL_ENV
 
 
 class Approvals(_Model):
@@ -232,7 +305,11 @@ class Approvals(_Model):
     on_timeout: Literal["deny", "approve"] = Field(
         default="deny", description="deny: report a denied call to the model; approve: run it."
     )
-    notify: ApprovalNotify | None = Field(default=None, description="Announce parked calls.")
+    notify: ApprovalNotify | None = Field(
+        default=None,
+        description="Announce parked calls: a signed POST to a URL kept in a Secret "
+        "(urlSecretRef).",
+    )
 
 
 class Subagents(_Model):

@@ -4,7 +4,12 @@ Requests: the sender puts `X-Tether-Timestamp: <unix seconds>` and
 `X-Tether-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<path>.<raw body>")>` on the
 request, where `<path>` is the request's path without the query (so a signature made for one
 awakeable cannot resolve another); the receiver accepts it within `TOLERANCE_SECONDS` of its own
-clock, once.
+clock, and it acts once (the sidecar makes it idempotent in Restate, keyed by the signature).
+A request that carries an `Idempotency-Key` (a run started by webhook) signs the key too:
+`HMAC-SHA256(secret, "<timestamp>.<path>\\n<key>\\n<raw body>")`, `\\n` being a newline. A
+key is 1-256 printable ASCII characters without spaces, and a path the sidecar accepts has no
+newline, so this message can never equal one without a key (nor one with another key):
+dropping or changing the header makes the signature fail.
 
 Links: `/v1/awakeables/<id>/approve?exp=<unix seconds>&sig=<hex>` (or `/deny`), where
 `sig = HMAC-SHA256(secret, "<action>:<id>:<exp>")`, valid until `exp`. A link minted for one
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import time
 from collections.abc import Mapping
 from typing import Literal
@@ -24,6 +30,9 @@ from urllib.parse import urlencode
 
 TIMESTAMP_HEADER = "x-tether-timestamp"
 SIGNATURE_HEADER = "x-tether-signature"
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,256}")
+"""What an `Idempotency-Key` may be: 1-256 printable ASCII characters, no space."""
 TOLERANCE_SECONDS = 300
 LinkAction = Literal["approve", "deny"]
 MAX_RECIPIENT_CHARS = 256
@@ -42,17 +51,32 @@ def _digest(secret: bytes, message: bytes) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def _request_message(stamp: str | int, path: str, body: bytes) -> bytes:
-    return f"{stamp}.{path}.".encode() + body
+def _request_message(
+    stamp: str | int, path: str, body: bytes, idempotency_key: str | None = None
+) -> bytes:
+    if idempotency_key is None:
+        return f"{stamp}.{path}.".encode() + body
+    return f"{stamp}.{path}\n{idempotency_key}\n".encode() + body
 
 
 def sign_request(
-    secret: bytes, body: bytes, *, path: str, timestamp: int | None = None
+    secret: bytes,
+    body: bytes,
+    *,
+    path: str,
+    timestamp: int | None = None,
+    idempotency_key: str | None = None,
 ) -> dict[str, str]:
-    """The headers that authenticate `body` sent to `path`."""
+    """The headers that authenticate `body` sent to `path`; with `idempotency_key`, the signed
+    `Idempotency-Key` header too."""
     stamp = int(time.time()) if timestamp is None else timestamp
-    signature = _digest(secret, _request_message(stamp, path, body))
-    return {TIMESTAMP_HEADER: str(stamp), SIGNATURE_HEADER: f"v1={signature}"}
+    headers: dict[str, str] = {}
+    if idempotency_key is not None:
+        if IDEMPOTENCY_KEY.fullmatch(idempotency_key) is None:
+            raise ValueError("an Idempotency-Key is 1-256 printable ASCII characters, no space")
+        headers[IDEMPOTENCY_KEY_HEADER] = idempotency_key
+    signature = _digest(secret, _request_message(stamp, path, body, idempotency_key))
+    return {TIMESTAMP_HEADER: str(stamp), SIGNATURE_HEADER: f"v1={signature}", **headers}
 
 
 def verify_request(
@@ -62,8 +86,10 @@ def verify_request(
     *,
     path: str,
     now: float | None = None,
+    idempotency_key: str | None = None,
 ) -> str:
-    """Check a signed request to `path`; returns its signature (to refuse a replay of it)."""
+    """Check a signed request to `path` (and, if given, the `idempotency_key` it must sign);
+    returns its signature (what makes it unique: the sidecar's idempotency keys come from it)."""
     stamp, signature = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
     if not stamp or not signature:
         raise SignatureError("missing signature headers")
@@ -74,7 +100,11 @@ def verify_request(
         raise SignatureError("timestamp outside the accepted window")
     if not signature.startswith("v1="):
         raise SignatureError("unknown signature version")
-    expected = _digest(secret, _request_message(stamp, path, body))
+    if not path.isprintable():  # a newline would make the keyed message ambiguous
+        raise SignatureError("malformed path")
+    if idempotency_key is not None and IDEMPOTENCY_KEY.fullmatch(idempotency_key) is None:
+        raise SignatureError("malformed Idempotency-Key")
+    expected = _digest(secret, _request_message(stamp, path, body, idempotency_key))
     if not _equal(expected, signature.removeprefix("v1=")):
         raise SignatureError("signature does not match")
     return signature

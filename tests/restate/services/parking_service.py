@@ -4,7 +4,8 @@
 `tether:parked`, parks on an awakeable and returns `{"value": <resolution>}` (or
 `{"rejected": <message>}` when the awakeable is rejected), removing the record first. A journaled
 step counts the park with the worker's metrics (`tether.metrics`): when the process runs with
-`PROMETHEUS_MULTIPROC_DIR`, the count lands in that directory for the sidecar to serve.
+`PROMETHEUS_MULTIPROC_DIR`, the count lands in that directory for the sidecar to serve. The
+sidecar answers a parked call through the worker's own `answer` handler, added here too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import restate
 
 from tether.metrics import agent_hooks
 from tether.parked import PARKED_STATE_KEY, ParkedCall
+from tether.worker.agent_object import add_answer_handler
 
 AGENT = "ParkAgent"
 agent = restate.VirtualObject(AGENT)
@@ -58,4 +60,5 @@ async def park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any
     return outcome
 
 
+add_answer_handler(agent)
 app = restate.app(services=[agent])

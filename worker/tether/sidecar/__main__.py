@@ -7,11 +7,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .._hardening import make_undumpable
 from .server import DEFAULT_HOST, DEFAULT_PORT, serve
 from .settings import SidecarConfigError, settings_from_env
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    make_undumpable()  # it holds the webhook secret: out of reach of a `shell` tool's /proc reads
     parser = argparse.ArgumentParser(prog="tether sidecar", description=__doc__)
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")

@@ -13,14 +13,14 @@ anything but the page's form act on nothing. The POST carries the link's paramet
 every check runs again: the form comes from the page (`link_form`), the link is signed and not
 expired, the form's token was made for this link's page, an approve link for an approval (a deny
 link may only deny), this sidecar has not answered the id yet, and the id is parked by this
-agent. Only then does the resolution reach Restate's ingress, as
-`{"approved": bool, "by": "link", "approver": <the link's recipient or null>, "decided_at":
-<epoch ms>}`.
+agent. Only then does the resolution reach Restate, as `{"approved": bool, "by": "link",
+"approver": <the link's recipient or null>, "decided_at": <epoch ms>}`, once: through the
+session's `answer` handler under the call's idempotency key (`Sidecar.answer`), so a call
+answered before through another replica (or before a restart) is refused with 409.
 """
 
 from __future__ import annotations
 
-import json
 import time
 
 from fastapi import APIRouter, Request
@@ -91,13 +91,8 @@ async def _decide(
         "approver": form.to,
         "decided_at": int(time.time() * 1000),
     }
-    body = json.dumps(value).encode()
-
-    async def forward() -> None:
-        await sidecar.restate.resolve_awakeable(awakeable_id, body)
-
     how = "approved by link" if approved else "denied by link"
-    await sidecar.answer(awakeable_id, how, forward, approver=form.to)
+    await sidecar.answer(awakeable_id, how, {"value": value}, approver=form.to)
     count("approved" if approved else "denied")
     if approved:
         return link_page(200, "Approved", "The call was approved; the agent goes on.")

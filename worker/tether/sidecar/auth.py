@@ -1,9 +1,16 @@
-"""Authentication of webhook requests and approval links with `tether.webhooks`, and the
-replay guard: a signature is accepted once while its timestamp is inside the window. (The form
-of a link's page has its own checks: `link_form`.)"""
+"""Authentication of webhook requests and approval links with `tether.webhooks`, the Restate
+idempotency key a signed request acts under (`signature_key`), and the replay guard: a cheap,
+per-process first line that refuses a signature this process saw while its timestamp is inside
+the window. (The form of a link's page has its own checks: `link_form`.)
+
+That a signed request acts at most once does not depend on the guard (each replica and each
+restart has its own): the sidecar sends it to Restate under an idempotency key derived from its
+signature (or its signed `Idempotency-Key`), and Restate, where the state lives, deduplicates.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import time
 from collections.abc import Mapping
@@ -30,8 +37,19 @@ def _refusal(error: SignatureError) -> Rejection:
     return Rejection(401, "bad_signature", f"not authenticated: {reason}")
 
 
+SIGNATURE_KEY_PREFIX = "tether-sig-"
+
+
+def signature_key(signature: str) -> str:
+    """The Restate idempotency key of a signed request: every signed request is unique by its
+    signature (an HMAC over its timestamp, path, key and body), so a replay of it, through any
+    replica, maps to the same Restate invocation. A hash, so no signature reaches Restate."""
+    return SIGNATURE_KEY_PREFIX + hashlib.sha256(signature.encode()).hexdigest()[:32]
+
+
 class ReplayGuard:
-    """Remembers the signatures of accepted requests until their timestamp leaves the window."""
+    """Remembers the signatures of accepted requests until their timestamp leaves the window
+    (in this process only: a first line, not what makes a request act once)."""
 
     def __init__(self, tolerance_seconds: float = TOLERANCE_SECONDS) -> None:
         self._tolerance = tolerance_seconds
@@ -60,16 +78,40 @@ class ReplayGuard:
 
 
 def authenticate_request(
-    secret: bytes, body: bytes, headers: Mapping[str, str], path: str
+    secret: bytes,
+    body: bytes,
+    headers: Mapping[str, str],
+    path: str,
+    idempotency_key: str | None = None,
 ) -> tuple[str, int]:
-    """The request's signature and timestamp, or a 401 `Rejection`."""
+    """The request's signature and timestamp, or a 401 `Rejection`. With `idempotency_key`,
+    the signature must cover it (`tether.webhooks`); a sender that signed the request without
+    its key is told so."""
     try:
-        signature = verify_request(secret, body, headers, path=path)
+        signature = verify_request(
+            secret, body, headers, path=path, idempotency_key=idempotency_key
+        )
     except SignatureError as error:
+        if idempotency_key is not None and _signed_without_key(secret, body, headers, path):
+            raise Rejection(
+                401,
+                "bad_signature",
+                "not authenticated: the signature does not cover the Idempotency-Key header; "
+                'sign "<timestamp>.<path>\\n<idempotency key>\\n<body>" (see tether.webhooks)',
+            ) from None
         raise _refusal(error) from None
     except (ValueError, TypeError):  # non-ASCII digits or signature characters
         raise _malformed() from None
     return signature, int(headers[TIMESTAMP_HEADER])
+
+
+def _signed_without_key(secret: bytes, body: bytes, headers: Mapping[str, str], path: str) -> bool:
+    """Whether the request is signed the way a request without a key is (an old sender)."""
+    try:
+        verify_request(secret, body, headers, path=path)
+    except (SignatureError, ValueError, TypeError):
+        return False
+    return True
 
 
 def authenticate_link(

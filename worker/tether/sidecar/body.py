@@ -47,13 +47,19 @@ async def read_limited_body(receive: Receive, headers: Mapping[str, str], limit:
 
 
 async def read_signed_json(
-    receive: Receive, headers: Mapping[str, str], path: str, secret: bytes, limit: int
+    receive: Receive,
+    headers: Mapping[str, str],
+    path: str,
+    secret: bytes,
+    limit: int,
+    idempotency_key: str | None = None,
 ) -> tuple[bytes, Any, str, int]:
     """A signed JSON request's raw body, its value, and its signature and timestamp: content
-    type, size limit, signature (over the raw body), then JSON, in that order."""
+    type, size limit, signature (over the raw body, and `idempotency_key` if given), then JSON,
+    in that order."""
     require_json_content_type(headers)
     body = await read_limited_body(receive, headers, limit)
-    signature, timestamp = authenticate_request(secret, body, headers, path)
+    signature, timestamp = authenticate_request(secret, body, headers, path, idempotency_key)
     return body, parse_json(body), signature, timestamp
 
 

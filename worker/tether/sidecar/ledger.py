@@ -1,5 +1,7 @@
-"""The awakeable ids this sidecar resolved or is resolving: a second resolution is refused
-(409) without a call to Restate, which would silently accept and ignore it."""
+"""The awakeable ids this process answered or is answering: a second answer here is refused
+(409) without a call to Restate. A cache only, and per process: that a call is answered once
+through every replica and restart comes from the idempotency key of the answer in Restate
+(`context.Sidecar.answer`)."""
 
 from __future__ import annotations
 

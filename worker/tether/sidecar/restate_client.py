@@ -1,5 +1,10 @@
-"""The sidecar's calls to Restate: awakeable completion through the ingress, SQL through the
-admin API, and the ingress health check. Failures become `Rejection`s (502/503).
+"""The sidecar's calls to Restate: idempotent sends to the agent's handlers through the ingress
+(a run, a message, an answer to a parked call), an invocation's output, SQL through the admin
+API, and the ingress health check. Failures become `Rejection`s (502/503).
+
+Every call that acts is a send with an `Idempotency-Key`, so Restate, not this process, decides
+whether it acts: a key it has seen (within the handler's idempotency retention) starts nothing
+and answers `PreviouslyAccepted`.
 
 aiohttp rather than httpx2: forwarding a resolution is the sidecar's hot path, and on these
 machines an aiohttp request costs a fraction of the CPU of an httpx2 one (measured: ~10k vs
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -19,6 +25,15 @@ from .rejection import Rejection
 
 log = logging.getLogger("tether.sidecar")
 TIMEOUT = aiohttp.ClientTimeout(total=10.0)
+ANSWER_HANDLER = "answer"
+"""The shared handler of the agent's object that answers a parked call
+(`tether.worker.agent_object.add_answer_handler`)."""
+ACCEPTED = "Accepted"
+
+
+def _key(text: str) -> str:
+    """An object key or id as one path segment (keys the sidecar did not check may hold '/')."""
+    return quote(text, safe=":")
 
 
 class RestateClient:
@@ -61,28 +76,6 @@ class RestateClient:
             log.warning("%s: Restate did not answer: %s", what, type(error).__name__)
             raise Rejection(503, "restate_unavailable", "Restate is not reachable") from None
 
-    async def _complete(self, awakeable_id: str, verb: str, body: bytes, content_type: str) -> None:
-        url = f"{self._ingress}/restate/awakeables/{awakeable_id}/{verb}"
-        status, answer = await self._post(url, body, content_type, f"{verb} {awakeable_id}")
-        if not 200 <= status < 300:
-            log.warning(
-                "%s %s: Restate answered HTTP %s: %s",
-                verb,
-                awakeable_id,
-                status,
-                answer[:300].decode(errors="replace"),
-            )
-            raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
-
-    async def resolve_awakeable(self, awakeable_id: str, value_json: bytes) -> None:
-        """`POST {ingress}/restate/awakeables/{id}/resolve` with the value as JSON."""
-        await self._complete(awakeable_id, "resolve", value_json, "application/json")
-
-    async def reject_awakeable(self, awakeable_id: str, reason: str) -> None:
-        """`POST {ingress}/restate/awakeables/{id}/reject`; the text becomes the failure message
-        (a `TerminalError` in the waiting handler)."""
-        await self._complete(awakeable_id, "reject", reason.encode(), "text/plain; charset=utf-8")
-
     async def _call_json(
         self, url: str, body: bytes, what: str, headers: dict[str, str] | None = None
     ) -> dict[str, Any]:
@@ -94,19 +87,53 @@ class RestateClient:
         result: dict[str, Any] = json.loads(answer)
         return result
 
-    async def send_run(
-        self, agent: str, session: str, request_json: bytes, idempotency_key: str | None
+    async def _send(
+        self, target: str, body: bytes, idempotency_key: str, what: str
     ) -> dict[str, Any]:
-        """`POST {ingress}/{agent}/{session}/run/send`: Restate's answer (`invocationId`,
-        `status`: `Accepted`, or `PreviouslyAccepted` for a known idempotency key)."""
-        url = f"{self._ingress}/{agent}/{session}/run/send"
-        headers = {"idempotency-key": idempotency_key} if idempotency_key else None
-        return await self._call_json(url, request_json, f"run of {session}", headers)
+        """`POST {ingress}/{target}/send` with `Idempotency-Key`: Restate's answer,
+        `{"invocationId", "status"}`, where `status` is `Accepted` for a new invocation and
+        `PreviouslyAccepted` (with the first one's id) when the key was seen before, through
+        whichever client, replica or restart."""
+        url = f"{self._ingress}/{target}/send"
+        return await self._call_json(url, body, what, {"idempotency-key": idempotency_key})
 
-    async def post_message(self, agent: str, session: str, message_json: bytes) -> dict[str, Any]:
-        """`POST {ingress}/{agent}-inbox/{session}/post`: the inbox's answer (`waiting`)."""
-        url = f"{self._ingress}/{restate_services(agent)[1]}/{session}/post"
-        return await self._call_json(url, message_json, f"message to {session}")
+    async def send_run(
+        self, agent: str, session: str, request_json: bytes, idempotency_key: str
+    ) -> dict[str, Any]:
+        """Start `{agent}/{session}/run`, once per `idempotency_key`."""
+        target = f"{agent}/{_key(session)}/run"
+        return await self._send(target, request_json, idempotency_key, f"run of {session}")
+
+    async def send_message(
+        self, agent: str, session: str, message_json: bytes, idempotency_key: str
+    ) -> dict[str, Any]:
+        """Post to `{agent}-inbox/{session}/post`, once per `idempotency_key`."""
+        target = f"{restate_services(agent)[1]}/{_key(session)}/post"
+        return await self._send(target, message_json, idempotency_key, f"message to {session}")
+
+    async def send_answer(
+        self, agent: str, session: str, answer_json: bytes, idempotency_key: str
+    ) -> dict[str, Any]:
+        """Send `{agent}/{session}/answer` (the worker's handler that resolves or rejects a
+        parked call's awakeable), once per `idempotency_key`."""
+        target = f"{agent}/{_key(session)}/{ANSWER_HANDLER}"
+        return await self._send(target, answer_json, idempotency_key, f"answer in {session}")
+
+    async def output(self, invocation_id: str) -> Any:
+        """The output of an invocation, once it has one (`GET .../restate/invocation/{id}/attach`);
+        a 502 `Rejection` if it failed."""
+        url = f"{self._ingress}/restate/invocation/{_key(invocation_id)}/attach"
+        what = f"output of {invocation_id}"
+        try:
+            async with self._client().get(url, headers={"accept": "application/json"}) as response:
+                status, answer = response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            log.warning("%s: Restate did not answer: %s", what, type(error).__name__)
+            raise Rejection(503, "restate_unavailable", "Restate is not reachable") from None
+        if status != 200:
+            log.warning("%s: Restate answered HTTP %s: %s", what, status, answer[:300])
+            raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
+        return json.loads(answer)
 
     async def query(self, sql: str) -> list[dict[str, Any]]:
         """Rows of an admin-API SQL query (`POST {admin}/query`, JSON rows)."""

@@ -10,6 +10,7 @@ import logging
 
 import uvicorn
 
+from ..redact import install as install_redaction
 from .app import create_app
 from .settings import SidecarSettings
 
@@ -25,6 +26,7 @@ def serve(
     log_level: str = "info",
 ) -> None:
     """Serve until SIGTERM/SIGINT."""
+    install_redaction()  # URLs, tokens and the webhook secret out of every log line
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -5,13 +5,15 @@
 
 A resolution that names its `approver` (a JSON object with `"approver": "<1-256 printable
 characters>"`) gets `decided_at` (epoch ms, when the sidecar accepted it) unless it has one, so
-the value Restate keeps says who decided and when; any other body is forwarded byte for byte.
+the value Restate keeps says who decided and when; any other value is passed on as it is.
 
 Every answer to a parked call passes here, and FastAPI's per-request machinery (Request objects,
 dependency solving, routing, responses) cost about as much CPU as all the work below; so this
 reads the ASGI scope directly. A request reaches Restate only after every check passed: the id
 is well formed, the body is JSON within the size limit, the signature is valid, fresh and not
-seen before, this sidecar has not answered the id yet, and the id is parked by this agent.
+seen before by this process, this process has not answered the id yet, and the id is parked by
+this agent. Then it goes to the session's `answer` handler under the call's idempotency key
+(`Sidecar.answer`): a call answered before, through any replica or before a restart, is 409.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class SignedPosts:
     ) -> None:
         sidecar = self.sidecar
         settings = sidecar.settings
-        body, value, signature, timestamp = await read_signed_json(
+        _, value, signature, timestamp = await read_signed_json(
             receive, Headers(scope=scope), path, settings.secret, settings.max_body_bytes
         )
         approver = None
@@ -79,23 +81,17 @@ class SignedPosts:
             approver = _approver(value)
             if approver is not None and "decided_at" not in value:
                 value["decided_at"] = int(time.time() * 1000)
-                body = orjson.dumps(value)
-
-            async def forward() -> None:
-                await sidecar.restate.resolve_awakeable(awakeable_id, body)
-
+            answer_of: dict[str, Any] = {"value": value}
         else:
             reason = value.get("reason") if isinstance(value, dict) else None
             if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
                 raise Rejection(
                     400, "bad_body", f'expected {{"reason": "<1-{MAX_REASON_CHARS} characters>"}}'
                 )
-
-            async def forward() -> None:
-                await sidecar.restate.reject_awakeable(awakeable_id, reason)
+            answer_of = {"reject": reason}
 
         async def answer() -> None:
-            await sidecar.answer(awakeable_id, f"{verb}d by webhook", forward, approver=approver)
+            await sidecar.answer(awakeable_id, f"{verb}d by webhook", answer_of, approver=approver)
 
         await sidecar.once(signature, timestamp, answer)
         count("resolved" if verb == "resolve" else "rejected")

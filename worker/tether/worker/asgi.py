@@ -1,6 +1,9 @@
 """The worker's ASGI app, for the hypercorn CLI: `hypercorn tether.worker.asgi:app`.
 
-Settings come from the environment (`TETHER_SPEC` and the Secrets the operator maps in)."""
+Settings come from the environment (`TETHER_SPEC` and the Secrets the operator maps in). This
+module runs in hypercorn's worker child, which holds those secrets: it makes the process
+non-dumpable first, so the agent's `shell` commands (same user id) cannot read them from its
+`/proc/<pid>/environ` or memory (`tether._hardening`)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,15 @@ from typing import Any
 
 import restate
 
+from .. import redact
+from .._hardening import make_undumpable
 from .agent_object import agent_services
 from .settings import settings_from_env
 
+make_undumpable()  # before the secrets are read
+redact.install()  # before anything logs
 settings = settings_from_env()
+redact.install(settings.env, names=settings.secret_variables)
 # `python:` tools of a manifest may sit next to it (an example); images install them instead.
 sys.path.insert(0, str(settings.spec_path.parent))
 restate_app = restate.app(agent_services(settings))

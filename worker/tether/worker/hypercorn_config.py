@@ -5,9 +5,22 @@ Restate's recommendation. The hypercorn CLI runs the app in a child process and 
 SIGTERM in the parent, which stops accepting work and waits `graceful_timeout` for in-flight
 invocations; `tether worker` kills what is left soon after (`tether.worker.supervise`), and
 Restate resumes what was cut off on another worker from the journal.
+
+Imported in the hypercorn parent (the master), which holds the worker's secrets in its
+environment: that process makes itself non-dumpable here, and starts multiprocessing's resource
+tracker without them (`tether._hardening`). The worker child does the same in
+`tether.worker.asgi`. Hypercorn copies every non-module name of this module into its config:
+keep helpers out of it.
 """
 
+import multiprocessing
 import os
+import sys
+
+from .. import _hardening, redact
+
+# The master logs too (its workers install this in `tether.worker.asgi`): no secret in a line.
+redact.install()
 
 bind = [os.environ.get("TETHER_WORKER_BIND", "0.0.0.0:9080")]
 workers = int(os.environ.get("TETHER_WORKER_PROCESSES", "1"))
@@ -17,3 +30,11 @@ keep_alive_max_requests = 2147483647
 keep_alive_timeout = 2147483647
 accesslog = None
 errorlog = "-"
+
+if multiprocessing.parent_process() is None and (
+    "hypercorn.__main__" in sys.modules
+    or getattr(sys.modules["__main__"].__spec__, "name", None) == "hypercorn.__main__"
+):  # the hypercorn master (not `tether worker`, which reads `graceful_timeout`)
+    _hardening.make_undumpable()
+    if workers > 0:
+        _hardening.start_resource_tracker_without_secrets()

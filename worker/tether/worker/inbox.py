@@ -9,6 +9,7 @@ a message is taken once.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import restate
@@ -20,6 +21,10 @@ from .retries import RETRY_AFTER_WORKER_LOSS
 
 MESSAGES_STATE_KEY = "messages"
 MAX_MESSAGE_CHARS = 20_000
+POST_IDEMPOTENCY_RETENTION = timedelta(days=1)
+"""How long Restate keeps the idempotency key of a post: the sidecar posts a signed message
+under a key derived from its signature, so a replay (accepted for 10 minutes around its
+timestamp) finds the key and is not delivered twice."""
 
 
 class RestateInbox:
@@ -42,7 +47,7 @@ def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
         invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
     )
 
-    @obj.handler()
+    @obj.handler(idempotency_retention=POST_IDEMPOTENCY_RETENTION)
     async def post(ctx: restate.ObjectContext, message: dict[str, Any]) -> dict[str, int]:
         """Leave `{"text": "..."}` for the session's agent; it reads it at its next turn."""
         text = message.get("text") if isinstance(message, dict) else None

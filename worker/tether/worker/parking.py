@@ -23,6 +23,7 @@ from restate.exceptions import TerminalError
 
 from ..messages import JSON
 from ..parked import PARKED_STATE_KEY, ParkedCall, ParkedKind, summarize
+from ..redact import redact
 from ..restate.awakeable import race_with_timeout
 from ..restate.errors import is_restate_cancellation
 from ..restate.runtime import default_run_options
@@ -41,8 +42,17 @@ class ParkSettings:
     agent: str
     timeout_seconds: float | None
     notify_url: str | None
+    """A credential (a Slack incoming webhook's path is its token): log `host_of(url)` only."""
     webhook_secret: bytes | None
     webhook_base_url: str | None
+
+
+def host_of(url: str) -> str:
+    """The host (and port) of `url`, which is all of it a log line may name."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{parts.port}" if parts.port else host
 
 
 async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
@@ -69,10 +79,21 @@ async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
     try:
         async with httpx2.AsyncClient(timeout=10) as client:
             response = await client.post(settings.notify_url, content=body, headers=headers)
-        return {"delivered": response.is_success, "status": response.status_code}
     except httpx2.HTTPError as error:
-        log.warning("approval notification to %s failed: %s", settings.notify_url, error)
+        # The host only: the URL's path may be its token, and the error's text may hold the URL.
+        reason = redact(str(error)) or "no detail"
+        host = host_of(settings.notify_url)
+        log.warning(
+            "approval notification to %s failed: %s (%s)", host, type(error).__name__, reason
+        )
         return {"delivered": False, "error": type(error).__name__}
+    if not response.is_success:
+        log.warning(
+            "approval notification to %s answered HTTP %d",
+            host_of(settings.notify_url),
+            response.status_code,
+        )
+    return {"delivered": response.is_success, "status": response.status_code}
 
 
 async def park(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec import DurableAgent, SpecError, load_agent
+from ..spec import NOTIFY_URL, DurableAgent, SpecError, load_agent
 
 
 @dataclass(frozen=True)
@@ -20,10 +21,23 @@ class WorkerSettings:
     """Public base URL of the sidecar, for the links in approval notifications."""
     workspace: Path
     env: Mapping[str, str]
+    notify_url: str | None = None
+    """Where parked calls are announced: `spec.approvals.notify.url`, or the environment
+    variable `urlEnv` (default `TETHER_NOTIFY_URL`), which the operator fills from the Secret of
+    `spec.approvals.notify.urlSecretRef`. A credential: never logged whole."""
 
     @property
     def agent_name(self) -> str:
         return self.manifest.metadata.name
+
+    @property
+    def secret_variables(self) -> list[str]:
+        """Variables the spec names that hold secrets: `apiKeyEnv`, the notify URL's."""
+        spec = self.manifest.spec
+        names = [spec.model.api_key_env]
+        if spec.approvals.notify is not None and spec.approvals.notify.url is None:
+            names.append(spec.approvals.notify.url_variable)
+        return [name for name in names if name]
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -32,11 +46,34 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
     if not spec_path:
         raise SpecError("TETHER_SPEC is not set: point it at the DurableAgent manifest")
     secret = env.get("TETHER_WEBHOOK_SECRET")
+    manifest = load_agent(spec_path)
     return WorkerSettings(
-        manifest=load_agent(spec_path),
+        manifest=manifest,
         spec_path=Path(spec_path).resolve(),
         webhook_secret=secret.encode() if secret else None,
         webhook_base_url=env.get("TETHER_WEBHOOK_BASE_URL") or None,
         workspace=Path(env.get("TETHER_WORKSPACE", "/tmp")),
         env=env,
+        notify_url=notify_url_from_env(manifest, env),
     )
+
+
+def notify_url_from_env(manifest: DurableAgent, env: Mapping[str, str]) -> str | None:
+    """The URL of `spec.approvals.notify`: its `url`, or the environment variable it names;
+    a clear error (that does not repeat the value) when that is unset or not a URL."""
+    notify = manifest.spec.approvals.notify
+    if notify is None:
+        return None
+    if notify.url is not None:
+        return notify.url
+    variable = notify.url_variable
+    url = env.get(variable, "").strip()
+    if not url:
+        raise SpecError(
+            f"{variable} is not set: spec.approvals.notify takes the URL that parked calls are "
+            "announced to from it (on Kubernetes the operator maps it in from "
+            "spec.approvals.notify.urlSecretRef); set it, or remove spec.approvals.notify"
+        )
+    if not re.match(NOTIFY_URL, url):
+        raise SpecError(f"{variable} must hold an http:// or https:// URL")
+    return url

@@ -11,11 +11,17 @@ their journals.
 so the supervising process stays small:
 
     python supervise.py <graceful timeout> <hypercorn command...>
+
+In a pod this process is PID 1 and holds the worker's secrets in its environment (the webhook
+secret, the model keys): the first thing it does is make itself non-dumpable, so the agent's
+`shell` commands, which run as the same user, cannot read its `/proc/<pid>/environ` or memory
+(`tether._hardening`; a copy here, this script imports nothing of tether).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -29,6 +35,17 @@ from types import FrameType
 log = logging.getLogger("tether.worker")
 HARD_EXIT_MARGIN = 2.0
 """Seconds past the graceful timeout before the worker's processes are killed."""
+PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> bool:
+    """`prctl(PR_SET_DUMPABLE, 0)` (Linux; elsewhere nothing), as `tether._hardening` does."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _descendants(pid: int) -> list[int]:
@@ -77,5 +94,6 @@ def run_supervised(command: list[str], env: Mapping[str, str], graceful_timeout:
 
 
 if __name__ == "__main__":
+    make_undumpable()
     logging.basicConfig(format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s")
     sys.exit(run_supervised(sys.argv[2:], os.environ, float(sys.argv[1])))
