@@ -599,7 +599,8 @@ def network_policy(p: Platform) -> None:
         {},
         {"dns": dns, "ingress": (ingress, False), "admin": (admin, False)},
     )
-    # The agents' pods reach both (the sidecars read parked calls and resolve awakeables).
+    # The agents' pods reach the ingress (their sidecars start runs and answer calls through
+    # it), not the admin API (their tools share their network).
     agent_labels = {
         "app.kubernetes.io/name": "tether-agent",
         "app.kubernetes.io/managed-by": "tether-operator",
@@ -609,11 +610,11 @@ def network_policy(p: Platform) -> None:
         AGENTS_NS,
         "agent-probe",
         agent_labels,
-        {"admin": (admin, True), "ingress": (ingress, True)},
+        {"ingress": (ingress, True), "admin": (admin, False)},
     )
     p.report.fact(
         "NetworkPolicy",
-        "Restate refused to other pods; ingress to a listed namespace; both to agents",
+        "admin API: the operator only; ingress: the agents and a listed namespace; nothing else",
     )
 
 

@@ -38,8 +38,14 @@ from tether.providers.base import ModelRequest, ModelResponse, TextCallback
 from tether.providers.scripted import ScriptedProvider
 from tether.sidecar import SidecarConfigError, SidecarSettings, create_app, settings_from_env
 from tether.sidecar.link_form import FORM_TOKEN_SECONDS, form_token
-from tether.sidecar.parked_calls import parked_calls_query
-from tether.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, signed_link
+from tether.webhooks import (
+    TOLERANCE_SECONDS,
+    link_signature,
+    sign_request,
+    signed_link,
+    verify_answer_proof,
+    verify_listing_token,
+)
 
 SECRET = "s3cret-for-the-sidecar-tests"
 AGENT = "triage"
@@ -73,8 +79,7 @@ class Recorded:
 
 @dataclass
 class FakeRestate:
-    """Restate's ingress (`/ingress`) and admin API (`/admin`) on one loopback server; every
-    request is kept."""
+    """Restate's ingress (`/ingress`) on a loopback server; every request is kept."""
 
     sessions: dict[str, dict[str, ParkedCall]] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
@@ -91,10 +96,6 @@ class FakeRestate:
     @property
     def ingress(self) -> str:
         return f"{self.base}/ingress"
-
-    @property
-    def admin(self) -> str:
-        return f"{self.base}/admin"
 
     async def start(self) -> FakeRestate:
         app = web.Application()
@@ -142,23 +143,23 @@ class FakeRestate:
             request.transport.close()  # the client sees the connection drop
             return web.Response(status=500)
         path = request.path
-        if path == "/admin/query":
+        if path == f"/ingress/{AGENT}-parked/all/calls":
             self.queries += 1
             assert request.headers["accept"] == "application/json"
-            assert json.loads(body) == {"query": parked_calls_query(AGENT)}
-            rows = [
-                {"service_key": key, "value_utf8": json.dumps(records)}
-                for key, records in self.sessions.items()
-            ]
-            return web.json_response({"rows": rows})
+            verify_listing_token(SECRET.encode(), json.loads(body))  # the worker's check
+            records = [call for calls in self.sessions.values() for call in calls.values()]
+            return web.json_response(records)
         if path == "/ingress/restate/health":
             return web.Response(status=200 if self.healthy else 503)
         key = headers.get("idempotency-key")
         if path.startswith("/ingress/restate/invocation/") and path.endswith("/attach"):
             return web.json_response(self.outputs[path.split("/")[-2]])
-        if path.startswith(f"/ingress/{AGENT}/") and path.endswith("/answer/send"):
+        if path == f"/ingress/{AGENT}-parked/all/answer/send":
             if not 200 <= self.ingress_status < 300:
                 return web.Response(status=self.ingress_status)
+            answer = json.loads(body)  # the worker's check: proof made with the secret
+            given = {k: answer[k] for k in ("value", "reject") if k in answer}
+            verify_answer_proof(SECRET.encode(), answer["awakeable_id"], given, answer["proof"])
             return self.send(path, key, {"answered": True})
         if path.startswith(f"/ingress/{AGENT}-inbox/") and path.endswith("/post/send"):
             waiting = len([k for k in self.accepted if k[0] == path]) + 1
@@ -178,13 +179,18 @@ class FakeRestate:
 
 def answer_value(answer: Recorded) -> Any:
     """The value an answer sent to the `answer` handler resolves its call with."""
-    return json.loads(answer.content)["value"]
+    return answered(answer)["value"]
+
+
+def answered(answer: Recorded) -> dict[str, Any]:
+    """What an answer sent to the `answer` handler says, without its proof (checked by the fake
+    Restate as the worker checks it)."""
+    return {k: v for k, v in json.loads(answer.content).items() if k != "proof"}
 
 
 def settings(**overrides: Any) -> SidecarSettings:
     values: dict[str, Any] = {
         "restate_ingress_url": "http://127.0.0.1:9/ingress",
-        "restate_admin_url": "http://127.0.0.1:9/admin",
         "agent": AGENT,
         "webhook_secret": SECRET,
         "max_body_bytes": LIMIT,
@@ -248,7 +254,7 @@ async def sidecar() -> AsyncIterator[Sidecar]:
     restate = await FakeRestate().start()
     restate.park(ID_A, "session-1")
     restate.park(ID_B, "session-2", kind="ask_human")
-    app = create_app(settings(restate_ingress_url=restate.ingress, restate_admin_url=restate.admin))
+    app = create_app(settings(restate_ingress_url=restate.ingress))
     try:
         async with httpx2.AsyncClient(
             transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"
@@ -278,7 +284,6 @@ def link(
 def test_settings_from_env_reads_every_variable(tmp_path: Path) -> None:
     env = {
         "RESTATE_INGRESS_URL": "http://restate:8080/",
-        "RESTATE_ADMIN_URL": "http://restate:9070",
         "TETHER_AGENT": "triage",
         "TETHER_WEBHOOK_SECRET": SECRET,
         "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
@@ -296,7 +301,7 @@ def test_settings_from_env_reads_every_variable(tmp_path: Path) -> None:
 def test_settings_errors_name_the_variables(tmp_path: Path) -> None:
     with pytest.raises(SidecarConfigError) as missing:
         settings_from_env({})
-    for name in ("RESTATE_INGRESS_URL", "RESTATE_ADMIN_URL", "TETHER_AGENT"):
+    for name in ("RESTATE_INGRESS_URL", "TETHER_AGENT"):
         assert f"{name} is not set" in str(missing.value)
     assert "TETHER_WEBHOOK_SECRET is not set" in str(missing.value)
 
@@ -304,7 +309,6 @@ def test_settings_errors_name_the_variables(tmp_path: Path) -> None:
         settings_from_env(
             {
                 "RESTATE_INGRESS_URL": "restate:8080",
-                "RESTATE_ADMIN_URL": "http://restate:9070",
                 "TETHER_AGENT": "bad name'; DROP",
                 "TETHER_WEBHOOK_SECRET": "short",
                 "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "missing"),
@@ -328,8 +332,8 @@ async def test_signed_post_resolves_once(sidecar: Sidecar) -> None:
     resp = await sidecar.post(ID_A, {"approved": True, "note": "go"})
     assert resp.status_code == 202, resp.text
     [forwarded] = sidecar.restate.completions
-    assert str(forwarded.url) == f"{sidecar.restate.ingress}/{AGENT}/session-1/answer/send"
-    assert json.loads(forwarded.content) == {
+    assert str(forwarded.url) == f"{sidecar.restate.ingress}/{AGENT}-parked/all/answer/send"
+    assert answered(forwarded) == {
         "awakeable_id": ID_A, "value": {"approved": True, "note": "go"}
     }  # fmt: skip
     assert forwarded.headers["content-type"] == "application/json"
@@ -345,8 +349,8 @@ async def test_signed_post_rejects_with_a_reason(sidecar: Sidecar) -> None:
     resp = await sidecar.post(ID_B, {"reason": "not now"}, verb="reject")
     assert resp.status_code == 202, resp.text
     [forwarded] = sidecar.restate.completions
-    assert str(forwarded.url) == f"{sidecar.restate.ingress}/{AGENT}/session-2/answer/send"
-    assert json.loads(forwarded.content) == {"awakeable_id": ID_B, "reject": "not now"}
+    assert str(forwarded.url) == f"{sidecar.restate.ingress}/{AGENT}-parked/all/answer/send"
+    assert answered(forwarded) == {"awakeable_id": ID_B, "reject": "not now"}
     assert forwarded.headers["idempotency-key"] == f"tether-answer:{ID_B}"
     assert (await sidecar.post(ID_B, {"ok": 1})).status_code == 409
 
@@ -483,7 +487,10 @@ async def test_restate_failures_leave_the_call_answerable(sidecar: Sidecar) -> N
     sidecar.restate.ingress_status = 202
     retried = await sidecar.client.post(url, content=body, headers=headers)  # same signature
     assert retried.status_code == 202, retried.text
-    assert len(sidecar.restate.completions) == 2
+    # Each try reached for the answer handler (with Restate down the parked calls could not be
+    # read: the answer is still sent, and Restate decides); only the last one was taken.
+    assert len(sidecar.restate.completions) == 3
+    assert len(sidecar.restate.accepted) == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -619,7 +626,7 @@ async def test_the_pages_button_approves_once(sidecar: Sidecar) -> None:
     assert "<h1>Approved</h1>" in approved.text
     security_headers_of(approved)
     [forwarded] = sidecar.restate.completions
-    assert forwarded.url.path == f"/ingress/{AGENT}/session-1/answer/send"
+    assert forwarded.url.path == f"/ingress/{AGENT}-parked/all/answer/send"
     value = answer_value(forwarded)
     assert value == {"approved": True, "by": "link", "approver": None, "decided_at": ANY}
     assert before <= value["decided_at"] <= after
@@ -980,7 +987,6 @@ async def test_metrics_merge_the_worker_process_files(tmp_path: Path) -> None:
         settings(
             prometheus_multiproc_dir=tmp_path,
             restate_ingress_url=restate.ingress,
-            restate_admin_url=restate.admin,
         )
     )
 
@@ -1290,7 +1296,7 @@ async def replicas(sidecar: Sidecar) -> AsyncIterator[tuple[Sidecar, Sidecar]]:
     """A second sidecar app (its own replay guard and ledger, as another replica or a restarted
     process has) in front of the same fake Restate."""
     restate = sidecar.restate
-    app = create_app(settings(restate_ingress_url=restate.ingress, restate_admin_url=restate.admin))
+    app = create_app(settings(restate_ingress_url=restate.ingress))
     try:
         async with httpx2.AsyncClient(
             transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"

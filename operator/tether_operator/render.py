@@ -181,7 +181,6 @@ def _sidecar_container(
 ) -> Manifest:
     env = _shared_env(agent, namespace, settings)
     env.append({"name": "RESTATE_INGRESS_URL", "value": settings.restate_ingress_url})
-    env.append({"name": "RESTATE_ADMIN_URL", "value": settings.restate_admin_url})
 
     return {
         "name": "sidecar",

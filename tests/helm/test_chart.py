@@ -168,25 +168,27 @@ def test_restate_is_open_to_the_operator_the_agents_and_listed_namespaces_only(
     admin, ingress = policy["spec"]["ingress"]
     assert admin["ports"] == [{"port": "admin"}] and ingress["ports"] == [{"port": "ingress"}]
     operator_pod = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    operator_peer, agent_peer = admin["from"]
+    # The admin API reads and kills every agent's runs: the operator only, not the agents'
+    # pods, whose tools share their network.
+    [operator_peer] = admin["from"]
     assert "namespaceSelector" not in operator_peer  # the operator's own namespace only
     assert operator_peer["podSelector"]["matchLabels"].items() <= operator_pod.items()
+    # No other namespace reaches the ingress unless listed: it starts any agent's runs.
+    [also_operator, agent_peer] = ingress["from"]
+    assert also_operator == operator_peer
     agent_pod = version_labels("clerk", "0123456789")
     assert agent_peer["podSelector"]["matchLabels"].items() <= agent_pod.items()
-    # No other namespace reaches the ingress unless listed: it starts any agent's runs.
-    assert ingress["from"] == [operator_peer, agent_peer]
 
     narrowed = render(
         helm_bin,
         "restate.networkPolicy.ingressFromNamespaces={apps}",
         "operator.watchNamespaces={team-a,team-b}",
     )
-    admin, ingress = one(narrowed, "NetworkPolicy")["spec"]["ingress"]
+    _, ingress = one(narrowed, "NetworkPolicy")["spec"]["ingress"]
     agents_in = {"key": "kubernetes.io/metadata.name", "operator": "In"}
-    for peer in (admin["from"][1], ingress["from"][1]):
-        assert peer["namespaceSelector"]["matchExpressions"] == [
-            {**agents_in, "values": ["team-a", "team-b"]}
-        ]
+    assert ingress["from"][1]["namespaceSelector"]["matchExpressions"] == [
+        {**agents_in, "values": ["team-a", "team-b"]}
+    ]
     assert ingress["from"][2] == {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}
     }

@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.client import ApiClient, ApiException
 
 from tether.crd import GROUP, PLURAL, VERSION
+from tether.parked import PARKED_STATE_KEY
 from tether.process_group import signal_group, stop_group
 from tether.restate_server import RestateServer, free_port
 
@@ -348,10 +349,14 @@ class Restate:
         return body
 
     def pending(self, agent: str, session: str) -> list[dict[str, Any]]:
-        status, body = http("POST", f"{self.server.ingress_url}/{agent}/{session}/pending")
-        assert status == 200, body
-        calls: list[dict[str, Any]] = body
-        return calls
+        """The session's parked calls with their awakeable ids: read from its state through the
+        admin API (the ingress lists calls without ids)."""
+        rows = self.server.query(
+            f"SELECT value_utf8 FROM state WHERE service_name = '{agent}' "
+            f"AND service_key = '{session}' AND key = '{PARKED_STATE_KEY}'"
+        )
+        calls = [call for row in rows for call in json.loads(row["value_utf8"] or "{}").values()]
+        return sorted(calls, key=lambda call: call["created_at"])
 
     def resolve(self, awakeable: str, value: Any) -> None:
         url = f"{self.server.ingress_url}/restate/awakeables/{awakeable}/resolve"

@@ -279,7 +279,8 @@ def stack(restate_server: RestateServer) -> Iterator[Stack]:
     metrics_dir = base / "metrics"
     metrics_dir.mkdir()
     worker = HypercornWorker(
-        service_app("parking_service"), env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        service_app("parking_service"),
+        env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "TETHER_WEBHOOK_SECRET": SECRET},
     )
     proxy = CountingProxy(restate_server.ingress_url)
     sidecar: SidecarProcess | None = None
@@ -290,7 +291,6 @@ def stack(restate_server: RestateServer) -> Iterator[Stack]:
         sidecar = SidecarProcess(
             {
                 "RESTATE_INGRESS_URL": proxy.url,
-                "RESTATE_ADMIN_URL": restate_server.admin_url,
                 "TETHER_AGENT": AGENT,
                 "TETHER_WEBHOOK_SECRET": SECRET,
                 "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),

@@ -20,7 +20,9 @@ import pytest
 import yaml
 from support import PROC_PROBE, HypercornWorker, http, wait_until, without_capabilities
 
+from tether.parked import PARKED_STATE_KEY
 from tether.restate_server import RestateServer, free_port
+from tether.webhooks import answer_proof, listing_token
 from tether.worker.parking import MAX_DECISION_TEXT, decision_of
 
 WRITE_APPROVED = [
@@ -118,10 +120,16 @@ def result_of(server: RestateServer, invocation: str) -> Any:
 
 
 def parked(server: RestateServer, agent: str, key: str) -> list[dict[str, Any]]:
-    response = http("POST", f"{server.ingress_url}/{agent}/{key}/pending")
-    assert response.status == 200, response.text
-    calls: list[dict[str, Any]] = response.json()
-    return calls
+    """The session's parked calls with their awakeable ids, which only the admin API shows (the
+    ingress's `pending` lists the calls without them)."""
+    rows = server.query(
+        f"SELECT value_utf8 FROM state WHERE service_name = '{agent}' "
+        f"AND service_key = '{key}' AND key = '{PARKED_STATE_KEY}'"
+    )
+    calls: list[dict[str, Any]] = [
+        call for row in rows for call in json.loads(row["value_utf8"] or "{}").values()
+    ]
+    return sorted(calls, key=lambda call: call["created_at"])
 
 
 def step_completed(server: RestateServer, invocation: str, prefix: str) -> bool:
@@ -184,6 +192,44 @@ def test_an_approved_call_runs_and_the_record_goes(
     assert (tmp_path / "out.txt").read_text() == "yes"
     assert parked(restate_server, agent, "s1") == []
     assert len(Notifications.received) == 1
+
+
+def test_nothing_without_the_secret_lists_or_answers_a_parked_call(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path
+) -> None:
+    """The agent's tools reach Restate's ingress (they share the sidecar's network): what is
+    open there must neither hand out an awakeable id nor answer a call without the webhook
+    secret, which only the worker and the sidecar hold."""
+    agent = name()
+    agent_worker(manifest(agent, WRITE_APPROVED))
+    invocation = send_run(restate_server, agent, "s1", "write it")
+    [call] = wait_until(lambda: parked(restate_server, agent, "s1"), what="a parked call")
+    ingress, index = restate_server.ingress_url, f"{agent}-parked/all"
+
+    listed = http("POST", f"{ingress}/{agent}/s1/pending").json()
+    assert [c["tool"] for c in listed] == ["write_file"]
+    assert "awakeable_id" not in listed[0] and call["awakeable_id"] not in json.dumps(listed)
+    for token in ({}, {"ts": int(time.time()), "sig": "0" * 64}, listing_token(b"not-it")):
+        refused = http("POST", f"{ingress}/{index}/calls", token)
+        assert refused.status != 200 and call["awakeable_id"] not in refused.text
+    for step in ("add", "remove"):  # the run's own sends; not callable through the ingress
+        assert http("POST", f"{ingress}/{index}/{step}", call["awakeable_id"]).status != 200
+
+    approve: dict[str, Any] = {"value": {"approved": True}}
+    for proof in ("", "0" * 64, answer_proof(b"not-it", call["awakeable_id"], approve)):
+        forged = {"awakeable_id": call["awakeable_id"], **approve, "proof": proof}
+        assert http("POST", f"{ingress}/{index}/answer", forged).status != 200
+    assert parked(restate_server, agent, "s1") == [call]  # still waiting
+    assert not (tmp_path / "out.txt").exists()
+
+    # With the secret (as the sidecar holds it): listed with its id, and answered once.
+    assert http("POST", f"{ingress}/{index}/calls", listing_token(b"s3cret")).json() == [call]
+    proof = answer_proof(b"s3cret", call["awakeable_id"], approve)
+    sent = {"awakeable_id": call["awakeable_id"], **approve, "proof": proof}
+    assert http("POST", f"{ingress}/{index}/answer", sent).json() == {"answered": True}
+    assert result_of(restate_server, invocation)["status"] == "completed"
+    assert (tmp_path / "out.txt").read_text() == "yes"
+    assert http("POST", f"{ingress}/{index}/calls", listing_token(b"s3cret")).json() == []
 
 
 def test_a_denied_call_is_reported_to_the_model_and_not_run(

@@ -94,7 +94,7 @@ def _sidecar_parser(commands: Any) -> None:
     sidecar = commands.add_parser(
         "sidecar",
         help="serve the webhooks, approvals and metrics of a worker pod (FastAPI, uvicorn)",
-        description="Settings come from the environment: RESTATE_INGRESS_URL, RESTATE_ADMIN_URL, "
+        description="Settings come from the environment: RESTATE_INGRESS_URL, "
         "TETHER_AGENT, TETHER_WEBHOOK_SECRET, PROMETHEUS_MULTIPROC_DIR.",
     )
     sidecar.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")

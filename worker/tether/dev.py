@@ -171,7 +171,6 @@ class DevStack:
         self.server.start()
         self.sidecar.env |= {
             "RESTATE_INGRESS_URL": self.server.ingress_url,
-            "RESTATE_ADMIN_URL": self.server.admin_url,
         }
         self.start_worker()
         self.sidecar.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
@@ -458,13 +458,20 @@ class Metadata(BaseModel):
     namespace: str | None = None
 
 
-INBOX_SUFFIX = "-inbox"
+class RestateServices(NamedTuple):
+    """The Restate services an agent's worker serves; Restate's service names are shared by all
+    namespaces, so the operator checks that no other agent serves any of them."""
+
+    agent: str
+    """The agent's object: one session per key."""
+    inbox: str
+    """Messages for its running sessions (`tether.worker.inbox`)."""
+    parked: str
+    """The index of its parked calls, read by its sidecars (`tether.worker.parked_index`)."""
 
 
-def restate_services(agent: str) -> tuple[str, str]:
-    """The Restate services an agent's worker serves: the agent's object (a session per key)
-    and its sessions' inbox (`tether.worker.inbox`)."""
-    return agent, f"{agent}{INBOX_SUFFIX}"
+def restate_services(agent: str) -> RestateServices:
+    return RestateServices(agent, f"{agent}-inbox", f"{agent}-parked")
 
 
 class DurableAgent(BaseModel):

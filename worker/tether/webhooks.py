@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -169,3 +170,42 @@ def verify_link(
     expected = link_signature(secret, action, awakeable_id, int(expires), recipient)
     if not _equal(expected, signature):
         raise SignatureError("signature does not match")
+
+
+# -- between a sidecar and its worker --------------------------------------------------------
+# Both go through Restate's ingress, which everything in the agent's pod reaches, the commands
+# of the agent's tools included. These proofs need the webhook secret, which no tool can read:
+# a tool can neither answer a parked call nor learn an awakeable id.
+
+
+def answer_proof(secret: bytes, awakeable_id: str, answer: Mapping[str, object]) -> str:
+    """HMAC-SHA256(secret, "tether-answer:v1:<awakeable id>:<the answer as canonical JSON>").
+    No clock: it answers one call with one value, and a call takes only its first answer."""
+    canonical = json.dumps(answer, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return _digest(secret, f"tether-answer:v1:{awakeable_id}:{canonical}".encode())
+
+
+def verify_answer_proof(
+    secret: bytes, awakeable_id: str, answer: Mapping[str, object], proof: str
+) -> None:
+    if not _equal(answer_proof(secret, awakeable_id, answer), proof):
+        raise SignatureError("the answer's proof does not match")
+
+
+def listing_token(secret: bytes, now: float | None = None) -> dict[str, object]:
+    """A read of the parked calls: `{"ts": <unix seconds>, "sig": HMAC(secret,
+    "tether-parked:v1:<ts>")}`, accepted within `TOLERANCE_SECONDS`."""
+    stamp = int(time.time() if now is None else now)
+    return {"ts": stamp, "sig": _digest(secret, f"tether-parked:v1:{stamp}".encode())}
+
+
+def verify_listing_token(secret: bytes, token: object, now: float | None = None) -> None:
+    if not isinstance(token, Mapping):
+        raise SignatureError("no listing token")
+    stamp, signature = token.get("ts"), token.get("sig")
+    if not isinstance(stamp, int) or not isinstance(signature, str):
+        raise SignatureError("malformed listing token")
+    if abs((time.time() if now is None else now) - stamp) > TOLERANCE_SECONDS:
+        raise SignatureError("listing token outside the accepted window")
+    if not _equal(_digest(secret, f"tether-parked:v1:{stamp}".encode()), signature):
+        raise SignatureError("listing token does not match")

@@ -5,12 +5,14 @@
 `{"rejected": <message>}` when the awakeable is rejected), removing the record first. A journaled
 step counts the park with the worker's metrics (`tether.metrics`): when the process runs with
 `PROMETHEUS_MULTIPROC_DIR`, the count lands in that directory for the sidecar to serve. The
-sidecar answers a parked call through the worker's own `answer` handler, added here too.
+sidecar lists the parked calls from the worker's own index (`tether.worker.parked_index`) and
+answers one through it, here too, with the webhook secret from `TETHER_WEBHOOK_SECRET`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -18,10 +20,12 @@ import restate
 
 from tether.metrics import agent_hooks
 from tether.parked import PARKED_STATE_KEY, ParkedCall
-from tether.worker.agent_object import add_answer_handler
+from tether.worker.parked_index import ParkedIndex
 
 AGENT = "ParkAgent"
+SECRET = os.environ.get("TETHER_WEBHOOK_SECRET", "").encode() or None
 agent = restate.VirtualObject(AGENT)
+index = ParkedIndex(AGENT, SECRET)
 
 
 def count_parked_tool_call(tool: str) -> None:
@@ -49,6 +53,7 @@ async def park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any
     parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
     parked[awakeable_id] = record
     ctx.set(PARKED_STATE_KEY, parked)
+    index.add(ctx, record)
     await ctx.run_typed("count parked call", count_parked_tool_call, tool=tool)
     try:
         outcome: dict[str, Any] = {"value": await answer}
@@ -57,8 +62,8 @@ async def park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any
     remaining: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
     remaining.pop(awakeable_id, None)
     ctx.set(PARKED_STATE_KEY, remaining)
+    index.remove(ctx, awakeable_id)
     return outcome
 
 
-add_answer_handler(agent)
-app = restate.app(services=[agent])
+app = restate.app(services=[agent, index.object])

@@ -47,11 +47,13 @@ async def _rejected(request: Request, error: Exception) -> Response:
 
 def create_app(settings: SidecarSettings) -> FastAPI:
     """The sidecar's app."""
-    restate = RestateClient(settings.restate_ingress_url, settings.restate_admin_url)
+    restate = RestateClient(settings.restate_ingress_url)
     sidecar = Sidecar(
         settings=settings,
         restate=restate,
-        parked=ParkedCalls(restate, settings.agent, max_age=settings.parked_cache_seconds),
+        parked=ParkedCalls(
+            restate, settings.agent, settings.secret, max_age=settings.parked_cache_seconds
+        ),
     )
 
     @asynccontextmanager

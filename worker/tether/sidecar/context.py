@@ -20,6 +20,7 @@ import orjson
 from fastapi import Depends
 from starlette.requests import Request
 
+from ..webhooks import answer_proof
 from .auth import ReplayGuard
 from .ledger import ResolutionLedger
 from .parked_calls import ParkedCalls
@@ -55,17 +56,24 @@ class Sidecar:
         approver: str | None = None,
     ) -> None:
         """Answer a parked call once: `answer` is `{"value": ...}` (resolve) or `{"reject":
-        "<reason>"}`. Ledger claim (this process), parked check (Restate's state: the call's
-        session), then the idempotent send to the session's `answer` handler; 409 if any answer
-        reached Restate before, through any replica. If the send fails the call stays
-        answerable. The log line names the approver, if known (an audit trail next to the value
-        Restate keeps)."""
+        "<reason>"}`. Ledger claim (this process); a call the agent's index does not hold is
+        refused (404), unless the index cannot be read (its worker is down): Restate takes the
+        answer then, and it acts if the call is parked when the worker is back. Then the
+        idempotent, proven send to the index's `answer` handler; 409 if any answer reached
+        Restate before, through any replica. If the send fails the call stays answerable. The
+        log line names the approver, if known (an audit trail next to the value Restate keeps)."""
         self.ledger.claim(awakeable_id)
         try:
-            record = await self.parked.require(awakeable_id)
-            payload = orjson.dumps({"awakeable_id": awakeable_id, **answer})
+            try:
+                await self.parked.require(awakeable_id)
+            except Rejection as error:
+                if error.status != 503:
+                    raise
+                log.warning("the parked calls cannot be read; answering %s anyway", awakeable_id)
+            proof = answer_proof(self.settings.secret, awakeable_id, answer)
+            payload = orjson.dumps({"awakeable_id": awakeable_id, **answer, "proof": proof})
             sent = await self.restate.send_answer(
-                self.settings.agent, record["session"], payload, answer_key(awakeable_id)
+                self.settings.agent, payload, answer_key(awakeable_id)
             )
         except BaseException:
             self.ledger.release(awakeable_id)

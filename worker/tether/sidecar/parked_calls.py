@@ -1,57 +1,33 @@
 """The parked calls of the agent, read from Restate (never from the sidecar's memory).
 
-The worker keeps `{awakeable id: ParkedCall}` per session under the `tether:parked` state key of
-the agent object; this reads all sessions' maps through the admin API's SQL `state` table
-(columns `service_name`, `service_key`, `key`, `value_utf8`, ...) and reuses a read for a short
-while. A lookup that misses re-reads once, so a call parked a moment ago is found.
+The worker keeps the agent's index of parked calls (`tether.worker.parked_index`); this reads
+it through the ingress with a listing token signed with the webhook secret, and reuses a read
+for a short while. A lookup that misses re-reads once, so a call parked a moment ago is found.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
-from ..parked import PARKED_STATE_KEY, ParkedCall
+from ..parked import ParkedCall
+from ..webhooks import listing_token
 from .rejection import Rejection
 from .restate_client import RestateClient
 
 log = logging.getLogger("tether.sidecar")
 
 
-def parked_calls_query(agent: str) -> str:
-    def quoted(text: str) -> str:
-        return "'" + text.replace("'", "''") + "'"
-
-    return (
-        "SELECT service_key, value_utf8 FROM state "
-        f"WHERE service_name = {quoted(agent)} AND key = {quoted(PARKED_STATE_KEY)}"
-    )
-
-
-def parse_rows(rows: list[dict[str, Any]]) -> dict[str, ParkedCall]:
-    """The records of all sessions by awakeable id; unreadable rows are logged and skipped."""
-    parked: dict[str, ParkedCall] = {}
-    for row in rows:
-        try:
-            records = json.loads(row["value_utf8"] or "{}")
-            if not isinstance(records, dict):
-                raise ValueError("not a JSON object")
-        except (KeyError, TypeError, ValueError) as error:
-            log.warning(
-                "skipping unreadable %s of %r: %s", PARKED_STATE_KEY, row.get("service_key"), error
-            )
-            continue
-        for awakeable_id, record in records.items():
-            if (
-                isinstance(record, dict)
-                and record.get("awakeable_id", awakeable_id) == awakeable_id
-            ):
-                parked[awakeable_id] = cast(ParkedCall, {"awakeable_id": awakeable_id, **record})
-    return parked
+def by_awakeable(records: list[dict[str, object]]) -> dict[str, ParkedCall]:
+    """The records by awakeable id; one without an id is skipped."""
+    return {
+        str(record["awakeable_id"]): cast(ParkedCall, record)
+        for record in records
+        if isinstance(record.get("awakeable_id"), str)
+    }
 
 
 class ParkedCalls:
@@ -61,13 +37,15 @@ class ParkedCalls:
         self,
         restate: RestateClient,
         agent: str,
+        secret: bytes,
         *,
         max_age: float = 2.0,
         min_refresh_interval: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._restate = restate
-        self._query = parked_calls_query(agent)
+        self._agent = agent
+        self._secret = secret
         self._max_age = max_age
         self._min_refresh_interval = min_refresh_interval
         self._clock = clock
@@ -75,14 +53,15 @@ class ParkedCalls:
         self._read_at = float("-inf")
         self._lock = asyncio.Lock()
 
-    async def _read(self, max_age: float) -> dict[str, ParkedCall]:
-        async with self._lock:  # one query at a time; waiters reuse its result
+    async def _read(self, max_age: float, *, stale_ok: bool = True) -> dict[str, ParkedCall]:
+        async with self._lock:  # one read at a time; waiters reuse its result
             if self._records is not None and self._clock() - self._read_at <= max_age:
                 return self._records
             try:
-                records = parse_rows(await self._restate.query(self._query))
+                token = listing_token(self._secret)
+                records = by_awakeable(await self._restate.parked_calls(self._agent, token))
             except Rejection:
-                if self._records is None:
+                if self._records is None or not stale_ok:
                     raise
                 log.warning("reading the parked calls failed; using a read from before")
                 return self._records
@@ -95,8 +74,10 @@ class ParkedCalls:
     async def find(self, awakeable_id: str) -> ParkedCall | None:
         """The record of `awakeable_id`, re-reading once if a cached read misses it."""
         record = (await self.all()).get(awakeable_id)
-        if record is None:
-            record = (await self._read(self._min_refresh_interval)).get(awakeable_id)
+        if record is None:  # a miss is only an answer if the read is fresh
+            record = (await self._read(self._min_refresh_interval, stale_ok=False)).get(
+                awakeable_id
+            )
         return record
 
     def forget(self, awakeable_id: str) -> None:

@@ -1,6 +1,7 @@
-"""The sidecar's calls to Restate: idempotent sends to the agent's handlers through the ingress
-(a run, a message, an answer to a parked call), an invocation's output, SQL through the admin
-API, and the ingress health check. Failures become `Rejection`s (502/503).
+"""The sidecar's calls to Restate, all through the ingress (the sidecar has no access to the
+admin API, which reads and kills every agent's runs): idempotent sends to the agent's handlers
+(a run, a message, an answer to a parked call), an invocation's output, the signed read of the
+agent's parked calls, and the ingress health check. Failures become `Rejection`s (502/503).
 
 Every call that acts is a send with an `Idempotency-Key`, so Restate, not this process, decides
 whether it acts: a key it has seen (within the handler's idempotency retention) starts nothing
@@ -20,14 +21,13 @@ from urllib.parse import quote
 
 import aiohttp
 
+from ..parked import INDEX_KEY
 from ..spec import restate_services
 from .rejection import Rejection
 
 log = logging.getLogger("tether.sidecar")
 TIMEOUT = aiohttp.ClientTimeout(total=10.0)
-ANSWER_HANDLER = "answer"
-"""The shared handler of the agent's object that answers a parked call
-(`tether.worker.agent_object.add_answer_handler`)."""
+LIST_TIMEOUT = aiohttp.ClientTimeout(total=3.0)
 ACCEPTED = "Accepted"
 
 
@@ -37,9 +37,8 @@ def _key(text: str) -> str:
 
 
 class RestateClient:
-    def __init__(self, ingress_url: str, admin_url: str) -> None:
+    def __init__(self, ingress_url: str) -> None:
         self._ingress = ingress_url.rstrip("/")
-        self._admin = admin_url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -66,11 +65,13 @@ class RestateClient:
         content_type: str,
         what: str,
         extra_headers: dict[str, str] | None = None,
+        limit: aiohttp.ClientTimeout = TIMEOUT,
     ) -> tuple[int, bytes]:
         headers = {"content-type": content_type, "accept": "application/json"}
         headers.update(extra_headers or {})
         try:
-            async with self._client().post(url, data=body, headers=headers) as response:
+            post = self._client().post(url, data=body, headers=headers, timeout=limit)
+            async with post as response:
                 return response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError) as error:
             log.warning("%s: Restate did not answer: %s", what, type(error).__name__)
@@ -108,16 +109,16 @@ class RestateClient:
         self, agent: str, session: str, message_json: bytes, idempotency_key: str
     ) -> dict[str, Any]:
         """Post to `{agent}-inbox/{session}/post`, once per `idempotency_key`."""
-        target = f"{restate_services(agent)[1]}/{_key(session)}/post"
+        target = f"{restate_services(agent).inbox}/{_key(session)}/post"
         return await self._send(target, message_json, idempotency_key, f"message to {session}")
 
     async def send_answer(
-        self, agent: str, session: str, answer_json: bytes, idempotency_key: str
+        self, agent: str, answer_json: bytes, idempotency_key: str
     ) -> dict[str, Any]:
-        """Send `{agent}/{session}/answer` (the worker's handler that resolves or rejects a
-        parked call's awakeable), once per `idempotency_key`."""
-        target = f"{agent}/{_key(session)}/{ANSWER_HANDLER}"
-        return await self._send(target, answer_json, idempotency_key, f"answer in {session}")
+        """Send the answer to a parked call to the agent's index (`{agent}-parked/all/answer`,
+        `tether.worker.parked_index`), once per `idempotency_key`."""
+        target = f"{restate_services(agent).parked}/{INDEX_KEY}/answer"
+        return await self._send(target, answer_json, idempotency_key, "answer")
 
     async def output(self, invocation_id: str) -> Any:
         """The output of an invocation, once it has one (`GET .../restate/invocation/{id}/attach`);
@@ -135,19 +136,21 @@ class RestateClient:
             raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
         return json.loads(answer)
 
-    async def query(self, sql: str) -> list[dict[str, Any]]:
-        """Rows of an admin-API SQL query (`POST {admin}/query`, JSON rows)."""
-        body = json.dumps({"query": sql}).encode()
-        status, answer = await self._post(f"{self._admin}/query", body, "application/json", "query")
+    async def parked_calls(self, agent: str, token: dict[str, Any]) -> list[dict[str, Any]]:
+        """The records of the agent's parked calls, read from its index with a listing token
+        (`tether.worker.parked_index`); a 502 `Rejection` if the worker refuses it."""
+        url = f"{self._ingress}/{restate_services(agent).parked}/{INDEX_KEY}/calls"
+        # Served by the worker: while it is down this fails fast, and the caller decides.
+        status, raw = await self._post(
+            url, json.dumps(token).encode(), "application/json", "list", limit=LIST_TIMEOUT
+        )
         if status != 200:
-            log.warning(
-                "SQL query: Restate answered HTTP %s: %s",
-                status,
-                answer[:300].decode(errors="replace"),
-            )
-            raise Rejection(503, "restate_unavailable", "Restate's admin API refused the query")
-        rows: list[dict[str, Any]] = json.loads(answer)["rows"]
-        return rows
+            log.warning("parked calls: Restate answered HTTP %s: %s", status, raw[:300])
+            raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
+        answer = json.loads(raw)
+        if not isinstance(answer, list):
+            raise Rejection(502, "restate_error", "the parked calls came back malformed")
+        return [record for record in answer if isinstance(record, dict)]
 
     async def ingress_healthy(self) -> bool:
         try:

@@ -3,7 +3,6 @@
 | variable | meaning |
 |---|---|
 | `RESTATE_INGRESS_URL` | Restate's ingress, e.g. `http://restate:8080` (required) |
-| `RESTATE_ADMIN_URL` | Restate's admin API, e.g. `http://restate:9070` (required) |
 | `TETHER_AGENT` | the agent's Restate service name (required) |
 | `TETHER_WEBHOOK_SECRET` | the HMAC secret of webhooks and links, from a Secret (required) |
 | `PROMETHEUS_MULTIPROC_DIR` | the directory the worker writes its metrics to (optional) |
@@ -24,7 +23,6 @@ MIN_SECRET_LENGTH = 16
 
 ENV_NAMES: dict[str, str] = {
     "restate_ingress_url": "RESTATE_INGRESS_URL",
-    "restate_admin_url": "RESTATE_ADMIN_URL",
     "agent": "TETHER_AGENT",
     "webhook_secret": "TETHER_WEBHOOK_SECRET",
     "prometheus_multiproc_dir": "PROMETHEUS_MULTIPROC_DIR",
@@ -43,14 +41,13 @@ class SidecarSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     restate_ingress_url: str
-    restate_admin_url: str
     agent: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
     webhook_secret: SecretStr = Field(min_length=MIN_SECRET_LENGTH)
     prometheus_multiproc_dir: Path | None = None
     max_body_bytes: int = Field(default=65536, ge=1, le=16 * 1024 * 1024)
     parked_cache_seconds: float = Field(default=2.0, ge=0, le=300)
 
-    @field_validator("restate_ingress_url", "restate_admin_url")
+    @field_validator("restate_ingress_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")) or len(value) < 8:

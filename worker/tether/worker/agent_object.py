@@ -1,10 +1,10 @@
 """The agent as Restate services: a virtual object per session, keyed by session id.
 
 `<agent>/<session>/run` (exclusive) runs the agent on `restate_runtime` with the session in the
-object's state; `session` and `pending` (shared) read it while a run is going on; `answer`
-(shared) resolves or rejects a call parked in the session, for the sidecar, which sends it with
-one idempotency key per call so that only the first answer acts (`add_answer_handler`);
-`<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`).
+object's state; `session` and `pending` (shared) read it while a run is going on;
+`<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`);
+`<agent>-parked/all` indexes the parked calls for the sidecars, which answer them through it
+(`parked_index`).
 
 With `spec.subagents`, the agent has a `spawn` tool (`restate_spawn_tool`). Each child is an
 invocation of the exclusive `child` handler of the same object, keyed `<parent key>::<label>`
@@ -53,6 +53,7 @@ from ..session import create_session, load_session
 from ..spec import parse_duration
 from ..tools.base import ToolContext, ToolDef
 from .inbox import RestateInbox, inbox_object
+from .parked_index import ParkedIndex
 from .parking import ParkSettings, restate_wait
 from .retries import RETRY_AFTER_WORKER_LOSS
 from .settings import WorkerSettings
@@ -73,38 +74,6 @@ RUN_IDEMPOTENCY_RETENTION = timedelta(days=1)
 lower default cannot shorten it): the sidecar starts runs from signed webhooks under a key, and
 a replay of one is refused only while its key is kept. A signature is accepted for 10 minutes
 (`tether.webhooks.TOLERANCE_SECONDS` either side of its timestamp)."""
-ANSWER_IDEMPOTENCY_RETENTION = timedelta(days=7)
-"""How long Restate keeps the key of an answer to a parked call after it ran. The key is the
-call's (`tether-answer:<awakeable id>`); once the run took the answer it is no longer parked and
-the sidecar refuses any answer to it anyway, so this only has to outlast a worker outage between
-the answer and the run taking it."""
-
-
-def add_answer_handler(obj: restate.VirtualObject) -> None:
-    """Add the shared `answer` handler to the agent's object (or a service that parks calls the
-    same way, under `tether.parked.PARKED_STATE_KEY`).
-
-    `{"awakeable_id": ..., "value": <any JSON>}` resolves the call parked on that awakeable in
-    this session, `{"awakeable_id": ..., "reject": "<reason>"}` rejects it; an id that is not
-    parked here is left alone. Returns `{"answered": bool}`. The sidecar sends it (after the
-    webhook's or link's checks) with the idempotency key `tether-answer:<awakeable id>`, so the
-    first answer is the only one that runs, whichever replica got it: Restate's own
-    `/restate/awakeables/.../resolve` has no idempotency and keeps the first value silently.
-    Shared, because the session's run holds the exclusive lock while it waits. Reachable through
-    the ingress like every handler (and like that resolve endpoint): the ingress is trusted."""
-
-    @obj.handler(name="answer", kind="shared", idempotency_retention=ANSWER_IDEMPOTENCY_RETENTION)
-    async def answer(ctx: restate.ObjectSharedContext, request: dict[str, Any]) -> dict[str, Any]:
-        awakeable_id = request.get("awakeable_id") if isinstance(request, dict) else None
-        parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
-        if not isinstance(awakeable_id, str) or awakeable_id not in parked:
-            return {"answered": False}
-        reason = request.get("reject")
-        if isinstance(reason, str):
-            ctx.reject_awakeable(awakeable_id, reason)
-        else:
-            ctx.resolve_awakeable(awakeable_id, request.get("value"))
-        return {"answered": True}
 
 
 class RunRequest(BaseModel):
@@ -172,12 +141,14 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     behavior = behavior_from_spec(spec)
     subagents = spec.subagents
     approvals = spec.approvals
+    index = ParkedIndex(manifest.metadata.name, settings.webhook_secret)
     park_settings = ParkSettings(
         agent=manifest.metadata.name,
         timeout_seconds=parse_duration(approvals.timeout),
         notify_url=settings.notify_url,
         webhook_secret=settings.webhook_secret,
         webhook_base_url=settings.webhook_base_url,
+        index=index,
     )
     inbox, take_messages = inbox_object(manifest.metadata.name)
     obj = restate.VirtualObject(
@@ -271,15 +242,19 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         }
 
     @obj.handler(kind="shared")
-    async def pending(ctx: restate.ObjectSharedContext) -> list[ParkedCall]:
-        """The calls parked in this session and in the children its runs are waiting for."""
+    async def pending(ctx: restate.ObjectSharedContext) -> list[dict[str, Any]]:
+        """The calls parked in this session and in the children its runs are waiting for,
+        without their awakeable ids: an id answers its call through Restate's own API, and this
+        is open to whoever reaches the ingress (the sidecar lists ids with a signed read of the
+        agent's index, `parked_index`)."""
         parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
-        calls = list(parked.values())
+        calls: list[dict[str, Any]] = [
+            {k: v for k, v in call.items() if k != "awakeable_id"} for call in parked.values()
+        ]
         for key in await ctx.state_keys():
             if key.startswith(CHILD_MARKER):
                 child_session = key.removeprefix(CHILD_MARKER)
                 calls += await ctx.object_call(pending, key=child_session, arg=None)
         return sorted(calls, key=lambda call: call["created_at"])
 
-    add_answer_handler(obj)
-    return [obj, inbox]
+    return [obj, inbox, index.object]

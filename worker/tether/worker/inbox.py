@@ -42,7 +42,7 @@ class RestateInbox:
 def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
     """The inbox object of `agent`, and its `take` handler (for `RestateInbox`)."""
     obj = restate.VirtualObject(
-        restate_services(agent)[1],
+        restate_services(agent).inbox,
         description=f"Messages for the {agent} agent's running sessions (key: session id).",
         invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
     )

@@ -31,6 +31,7 @@ from ..restate.types import AwakeableOutcome, AwakeableWithTimeoutOptions
 from ..tools.base import ToolContext
 from ..tools.human import Answer, Wait
 from ..webhooks import LinkAction, sign_request, signed_link
+from .parked_index import ParkedIndex
 
 log = logging.getLogger("tether.worker")
 DECISION_KEYS = ("approved", "by", "approver", "decided_at")
@@ -45,6 +46,8 @@ class ParkSettings:
     """A credential (a Slack incoming webhook's path is its token): log `host_of(url)` only."""
     webhook_secret: bytes | None
     webhook_base_url: str | None
+    index: ParkedIndex | None = None
+    """The agent's index of parked calls (what its sidecars read), kept in step with the map."""
 
 
 def host_of(url: str) -> str:
@@ -123,6 +126,8 @@ async def park(
     parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
     parked[awakeable_id] = record
     ctx.set(PARKED_STATE_KEY, parked)
+    if settings.index is not None:
+        settings.index.add(ctx, record)
     if settings.notify_url:
 
         async def notify() -> dict[str, Any]:
@@ -135,11 +140,11 @@ async def park(
             ctx, future, AwakeableWithTimeoutOptions(timeout_ms=timeout_ms, promises=restate)
         )
     except TerminalError as error:  # rejected, or the invocation was cancelled
-        await _unpark(ctx, awakeable_id)
+        await _unpark(ctx, settings, awakeable_id)
         if not is_restate_cancellation(error):
             await _ended(tool_ctx, {"rejected": True})
         raise
-    await _unpark(ctx, awakeable_id)
+    await _unpark(ctx, settings, awakeable_id)
     await _ended(tool_ctx, {"timed_out": outcome.timed_out, **decision_of(outcome.value)})
     return outcome
 
@@ -187,7 +192,9 @@ async def _ended(tool_ctx: ToolContext, how: dict[str, Any]) -> None:
     await tool_ctx.durable.step("decision", "park:end", record)
 
 
-async def _unpark(ctx: restate.ObjectContext, awakeable_id: str) -> None:
+async def _unpark(ctx: restate.ObjectContext, settings: ParkSettings, awakeable_id: str) -> None:
     parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
     parked.pop(awakeable_id, None)
     ctx.set(PARKED_STATE_KEY, parked)
+    if settings.index is not None:
+        settings.index.remove(ctx, awakeable_id)
