@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tether.spec import API_VERSION, KIND, DurableAgent, DurableAgentSpec
+from tether.spec import API_VERSION, KIND, PREVIOUS_SECRET_ENV, DurableAgent, DurableAgentSpec
 
 from .names import (
     COMPONENT_LABEL,
@@ -99,6 +99,9 @@ def _shared_env(agent: DurableAgent, namespace: str, settings: OperatorSettings)
         env.append(
             _secret_env("TETHER_WEBHOOK_SECRET", webhook.secret_ref.name, webhook.secret_ref.key)
         )
+        previous = webhook.previous_secret_ref
+        if previous is not None:
+            env.append(_secret_env(PREVIOUS_SECRET_ENV, previous.name, previous.key))
     return env
 
 

@@ -232,6 +232,25 @@ def test_nothing_without_the_secret_lists_or_answers_a_parked_call(
     assert http("POST", f"{ingress}/{index}/calls", listing_token(b"s3cret")).json() == []
 
 
+def test_during_a_rotation_the_worker_takes_either_key_from_its_sidecars(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    agent = name()
+    agent_worker(manifest(agent, WRITE_APPROVED), TETHER_WEBHOOK_SECRET_PREVIOUS="old-key-1234567")
+    invocation = send_run(restate_server, agent, "s1", "write it")
+    [call] = wait_until(lambda: parked(restate_server, agent, "s1"), what="a parked call")
+    calls = f"{restate_server.ingress_url}/{agent}-parked/all/calls"
+    for key in (b"s3cret", b"old-key-1234567"):  # an old sidecar's token, and a new one's
+        assert http("POST", calls, listing_token(key)).json() == [call]
+    assert http("POST", calls, listing_token(b"another-key-12345")).status != 200
+    approve: dict[str, Any] = {"value": {"approved": True}}
+    proof = answer_proof(b"old-key-1234567", call["awakeable_id"], approve)
+    sent = {"awakeable_id": call["awakeable_id"], **approve, "proof": proof}
+    answer = f"{restate_server.ingress_url}/{agent}-parked/all/answer"
+    assert http("POST", answer, sent).json() == {"answered": True}
+    assert result_of(restate_server, invocation)["status"] == "completed"
+
+
 def test_a_denied_call_is_reported_to_the_model_and_not_run(
     restate_server: RestateServer, agent_worker: Any, tmp_path: Path
 ) -> None:

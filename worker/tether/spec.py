@@ -218,6 +218,8 @@ class BehaviorSpec(_Model):
 
 
 NOTIFY_URL_ENV = "TETHER_NOTIFY_URL"
+PREVIOUS_SECRET_ENV = "TETHER_WEBHOOK_SECRET_PREVIOUS"
+"""During a rotation of the webhook secret, the key being replaced: accepted, never signing."""
 """Where the worker reads the notify URL from by default (the operator maps the Secret there)."""
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 MAX_URL_LENGTH = 2048
@@ -349,6 +351,11 @@ class WebhookSpec(_Model):
     """The secret that signs approval links and authenticates webhook resolutions."""
 
     secret_ref: SecretKeyRef = Field(description="Secret holding the webhook HMAC key.")
+    previous_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="During a rotation: the key being replaced, still accepted (never used to "
+        "sign). Remove it once every sender signs with the new key.",
+    )
 
 
 class DrainSpec(_Model):

@@ -25,8 +25,8 @@ import hmac
 import json
 import re
 import time
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
 TIMESTAMP_HEADER = "x-tether-timestamp"
@@ -37,6 +37,9 @@ IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,256}")
 TOLERANCE_SECONDS = 300
 LinkAction = Literal["approve", "deny"]
 MAX_RECIPIENT_CHARS = 256
+
+
+T = TypeVar("T")
 
 
 class SignatureError(ValueError):
@@ -209,3 +212,20 @@ def verify_listing_token(secret: bytes, token: object, now: float | None = None)
         raise SignatureError("listing token outside the accepted window")
     if not _equal(_digest(secret, f"tether-parked:v1:{stamp}".encode()), signature):
         raise SignatureError("listing token does not match")
+
+
+def verified_by_any(
+    secrets: Sequence[bytes], verify: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
+    """`verify(secret, *args, **kwargs)` with the first of `secrets` that it accepts (the
+    current key, then the previous one during a rotation); the current key's error otherwise."""
+    if not secrets:
+        raise SignatureError("no webhook secret is set")
+    first: SignatureError | None = None
+    for secret in secrets:
+        try:
+            return verify(secret, *args, **kwargs)
+        except SignatureError as error:
+            first = first or error
+    assert first is not None
+    raise first

@@ -23,9 +23,16 @@ from tether.parked import PARKED_STATE_KEY, ParkedCall
 from tether.worker.parked_index import ParkedIndex
 
 AGENT = "ParkAgent"
-SECRET = os.environ.get("TETHER_WEBHOOK_SECRET", "").encode() or None
+SECRETS = tuple(
+    key.encode()
+    for key in (
+        os.environ.get("TETHER_WEBHOOK_SECRET"),
+        os.environ.get("TETHER_WEBHOOK_SECRET_PREVIOUS"),
+    )
+    if key
+)
 agent = restate.VirtualObject(AGENT)
-index = ParkedIndex(AGENT, SECRET)
+index = ParkedIndex(AGENT, SECRETS)
 
 
 def count_parked_tool_call(tool: str) -> None:

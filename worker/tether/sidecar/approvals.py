@@ -54,7 +54,7 @@ async def _show_link(
 ) -> HTMLResponse:
     awakeable_id = checked_awakeable_id(awakeable_id)
     secret = sidecar.settings.secret
-    authenticate_link(secret, action, awakeable_id, exp, sig, to)
+    authenticate_link(sidecar.settings.secrets, action, awakeable_id, exp, sig, to)
     assert exp is not None and sig is not None
     sidecar.ledger.require_open(awakeable_id)
     record = await sidecar.parked.require(awakeable_id)
@@ -76,10 +76,10 @@ async def _decide(
     awakeable_id = checked_awakeable_id(awakeable_id)
     require_same_origin(request.headers, request.url.scheme)
     form = await read_link_form(request.receive, request.headers)
-    secret = sidecar.settings.secret
-    authenticate_link(secret, action, awakeable_id, form.exp, form.sig, form.to)
+    secrets = sidecar.settings.secrets
+    authenticate_link(secrets, action, awakeable_id, form.exp, form.sig, form.to)
     assert form.sig is not None
-    check_form_token(secret, action, awakeable_id, form.sig, form.token)
+    check_form_token(secrets, action, awakeable_id, form.sig, form.token)
     if form.decision not in ("approve", "deny"):
         raise Rejection(400, "bad_body", "the form has no decision (approve or deny)")
     if form.decision == "approve" and action != "approve":
@@ -139,7 +139,7 @@ async def deny_form(awakeable_id: str, request: Request, sidecar: SidecarDep) ->
 async def list_parked_calls(request: Request, sidecar: SidecarDep) -> JSONResponse:
     """The agent's parked calls in all sessions, oldest first. Signed like a webhook POST, with
     an empty body (the records show tool inputs)."""
-    authenticate_request(sidecar.settings.secret, b"", request.headers, request.url.path)
+    authenticate_request(sidecar.settings.secrets, b"", request.headers, request.url.path)
     records = await sidecar.parked.all()
     waiting = [r for r in records.values() if r["awakeable_id"] not in sidecar.ledger]
     parked = sorted(waiting, key=lambda r: (r.get("created_at", 0), r["awakeable_id"]))

@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 import heapq
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ..webhooks import (
     TIMESTAMP_HEADER,
     TOLERANCE_SECONDS,
     LinkAction,
     SignatureError,
+    verified_by_any,
     verify_link,
     verify_request,
 )
@@ -78,7 +79,7 @@ class ReplayGuard:
 
 
 def authenticate_request(
-    secret: bytes,
+    secrets: Sequence[bytes],
     body: bytes,
     headers: Mapping[str, str],
     path: str,
@@ -88,11 +89,11 @@ def authenticate_request(
     the signature must cover it (`tether.webhooks`); a sender that signed the request without
     its key is told so."""
     try:
-        signature = verify_request(
-            secret, body, headers, path=path, idempotency_key=idempotency_key
+        signature = verified_by_any(
+            secrets, verify_request, body, headers, path=path, idempotency_key=idempotency_key
         )
     except SignatureError as error:
-        if idempotency_key is not None and _signed_without_key(secret, body, headers, path):
+        if idempotency_key is not None and _signed_without_key(secrets, body, headers, path):
             raise Rejection(
                 401,
                 "bad_signature",
@@ -105,17 +106,19 @@ def authenticate_request(
     return signature, int(headers[TIMESTAMP_HEADER])
 
 
-def _signed_without_key(secret: bytes, body: bytes, headers: Mapping[str, str], path: str) -> bool:
+def _signed_without_key(
+    secrets: Sequence[bytes], body: bytes, headers: Mapping[str, str], path: str
+) -> bool:
     """Whether the request is signed the way a request without a key is (an old sender)."""
     try:
-        verify_request(secret, body, headers, path=path)
+        verified_by_any(secrets, verify_request, body, headers, path=path)
     except (SignatureError, ValueError, TypeError):
         return False
     return True
 
 
 def authenticate_link(
-    secret: bytes,
+    secrets: Sequence[bytes],
     action: LinkAction,
     awakeable_id: str,
     expires: str | None,
@@ -126,7 +129,9 @@ def authenticate_link(
     if not expires or not signature:
         raise Rejection(401, "bad_signature", "not authenticated: the link has no exp or sig")
     try:
-        verify_link(secret, action, awakeable_id, expires, signature, recipient=recipient)
+        verified_by_any(
+            secrets, verify_link, action, awakeable_id, expires, signature, recipient=recipient
+        )
     except SignatureError as error:
         raise _refusal(error) from None
     except (ValueError, TypeError):  # non-ASCII digits or signature characters

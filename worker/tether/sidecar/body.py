@@ -3,7 +3,7 @@ never more than the size limit, whether or not the client declared its length tr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -50,7 +50,7 @@ async def read_signed_json(
     receive: Receive,
     headers: Mapping[str, str],
     path: str,
-    secret: bytes,
+    secrets: Sequence[bytes],
     limit: int,
     idempotency_key: str | None = None,
 ) -> tuple[bytes, Any, str, int]:
@@ -59,7 +59,7 @@ async def read_signed_json(
     in that order."""
     require_json_content_type(headers)
     body = await read_limited_body(receive, headers, limit)
-    signature, timestamp = authenticate_request(secret, body, headers, path, idempotency_key)
+    signature, timestamp = authenticate_request(secrets, body, headers, path, idempotency_key)
     return body, parse_json(body), signature, timestamp
 
 

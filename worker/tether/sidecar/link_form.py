@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
@@ -59,7 +59,7 @@ def form_token(
 
 
 def check_form_token(
-    secret: bytes,
+    secrets: Sequence[bytes],
     action: LinkAction,
     awakeable_id: str,
     signature: str,
@@ -76,8 +76,8 @@ def check_form_token(
         raise Rejection(403, "bad_token", "refused: the page's token is malformed")
     issued = int(issued_text)
     current = time.time() if now is None else now
-    expected = _mac(secret, action, awakeable_id, signature, issued, nonce)
-    if not hmac.compare_digest(expected, mac):
+    made = (_mac(secret, action, awakeable_id, signature, issued, nonce) for secret in secrets)
+    if not any(hmac.compare_digest(expected, mac) for expected in made):
         raise Rejection(403, "bad_token", "refused: the page's token does not match the link")
     if issued > current + CLOCK_SKEW_SECONDS or current - issued > FORM_TOKEN_SECONDS:
         raise Rejection(

@@ -60,7 +60,7 @@ async def _signed_text_field(
         request.receive,
         request.headers,
         request.url.path,
-        settings.secret,
+        settings.secrets,
         settings.max_body_bytes,
         idempotency_key,
     )

@@ -19,12 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from ..spec import PREVIOUS_SECRET_ENV
+
 MIN_SECRET_LENGTH = 16
 
 ENV_NAMES: dict[str, str] = {
     "restate_ingress_url": "RESTATE_INGRESS_URL",
     "agent": "TETHER_AGENT",
     "webhook_secret": "TETHER_WEBHOOK_SECRET",
+    "previous_webhook_secret": PREVIOUS_SECRET_ENV,
     "prometheus_multiproc_dir": "PROMETHEUS_MULTIPROC_DIR",
     "max_body_bytes": "TETHER_SIDECAR_MAX_BODY_BYTES",
     "parked_cache_seconds": "TETHER_SIDECAR_PARKED_CACHE_SECONDS",
@@ -43,6 +46,8 @@ class SidecarSettings(BaseModel):
     restate_ingress_url: str
     agent: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
     webhook_secret: SecretStr = Field(min_length=MIN_SECRET_LENGTH)
+    previous_webhook_secret: SecretStr | None = Field(default=None, min_length=MIN_SECRET_LENGTH)
+    """During a rotation: the key being replaced, still accepted, never used to sign."""
     prometheus_multiproc_dir: Path | None = None
     max_body_bytes: int = Field(default=65536, ge=1, le=16 * 1024 * 1024)
     parked_cache_seconds: float = Field(default=2.0, ge=0, le=300)
@@ -63,7 +68,14 @@ class SidecarSettings(BaseModel):
 
     @property
     def secret(self) -> bytes:
+        """The key that signs (links' form tokens, answers' proofs, listing tokens)."""
         return self.webhook_secret.get_secret_value().encode()
+
+    @property
+    def secrets(self) -> tuple[bytes, ...]:
+        """The keys a signature is accepted from: the current one, then the previous one."""
+        previous = self.previous_webhook_secret
+        return (self.secret,) + ((previous.get_secret_value().encode(),) if previous else ())
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> SidecarSettings:
@@ -90,7 +102,7 @@ def _describe(error: ValidationError) -> str:
                 f"{name} must be the agent's Restate service name (letters, digits, '_', '.', "
                 "'-'; starting with a letter or '_')"
             )
-        elif field == "webhook_secret":
+        elif field in ("webhook_secret", "previous_webhook_secret"):
             problems.append(f"{name} must be at least {MIN_SECRET_LENGTH} characters long")
         else:
             problems.append(f"{name}: {item['msg'].removeprefix('Value error, ')}")

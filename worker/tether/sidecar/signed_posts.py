@@ -74,7 +74,7 @@ class SignedPosts:
         sidecar = self.sidecar
         settings = sidecar.settings
         _, value, signature, timestamp = await read_signed_json(
-            receive, Headers(scope=scope), path, settings.secret, settings.max_body_bytes
+            receive, Headers(scope=scope), path, settings.secrets, settings.max_body_bytes
         )
         approver = None
         if verb == "resolve":

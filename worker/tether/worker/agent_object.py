@@ -141,7 +141,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     behavior = behavior_from_spec(spec)
     subagents = spec.subagents
     approvals = spec.approvals
-    index = ParkedIndex(manifest.metadata.name, settings.webhook_secret)
+    index = ParkedIndex(manifest.metadata.name, settings.webhook_secrets)
     park_settings = ParkSettings(
         agent=manifest.metadata.name,
         timeout_seconds=parse_duration(approvals.timeout),

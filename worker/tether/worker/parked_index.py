@@ -17,6 +17,7 @@ which no tool can read, though the tools reach the ingress from the sidecar's ow
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +26,12 @@ from restate.exceptions import TerminalError
 
 from ..parked import INDEX_KEY, ParkedCall
 from ..spec import restate_services
-from ..webhooks import SignatureError, verify_answer_proof, verify_listing_token
+from ..webhooks import (
+    SignatureError,
+    verified_by_any,
+    verify_answer_proof,
+    verify_listing_token,
+)
 from .retries import RETRY_AFTER_WORKER_LOSS
 
 ANSWER_IDEMPOTENCY_RETENTION = timedelta(days=7)
@@ -41,7 +47,9 @@ def _refused(error: SignatureError) -> TerminalError:
 class ParkedIndex:
     """The object, and the sends that keep it (`add`/`remove` from a run's context)."""
 
-    def __init__(self, agent: str, secret: bytes | None) -> None:
+    def __init__(self, agent: str, secrets: Sequence[bytes]) -> None:
+        """`secrets`: the webhook keys accepted (the current one; the previous one too during a
+        rotation); none refuses every read and answer."""
         self.object = restate.VirtualObject(
             restate_services(agent).parked,
             description=f"The parked calls of the {agent} agent, for its sidecars (signed).",
@@ -50,9 +58,7 @@ class ParkedIndex:
 
         def check(verify: Any, *args: Any) -> None:
             try:
-                if secret is None:
-                    raise SignatureError("the worker has no webhook secret")
-                verify(secret, *args)
+                verified_by_any(secrets, verify, *args)
             except SignatureError as error:
                 raise _refused(error) from None
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec import NOTIFY_URL, DurableAgent, SpecError, load_agent
+from ..spec import NOTIFY_URL, PREVIOUS_SECRET_ENV, DurableAgent, SpecError, load_agent
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class WorkerSettings:
     """Public base URL of the sidecar, for the links in approval notifications."""
     workspace: Path
     env: Mapping[str, str]
+    previous_webhook_secret: bytes | None = None
+    """During a rotation, the key being replaced: accepted from the sidecars, never signing."""
     notify_url: str | None = None
     """Where parked calls are announced: `spec.approvals.notify.url`, or the environment
     variable `urlEnv` (default `TETHER_NOTIFY_URL`), which the operator fills from the Secret of
@@ -29,6 +31,12 @@ class WorkerSettings:
     @property
     def agent_name(self) -> str:
         return self.manifest.metadata.name
+
+    @property
+    def webhook_secrets(self) -> tuple[bytes, ...]:
+        """The keys accepted from the sidecars: the current one, then the previous one."""
+        keys = (self.webhook_secret, self.previous_webhook_secret)
+        return tuple(key for key in keys if key)
 
     @property
     def secret_variables(self) -> list[str]:
@@ -51,6 +59,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
         manifest=manifest,
         spec_path=Path(spec_path).resolve(),
         webhook_secret=secret.encode() if secret else None,
+        previous_webhook_secret=env.get(PREVIOUS_SECRET_ENV, "").encode() or None,
         webhook_base_url=env.get("TETHER_WEBHOOK_BASE_URL") or None,
         workspace=Path(env.get("TETHER_WORKSPACE", "/tmp")),
         env=env,
