@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ from support import PROC_PROBE, HypercornWorker, http, wait_until, without_capab
 
 from tether.parked import PARKED_STATE_KEY
 from tether.restate_server import RestateServer, free_port
-from tether.webhooks import answer_proof, listing_token
+from tether.webhooks import SignatureError, answer_proof, listing_token, verify_link
 from tether.worker.parking import MAX_DECISION_TEXT, decision_of
 
 WRITE_APPROVED = [
@@ -249,6 +250,31 @@ def test_during_a_rotation_the_worker_takes_either_key_from_its_sidecars(
     answer = f"{restate_server.ingress_url}/{agent}-parked/all/answer"
     assert http("POST", answer, sent).json() == {"answered": True}
     assert result_of(restate_server, invocation)["status"] == "completed"
+
+
+def test_each_recipient_gets_links_that_name_them(
+    restate_server: RestateServer, agent_worker: Any, notify_url: str
+) -> None:
+    agent = name()
+    people = ["alice@example.com", "@bob"]
+    notify = {"url": notify_url, "recipients": people}
+    agent_worker(manifest(agent, WRITE_APPROVED, approvals={"notify": notify}))
+    send_run(restate_server, agent, "s1", "write it")
+    [note] = wait_until(lambda: Notifications.received, what="the notification")
+    assert [r["to"] for r in note["recipients"]] == people
+    for person in note["recipients"]:
+        for action in ("approve", "deny"):
+            query = parse_qs(urlsplit(person[f"{action}_url"]).query)
+            assert query["to"] == [person["to"]]
+            verify_link(  # signed for that person: a link without `to`, or another's, fails
+                b"s3cret", action, note["awakeable_id"], query["exp"][0], query["sig"][0],
+                recipient=person["to"],
+            )  # fmt: skip
+            with pytest.raises(SignatureError):
+                verify_link(
+                    b"s3cret", action, note["awakeable_id"], query["exp"][0], query["sig"][0]
+                )
+    assert "to=" not in note["approve_url"]  # the shared pair names no one
 
 
 def test_a_denied_call_is_reported_to_the_model_and_not_run(

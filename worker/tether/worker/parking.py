@@ -46,6 +46,8 @@ class ParkSettings:
     """A credential (a Slack incoming webhook's path is its token): log `host_of(url)` only."""
     webhook_secret: bytes | None
     webhook_base_url: str | None
+    recipients: tuple[str, ...] = ()
+    """`approvals.notify.recipients`: each gets links of their own."""
     index: ParkedIndex | None = None
     """The agent's index of parked calls (what its sidecars read), kept in step with the map."""
 
@@ -63,15 +65,20 @@ async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
     payload: dict[str, Any] = dict(record)
     expires = int(record.get("expires_at", record["created_at"] + 86_400_000) / 1000)
     if settings.webhook_secret and settings.webhook_base_url:
-        actions: tuple[LinkAction, ...] = ("approve", "deny")
-        for action in actions:
-            payload[f"{action}_url"] = signed_link(
-                settings.webhook_base_url,
-                settings.webhook_secret,
-                action,
-                record["awakeable_id"],
-                expires,
-            )
+        secret, base = settings.webhook_secret, settings.webhook_base_url
+
+        def links(recipient: str | None) -> dict[str, str]:
+            actions: tuple[LinkAction, ...] = ("approve", "deny")
+            return {
+                f"{action}_url": signed_link(
+                    base, secret, action, record["awakeable_id"], expires, recipient=recipient
+                )
+                for action in actions
+            }
+
+        payload.update(links(None))
+        if settings.recipients:  # one pair per person: a decision names who made it
+            payload["recipients"] = [{"to": who, **links(who)} for who in settings.recipients]
     body = json.dumps(payload).encode()
     # Delivery is at least once (a crash mid-step re-sends); receivers dedupe by this key.
     headers = {"content-type": "application/json", "idempotency-key": record["awakeable_id"]}
