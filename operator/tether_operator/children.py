@@ -45,9 +45,7 @@ async def missing_secrets(kube: Kube, agent: DurableAgent, namespace: str) -> li
     if agent.spec.webhook is not None:
         refs.append(("spec.webhook.secretRef", agent.spec.webhook.secret_ref))
         if agent.spec.webhook.previous_secret_ref is not None:
-            refs.append(
-                ("spec.webhook.previousSecretRef", agent.spec.webhook.previous_secret_ref)
-            )
+            refs.append(("spec.webhook.previousSecretRef", agent.spec.webhook.previous_secret_ref))
     notify = agent.spec.approvals.notify
     if notify is not None and notify.url_secret_ref is not None:
         refs.append(("spec.approvals.notify.urlSecretRef", notify.url_secret_ref))
