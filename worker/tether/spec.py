@@ -276,10 +276,11 @@ class ApprovalNotify(_Model):
         "information, a query, or a Slack, Discord or Teams webhook path is refused here.",
     )
 
-    recipients: list[
-        Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
-    ] = Field(
-        default_factory=list,
+    recipients: (
+        list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]]
+        | None
+    ) = Field(
+        default=None,
         max_length=50,
         description="The people who may decide (an email or a chat handle each): the POST then "
         "carries one pair of approve/deny links per person, each naming its recipient, who is "

@@ -148,7 +148,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         notify_url=settings.notify_url,
         webhook_secret=settings.webhook_secret,
         webhook_base_url=settings.webhook_base_url,
-        recipients=tuple(approvals.notify.recipients) if approvals.notify else (),
+        recipients=tuple((approvals.notify.recipients or []) if approvals.notify else []),
         index=index,
     )
     inbox, take_messages = inbox_object(manifest.metadata.name)
