@@ -4,6 +4,9 @@ Importing the package registers the handlers (`tether_operator.handlers`); `teth
 (`tether_operator.main:main`) runs them with settings from the environment.
 """
 
-from . import handlers
+from tether._optional import extra_imports
+
+with extra_imports("tether_operator", "operator"):
+    from . import handlers
 
 __all__ = ["handlers"]

@@ -16,7 +16,7 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
-from support import PROC_PROBE, decide_by_link, wait_until, without_capabilities
+from support import PROC_PROBE, decide_by_link, kill_tree, wait_until, without_capabilities
 
 from tether.dev import DevStack
 from tether.webhooks import sign_request, signed_link
@@ -166,8 +166,8 @@ def test_the_tether_dev_command_prints_its_urls_and_stops_everything(tmp_path: P
         with pytest.raises(httpx2.HTTPError):
             httpx2.get(f"{ingress.group(1)}/restate/health", timeout=5)
     finally:
-        if process.poll() is None:
-            process.kill()
+        if process.poll() is None:  # it did not stop: take its stack down with it
+            kill_tree(process.pid)
             process.wait()
 
 

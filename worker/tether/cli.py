@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ._hardening import StateInWorkspaceError, make_undumpable, state_dir
+from ._optional import MissingExtraError, require_extra
 from .durable.errors import DurableControlError
 from .spec import SpecError
 
-USER_ERRORS = (SpecError, DurableControlError, StateInWorkspaceError)
+# A missing extra too: `tether worker` without `tether[restate]` says which extra to install.
+USER_ERRORS = (SpecError, DurableControlError, StateInWorkspaceError, MissingExtraError)
 
 
 def _runs_db() -> str:
@@ -191,6 +193,9 @@ def dev_command(args: argparse.Namespace) -> int:
 
     from .dev import DevStack
 
+    # Its worker and sidecar are processes of their own: say what they lack before starting them.
+    require_extra("tether dev", "restate")
+    require_extra("tether dev", "sidecar")
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with DevStack(args.spec, args.data_dir) as stack:
@@ -318,6 +323,9 @@ def worker_command(args: argparse.Namespace) -> int:
     # importing the worker itself: its process imports it once, and starts sooner).
     spec = settings_from_env(env).manifest.spec
     require_api_key(spec, env)
+    if spec.model.provider in ("anthropic", "openai"):
+        provider = spec.model.provider
+        require_extra(f"tether.providers.{provider}", provider)
     check_subagents(spec)
     command = [sys.executable, "-m", "hypercorn", "--config"]
     command += ["python:tether.worker.hypercorn_config", "tether.worker.asgi:app"]

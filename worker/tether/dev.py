@@ -28,7 +28,7 @@ from typing import Self
 import httpx2
 
 from ._hardening import refuse_state_in_workspace, state_dir
-from .process_group import stop_group
+from .process_group import signal_group, stop_group
 from .restate_server import RestatePorts, RestateServer, find_or_install_restate_server, free_port
 from .spec import load_agent
 
@@ -111,10 +111,19 @@ def wait_for(url: str, what: str, process: Process, timeout: float = 60) -> None
 class DevStack:
     """restate-server + `tether worker` + `tether sidecar` for one DurableAgent manifest."""
 
-    def __init__(self, spec: str | Path, data_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        spec: str | Path,
+        data_dir: str | Path | None = None,
+        *,
+        workspace: str | Path | None = None,
+    ) -> None:
+        """`workspace`: the file tools' directory (default: `TETHER_WORKSPACE`, else the
+        current directory)."""
         self.spec = Path(spec).resolve()
         self.agent = load_agent(self.spec).metadata.name
-        self.workspace = Path(os.environ.get("TETHER_WORKSPACE") or os.getcwd()).resolve()
+        where = workspace or os.environ.get("TETHER_WORKSPACE") or os.getcwd()
+        self.workspace = Path(where).resolve()
         self.data_dir = Path(state_dir() / "dev" if data_dir is None else data_dir).resolve()
         # Before anything is written there: the secret file approves calls.
         refuse_state_in_workspace(self.data_dir, self.workspace, "the data dir", "--data-dir")
@@ -183,6 +192,10 @@ class DevStack:
         self.server.register(self.worker_url)
 
     def stop(self) -> None:
+        # Both are told at once, so stopping takes the longer of their shutdowns, not the sum.
+        for process in (self.sidecar, self.worker):
+            if process.popen is not None:
+                signal_group(process.popen, signal.SIGTERM)
         self.sidecar.kill(signal.SIGTERM)
         self.worker.kill(signal.SIGTERM)
         self.server.close()

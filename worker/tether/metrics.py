@@ -16,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram, values
+from ._optional import extra_imports
+
+with extra_imports("tether.metrics", "sidecar", "prometheus_client"):
+    from prometheus_client import Counter, Gauge, Histogram, values
 
 from .agent.hooks import HookFn, HookPayload
 from .durable.protocol import DurableRuntime

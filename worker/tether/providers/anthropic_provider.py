@@ -13,20 +13,24 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import anthropic as anthropic_sdk  # aliased: this module's factory is called `anthropic`
 import httpx2
-from anthropic.types import (
-    InputJSONDelta,
-    RawContentBlockDeltaEvent,
-    RawContentBlockStartEvent,
-    RawMessageDeltaEvent,
-    RawMessageStartEvent,
-    RawMessageStopEvent,
-    RawMessageStreamEvent,
-    SignatureDelta,
-    TextDelta,
-    ThinkingDelta,
-)
+
+from .._optional import extra_imports
+
+with extra_imports("tether.providers.anthropic", "anthropic"):
+    import anthropic as anthropic_sdk  # aliased: this module's factory is called `anthropic`
+    from anthropic.types import (
+        InputJSONDelta,
+        RawContentBlockDeltaEvent,
+        RawContentBlockStartEvent,
+        RawMessageDeltaEvent,
+        RawMessageStartEvent,
+        RawMessageStopEvent,
+        RawMessageStreamEvent,
+        SignatureDelta,
+        TextDelta,
+        ThinkingDelta,
+    )
 
 from ..messages import ContentBlock, Message, Usage
 from ..tools.base import ToolSpec

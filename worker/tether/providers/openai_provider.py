@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import openai as openai_sdk  # aliased: this module and its factory are both called `openai`
-from openai.types import CompletionUsage
-from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from .._optional import extra_imports
+
+with extra_imports("tether.providers.openai", "openai"):
+    import openai as openai_sdk  # aliased: this module and its factory are both called `openai`
+    from openai.types import CompletionUsage
+    from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from ..messages import (
     ContentBlock,

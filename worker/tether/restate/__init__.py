@@ -8,43 +8,46 @@ invocation, sessions in a virtual object's state, awakeable waits that suspend.
     agent = create_agent(provider=anthropic(), durable=durable, session=session)
 """
 
-from ..durable.ids import deterministic_uuid
-from ..durable.replay import ReplayDoneHooks, ReplayTracker
-from .awakeable import awakeable_with_timeout, race_with_timeout
-from .awakeable_tool import AwakeableDriftError, restate_awakeable_tool
-from .errors import is_restate_cancellation, is_restate_control_error, restate_control_error
-from .replay import create_replay_tracker, replay_aware_abort
-from .runtime import RestateRuntime, restate_runtime
-from .session import RestateSessionStore, restate_session_store
-from .spawn import MERGED_CHILDREN_EXTRA, restate_spawn_tool, run_child
-from .tool import restate_tool
-from .tool_state import DEFAULT_TOOL_STATE_KEY, RestateToolStateStore, restate_tool_state_store
-from .types import (
-    AwakeableOutcome,
-    AwakeableToolCombinators,
-    AwakeableWithTimeoutOptions,
-    ChildRunRequest,
-    ChildRunResult,
-    InFlightChild,
-    MergedChild,
-    ReplayTrackerOptions,
-    RestateAwakeable,
-    RestateAwakeableToolOptions,
-    RestateCombinators,
-    RestateContextLike,
-    RestateDurableStart,
-    RestateDurableWait,
-    RestateObjectContextLike,
-    RestatePromiseRaceLike,
-    RestateRunOptions,
-    RestateRuntimeOptions,
-    RestateSessionStoreOptions,
-    RestateSpawnToolOptions,
-    RestateToolOptions,
-    RestateToolStateStoreOptions,
-    RestateWaitBackgroundOptions,
-)
-from .wait_background import WaitBackground, restate_wait_background
+from .._optional import extra_imports
+
+with extra_imports("tether.restate", "restate", "restate"):
+    from ..durable.ids import deterministic_uuid
+    from ..durable.replay import ReplayDoneHooks, ReplayTracker
+    from .awakeable import awakeable_with_timeout, race_with_timeout
+    from .awakeable_tool import AwakeableDriftError, restate_awakeable_tool
+    from .errors import is_restate_cancellation, is_restate_control_error, restate_control_error
+    from .replay import create_replay_tracker, replay_aware_abort
+    from .runtime import RestateRuntime, restate_runtime
+    from .session import RestateSessionStore, restate_session_store
+    from .spawn import MERGED_CHILDREN_EXTRA, restate_spawn_tool, run_child
+    from .tool import restate_tool
+    from .tool_state import DEFAULT_TOOL_STATE_KEY, RestateToolStateStore, restate_tool_state_store
+    from .types import (
+        AwakeableOutcome,
+        AwakeableToolCombinators,
+        AwakeableWithTimeoutOptions,
+        ChildRunRequest,
+        ChildRunResult,
+        InFlightChild,
+        MergedChild,
+        ReplayTrackerOptions,
+        RestateAwakeable,
+        RestateAwakeableToolOptions,
+        RestateCombinators,
+        RestateContextLike,
+        RestateDurableStart,
+        RestateDurableWait,
+        RestateObjectContextLike,
+        RestatePromiseRaceLike,
+        RestateRunOptions,
+        RestateRuntimeOptions,
+        RestateSessionStoreOptions,
+        RestateSpawnToolOptions,
+        RestateToolOptions,
+        RestateToolStateStoreOptions,
+        RestateWaitBackgroundOptions,
+    )
+    from .wait_background import WaitBackground, restate_wait_background
 
 __all__ = [
     "DEFAULT_TOOL_STATE_KEY",

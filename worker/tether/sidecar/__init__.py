@@ -6,8 +6,11 @@ the parked-call list, Prometheus `/metrics` and health checks.
 
 from __future__ import annotations
 
-from .app import create_app
-from .server import serve
-from .settings import SidecarConfigError, SidecarSettings, settings_from_env
+from .._optional import extra_imports
+
+with extra_imports("tether.sidecar", "sidecar"):
+    from .app import create_app
+    from .server import serve
+    from .settings import SidecarConfigError, SidecarSettings, settings_from_env
 
 __all__ = ["SidecarConfigError", "SidecarSettings", "create_app", "serve", "settings_from_env"]
