@@ -17,7 +17,8 @@ The steps, in order (each checks what a user would look at, and times what a use
  7. a worker pod killed mid-tool, on 1 and on 2 replicas: how long the run stands still;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
-10. NetworkPolicy: a pod of another namespace cannot reach Restate's admin API, the agents can;
+10. NetworkPolicy: only the operator reaches Restate's admin API; its ingress, the agents and a
+    listed namespace;
 11. a spec change rolls out while the operator's pod is killed: it converges, the old version
     drains and is retired;
 12. no pod attempted a connection outside the cluster (where the cluster can tell).

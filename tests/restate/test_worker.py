@@ -165,6 +165,20 @@ def test_a_run_through_the_ingress(restate_server: RestateServer, agent_worker: 
     assert session["status"] == "completed"
 
 
+def test_two_runs_of_one_session_are_two_runs(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    agent = name()
+    agent_worker(manifest(agent, [{"text": "first answer"}, {"text": "second answer"}]))
+    for prompt in ("one", "two"):
+        response = http("POST", f"{restate_server.ingress_url}/{agent}/s1/run", {"prompt": prompt})
+        assert response.status == 200, response.text
+    session = http("POST", f"{restate_server.ingress_url}/{agent}/s1/session").json()
+    assert [t["role"] for t in session["turns"]] == ["user", "assistant"] * 2
+    run_ids = [r["id"] for r in session["runs"]]
+    assert len(run_ids) == 2 and len(set(run_ids)) == 2, session["runs"]
+
+
 def test_the_worker_starts_without_alarming_log_lines(
     restate_server: RestateServer, agent_worker: Any
 ) -> None:

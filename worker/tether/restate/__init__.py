@@ -1,7 +1,7 @@
 """The Restate runtime: model calls, tool calls and loop decisions journaled in a Restate
 invocation, sessions in a virtual object's state, awakeable waits that suspend.
 
-    durable = restate_runtime(ctx, id_seed=ctx.key())
+    durable = restate_runtime(ctx, id_seed=f"{ctx.key()}/{ctx.request().id}")
     store = durable.stores.session
     session = await load_session(store, ctx.key()) or await create_session(
         id=ctx.key(), store=store)

@@ -254,7 +254,7 @@ def restate_runtime(
     """The durable runtime of one Restate invocation. Build it inside the handler, once per
     invocation, and hand it to the agent:
 
-        durable = restate_runtime(ctx, id_seed=ctx.key())
+        durable = restate_runtime(ctx, id_seed=f"{ctx.key()}/{ctx.request().id}")
         store = durable.stores.session
         session = await load_session(store, ctx.key()) or await create_session(
             id=ctx.key(), store=store)

@@ -130,7 +130,8 @@ class RestateRuntimeOptions:
 
     - `promises`: combinators (default: the SDK's). With them, concurrent steps start
       together and park once; set to None to run steps one at a time.
-    - `id_seed`: entropy of `uuid()`; pass a per-invocation stable value (the object key).
+    - `id_seed`: entropy of `uuid()`; pass a per-invocation stable value (the object key with
+      the invocation id: the key alone repeats across the runs of one session).
       Default: one `ctx.uuid()` draw at construction. Ids are hashed from `(id_seed, counter)`,
       never drawn from the context per call.
     - `coalesce`: `True` (every 8) or a number: journal a `ctx.time()` anchor every so many

@@ -15,8 +15,9 @@ expired, the form's token was made for this link's page, an approve link for an 
 link may only deny), this sidecar has not answered the id yet, and the id is parked by this
 agent. Only then does the resolution reach Restate, as `{"approved": bool, "by": "link",
 "approver": <the link's recipient or null>, "decided_at": <epoch ms>}`, once: through the
-session's `answer` handler under the call's idempotency key (`Sidecar.answer`), so a call
-answered before through another replica (or before a restart) is refused with 409.
+agent's index (`<agent>-parked/all/answer`) under the call's idempotency key
+(`Sidecar.answer`), so a call answered before through another replica (or before a restart) is
+refused with 409.
 """
 
 from __future__ import annotations

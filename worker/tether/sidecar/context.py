@@ -3,8 +3,9 @@ reader, the replay guard and the resolution ledger), kept on `app.state.sidecar`
 way to answer a parked call with them.
 
 An answer acts at most once through any number of replicas and restarts: it is a send to the
-agent's `answer` handler under the idempotency key `tether-answer:<awakeable id>`, so the first
-answer (resolve or reject, webhook or link, whichever replica) is the one Restate runs and every
+`answer` handler of the agent's index (`tether.worker.parked_index`) under the idempotency key
+`tether-answer:<awakeable id>`, so the first answer (resolve or reject, webhook or link,
+whichever replica) is the one Restate runs and every
 later one gets `PreviouslyAccepted`: 409, already answered. The replay guard and the ledger are
 per-process caches in front of that: they spare Restate a call, never decide alone.
 """

@@ -12,8 +12,9 @@ dependency solving, routing, responses) cost about as much CPU as all the work b
 reads the ASGI scope directly. A request reaches Restate only after every check passed: the id
 is well formed, the body is JSON within the size limit, the signature is valid, fresh and not
 seen before by this process, this process has not answered the id yet, and the id is parked by
-this agent. Then it goes to the session's `answer` handler under the call's idempotency key
-(`Sidecar.answer`): a call answered before, through any replica or before a restart, is 409.
+this agent. Then it goes to the agent's index (`<agent>-parked/all/answer`) under the call's
+idempotency key (`Sidecar.answer`): a call answered before, through any replica or before a
+restart, is 409.
 """
 
 from __future__ import annotations

@@ -190,7 +190,9 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
 
     @obj.handler(idempotency_retention=RUN_IDEMPOTENCY_RETENTION)
     async def run(ctx: restate.ObjectContext, request: RunRequest) -> RunResult:
-        durable = restate_runtime(ctx, id_seed=ctx.key())
+        # Per invocation (stable across its retries), not per session: a session's second run
+        # seeded with the key alone got the first one's run id and replaced its record.
+        durable = restate_runtime(ctx, id_seed=f"{ctx.key()}/{ctx.request().id}")
         store = durable.stores.session
         assert store is not None
         session = await load_session(store, ctx.key()) or await create_session(
