@@ -12,6 +12,8 @@ from typing import Any
 import aiohttp
 import kopf
 
+from tether.errors import TetherError
+
 from .names import FIELD_MANAGER, GROUP, PLURAL, VERSION
 
 Manifest = dict[str, Any]
@@ -26,7 +28,7 @@ _PLURALS = {
 }
 
 
-class KubeError(Exception):
+class KubeError(TetherError):
     """A request the API server refused; `status` is the HTTP status (0: no answer)."""
 
     def __init__(self, status: int, message: str) -> None:

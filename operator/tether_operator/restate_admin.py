@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 
+from tether.errors import TetherError
 from tether.parked import PARKED_STATE_KEY
 
 PINNED_SQL = (
@@ -31,7 +32,7 @@ PARKED_SQL = (
 )
 
 
-class RestateError(Exception):
+class RestateError(TetherError):
     """Restate could not be reached, or refused; `reason` is a condition reason."""
 
     def __init__(self, reason: str, message: str) -> None:

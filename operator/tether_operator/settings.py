@@ -7,12 +7,14 @@ import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tether.errors import ConfigError
+
 DEFAULT_WORKER_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
 DEFAULT_WEBHOOK_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
 URL_FIELDS = frozenset({"service", "namespace", "agent", "hash", "port", "node_port"})
 
 
-class SettingsError(ValueError):
+class SettingsError(ConfigError):
     """An environment variable the operator cannot work with."""
 
 

@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from .errors import ConfigError
+
 PR_SET_DUMPABLE = 4
 
 
@@ -46,7 +48,7 @@ def state_dir() -> Path:
     return root / "tether"
 
 
-class StateInWorkspaceError(ValueError):
+class StateInWorkspaceError(ConfigError):
     """Tether's state would sit where the file tools can read or rewrite it."""
 
 

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from .errors import TetherError
+
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "anthropic": ("anthropic",),
     "openai": ("openai",),
@@ -34,7 +36,7 @@ DISTRIBUTIONS = {"restate": "restate-sdk", "prometheus_client": "prometheus-clie
 """The distribution of an import name, where the two differ."""
 
 
-class MissingExtraError(ModuleNotFoundError):
+class MissingExtraError(TetherError, ModuleNotFoundError):
     """A part of Tether was used without the extra that installs what it needs."""
 
 

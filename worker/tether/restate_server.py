@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from .errors import TetherError
 from .process_group import stop_group
 
 __all__ = [
@@ -51,7 +52,7 @@ _SERVER_ENV_DROP = ("RUST_LOG", "RESTATE_CONFIG")
 _READY_QUERY = "SELECT id FROM sys_invocation LIMIT 1"
 
 
-class RestateServerError(RuntimeError):
+class RestateServerError(TetherError, RuntimeError):
     """The server could not be installed, started, stopped or asked something."""
 
 

@@ -22,6 +22,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from .errors import ConfigError
+
 API_VERSION = "tether.dev/v1alpha1"
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
@@ -46,7 +48,7 @@ BuiltinTool = Literal[
 ]
 
 
-class SpecError(ValueError):
+class SpecError(ConfigError):
     """A manifest that cannot be served, with one line per problem."""
 
 

@@ -57,6 +57,7 @@ from urllib.parse import quote
 import yaml
 
 from .dev import DevStack
+from .errors import TetherError
 from .parked import ParkedCall
 from .process_group import signal_group
 from .restate_server import RestateServer, _request, _Response, free_port
@@ -91,7 +92,7 @@ FAST_RETRY_ENV = {"RESTATE_DEFAULT_RETRY_POLICY__MAX_INTERVAL": "2s"}
 ALWAYS_SUSPEND_ENV = {"RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": "0s"}
 
 
-class HarnessError(RuntimeError):
+class HarnessError(TetherError, RuntimeError):
     """A request of the harness got an answer it did not expect (its status and body)."""
 
     def __init__(self, what: str, status: int, body: bytes) -> None:

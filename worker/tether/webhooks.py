@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlencode
 
+from .errors import TetherError
+
 TIMESTAMP_HEADER = "x-tether-timestamp"
 SIGNATURE_HEADER = "x-tether-signature"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
@@ -42,7 +44,7 @@ MAX_RECIPIENT_CHARS = 256
 T = TypeVar("T")
 
 
-class SignatureError(ValueError):
+class SignatureError(TetherError, ValueError):
     """Why a request or link was refused (never includes the secret)."""
 
 

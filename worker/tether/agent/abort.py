@@ -7,10 +7,12 @@ import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from ..errors import TetherError
+
 T = TypeVar("T")
 
 
-class Aborted(Exception):
+class Aborted(TetherError):
     """The run was aborted while the awaited work was in flight."""
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..durable.memory import memory_runtime
 from ..durable.protocol import DurableRuntime
+from ..errors import TetherError
 from ..providers.base import Provider
 from ..session.session import Session, create_session
 from ..session.store import memory_store
@@ -21,7 +22,7 @@ from .loop import AgentRun
 from .stats import AgentStats
 
 
-class AgentBusyError(RuntimeError):
+class AgentBusyError(TetherError, RuntimeError):
     """`run()` was called while the agent is already running."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import jsoncodec
 from .._sqlite import Database
+from ..errors import ConfigError
 from ..messages import JSON
 from ..parked import ParkedKind, summarize
 from ..tools.base import ToolContext
@@ -52,7 +53,7 @@ class Parked(DurableControlError):
         self.call = call
 
 
-class AnswerError(ValueError):
+class AnswerError(ConfigError):
     """An answer that cannot be taken (no such waiting call, or answered already)."""
 
 

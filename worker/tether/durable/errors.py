@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import TetherError
 
-class DurableControlError(Exception):
+
+class DurableControlError(TetherError):
     """Base of errors that must never be turned into a tool result or swallowed by the loop."""
 
 

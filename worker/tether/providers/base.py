@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from ..errors import TetherError
 from ..messages import ContentBlock, Message, Usage
 from ..tools.base import ToolSpec
 
@@ -60,7 +61,7 @@ class ModelResponse:
     stop_reason: str = "end_turn"
 
 
-class ProviderError(Exception):
+class ProviderError(TetherError):
     """A failed model call. `retryable` marks 429s, 5xx, timeouts and cut streams: the loop
     retries those with a journaled backoff; anything else ends the run with status `error`."""
 

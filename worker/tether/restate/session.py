@@ -15,6 +15,7 @@ from typing import Any
 from restate.serde import BytesSerde
 
 from .. import jsoncodec
+from ..errors import TetherError
 from ..session.store import Clock
 from ..session.types import SessionRecord, SessionRun, SessionTurn
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
@@ -25,7 +26,7 @@ TURN_KEY = re.compile(r"tether:turn:\d+")
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024
 
 
-class ReadOnlySessionStoreError(RuntimeError):
+class ReadOnlySessionStoreError(TetherError, RuntimeError):
     """A write through a store built for a shared (read-only) handler."""
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import TetherError
 from .types import SessionRecord, SessionRun, SessionTurn
 
 Clock = Callable[[], Awaitable[float]]
@@ -47,7 +48,7 @@ class ToolStateStore(Protocol):
     async def delete(self, tool: str, key: str) -> None: ...
 
 
-class ToolStateTooLargeError(ValueError):
+class ToolStateTooLargeError(TetherError, ValueError):
     """A tool-state value over the per-value budget (it would become a poison pill later)."""
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
+from ..errors import TetherError
 from ..metrics import WEBHOOK_REQUESTS
 
 log = logging.getLogger("tether.sidecar")
@@ -35,7 +36,7 @@ Outcome = Literal[
 ]
 
 
-class Rejection(Exception):
+class Rejection(TetherError):
     """A refused request. `message` is shown to the caller and logged: it never holds a secret
     or a signature."""
 

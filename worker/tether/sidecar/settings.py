@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from ..errors import ConfigError
 from ..spec import PREVIOUS_SECRET_ENV
 
 MIN_SECRET_LENGTH = 16
@@ -34,7 +35,7 @@ ENV_NAMES: dict[str, str] = {
 }
 
 
-class SidecarConfigError(ValueError):
+class SidecarConfigError(ConfigError):
     """The environment does not describe a usable sidecar; the message names the variables."""
 
 

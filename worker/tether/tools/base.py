@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..errors import TetherError
 from ..messages import ImageBlock, TextBlock
 
 if TYPE_CHECKING:
@@ -75,5 +76,5 @@ class ToolDef:
         return self.spec.name
 
 
-class ToolError(Exception):
+class ToolError(TetherError):
     """Raise from a tool to return an error result to the model without a traceback."""
