@@ -71,44 +71,10 @@ if all_present; then
   exit 0
 fi
 
-command -v go >/dev/null || die "'go' is not on PATH; install Go >= $GO_MIN (the pinned modules need it)"
-go_version=$(go env GOVERSION)
-if [[ $(printf '%s\n' "go$GO_MIN" "$go_version" | sort -V | head -1) != "go$GO_MIN" ]]; then
-  die "$go_version is too old: kubernetes $K8S_VERSION and kwok $KWOK_VERSION need Go >= $GO_MIN"
-fi
-mkdir -p "$CACHE_ROOT"
-
-# One builder at a time (parallel pytest sessions or CI jobs on the same cache).
-if command -v flock >/dev/null; then
-  exec 9>"$CACHE_ROOT/.build-control-plane.lock"
-  if ! flock -n 9; then
-    log "another build holds $CACHE_ROOT/.build-control-plane.lock; waiting"
-    flock 9
-  fi
-fi
-if all_present; then
-  log "built by the other process: $K8S_BIN"
-  echo "$K8S_BIN"
-  exit 0
-fi
-
-export GOMODCACHE=$CACHE_ROOT/go/mod
-export GOCACHE=$CACHE_ROOT/go/build
-export GOFLAGS="-trimpath -modcacherw -buildvcs=false"
-export CGO_ENABLED=0
-export GOTOOLCHAIN=local   # fail clearly instead of downloading another toolchain
-export GOWORK=off
-unset GOBIN GOOS GOARCH
-log "$(go version); GOCACHE=$GOCACHE GOMODCACHE=$GOMODCACHE -p $GO_PARALLEL"
-
-# Build into a scratch dir next to the target, then move finished binaries in, so an interrupted
-# build never leaves a half-written binary that the fast path would accept.
-install_bins() { # <from-dir> <to-dir> <names...>
-  local from=$1 to=$2 name
-  shift 2
-  mkdir -p "$to"
-  for name in "$@"; do mv -f "$from/$name" "$to/$name"; done
-}
+BIN_DIR=$K8S_BIN
+# shellcheck source=scripts/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
+prepare_go_build build-control-plane "kubernetes $K8S_VERSION and kwok $KWOK_VERSION"
 
 build_k8s() {
   local t missing=0

@@ -86,35 +86,10 @@ if all_present; then
   exit 0
 fi
 
-command -v go >/dev/null || die "'go' is not on PATH; install Go >= $GO_MIN (the pinned modules need it)"
-go_version=$(go env GOVERSION)
-if [[ $(printf '%s\n' "go$GO_MIN" "$go_version" | sort -V | head -1) != "go$GO_MIN" ]]; then
-  die "$go_version is too old: prometheus $PROMETHEUS_VERSION needs Go >= $GO_MIN"
-fi
-mkdir -p "$CACHE_ROOT"
-
-# One builder at a time (parallel pytest sessions or CI jobs on the same cache).
-if command -v flock >/dev/null; then
-  exec 9>"$CACHE_ROOT/.build-node.lock"
-  if ! flock -n 9; then
-    log "another build holds $CACHE_ROOT/.build-node.lock; waiting"
-    flock 9
-  fi
-fi
-if all_present; then
-  log "built by the other process: $NODE_BIN"
-  echo "$NODE_BIN"
-  exit 0
-fi
-
-export GOMODCACHE=$CACHE_ROOT/go/mod
-export GOCACHE=$CACHE_ROOT/go/build
-export GOFLAGS="-trimpath -modcacherw -buildvcs=false"
-export CGO_ENABLED=0
-export GOTOOLCHAIN=local   # fail clearly instead of downloading another toolchain
-export GOWORK=off
-unset GOBIN GOOS GOARCH
-log "$(go version); GOCACHE=$GOCACHE GOMODCACHE=$GOMODCACHE -p $GO_PARALLEL"
+BIN_DIR=$NODE_BIN
+# shellcheck source=scripts/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-build.sh"
+prepare_go_build build-node "prometheus $PROMETHEUS_VERSION"
 
 go_line() { go env GOVERSION | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/'; }
 
