@@ -38,6 +38,7 @@ from tether.dev import DevStack
 from tether.process_group import stop_group
 from tether.restate_server import free_port
 from tether.webhooks import sign_request
+from tether.worker.supervise import descendants
 
 BENCH = str(Path(__file__).resolve().parent)
 SCRIPT = [
@@ -49,18 +50,14 @@ SCRIPT = [
 def rss_mib(pid: int) -> float:
     """Resident memory of a process and its descendants, in MiB."""
     total = 0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
+    for current in [pid, *descendants(pid)]:
         try:
             status = Path(f"/proc/{current}/status").read_text()
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
         except OSError:
             continue
         for line in status.splitlines():
             if line.startswith("VmRSS:"):
                 total += int(line.split()[1])
-        pending += [int(c) for c in children]
     return total / 1024
 
 

@@ -28,6 +28,7 @@ from tether.testing import (
     group_alive,
     wait_until,
 )
+from tether.worker.supervise import descendants
 
 __all__ = [
     "ALWAYS_SUSPEND_ENV",
@@ -39,6 +40,7 @@ __all__ = [
     "ServedApp",
     "count",
     "decide_by_link",
+    "descendants",
     "free_port",
     "group_alive",
     "http",
@@ -216,16 +218,7 @@ def count(lines: list[str], line: str) -> int:
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and every process below it, each with its group (`tether dev` starts
     its children in groups of their own: killing it alone would orphan them)."""
-    found, pending = [pid], [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-        except OSError:
-            continue
-        found += [int(c) for c in children]
-        pending += [int(c) for c in children]
-    for target in found:
+    for target in [pid, *descendants(pid)]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(os.getpgid(target), signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):

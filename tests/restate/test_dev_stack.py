@@ -16,7 +16,14 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
-from support import PROC_PROBE, decide_by_link, kill_tree, wait_until, without_capabilities
+from support import (
+    PROC_PROBE,
+    decide_by_link,
+    descendants,
+    kill_tree,
+    wait_until,
+    without_capabilities,
+)
 
 from tether.dev import DevStack
 from tether.webhooks import sign_request, signed_link
@@ -322,16 +329,6 @@ def test_a_data_dir_inside_the_workspace_is_refused(
     assert f"is inside the workspace {tmp_path.resolve()}" in refused.stderr
     assert "pass --data-dir outside the workspace" in refused.stderr
     assert not (tmp_path / "dev").exists() and not (tmp_path / ".tether").exists()
-
-
-def descendants(pid: int) -> list[int]:
-    found, pending = [], [pid]
-    while pending:
-        current = pending.pop()
-        children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-        found += [int(child) for child in children]
-        pending += [int(child) for child in children]
-    return found
 
 
 def test_no_process_of_the_dev_stack_lets_the_same_user_read_its_secret(tmp_path: Path) -> None:

@@ -387,25 +387,6 @@ class _ThreadServer:
             raise TimeoutError(f"the app on port {self.port} did not stop within {timeout:.0f}s")
 
 
-def _without_lifespan(app: Any) -> Any:
-    """A Restate app with the ASGI lifespan answered here (the SDK's refuses it, which hypercorn
-    reports at every start)."""
-
-    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "lifespan":
-            await app(scope, receive, send)
-            return
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
-    return wrapped
-
-
 # --------------------------------------------------------------------------------------------
 # Your own services
 # --------------------------------------------------------------------------------------------
@@ -536,11 +517,13 @@ class RestateHarness:
         else:
             import restate
 
+            from .worker.lifespan import answering_lifespan
+
             kinds = (restate.Service, restate.VirtualObject, restate.Workflow)
             if isinstance(app, kinds):
                 app = [app]
             if isinstance(app, list | tuple):
-                app = _without_lifespan(restate.app(services=list(app)))
+                app = answering_lifespan(restate.app(services=list(app)))
             runner = _ThreadServer(app, free_port())
             served = Served(f"http://127.0.0.1:{runner.port}", "", None, runner)
         try:

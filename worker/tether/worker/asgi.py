@@ -8,13 +8,13 @@ non-dumpable first, so the agent's `shell` commands (same user id) cannot read t
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import restate
 
 from .. import redact
 from .._hardening import make_undumpable
 from .agent_object import agent_services
+from .lifespan import answering_lifespan
 from .settings import settings_from_env
 
 make_undumpable()  # before the secrets are read
@@ -23,19 +23,4 @@ settings = settings_from_env()
 redact.install(settings.env, names=settings.secret_variables)
 # `python:` tools of a manifest may sit next to it (an example); images install them instead.
 sys.path.insert(0, str(settings.spec_path.parent))
-restate_app = restate.app(agent_services(settings))
-
-
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Restate's app, with the ASGI lifespan answered here: it has nothing to start or stop,
-    and refuses lifespan scopes, which hypercorn reports as an error at every start."""
-    if scope["type"] != "lifespan":
-        await restate_app(scope, receive, send)
-        return
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
+app = answering_lifespan(restate.app(agent_services(settings)))

@@ -48,7 +48,7 @@ def make_undumpable() -> bool:
         return False
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """`pid`'s children, grandchildren, ... (Linux `/proc`; empty elsewhere)."""
     found: list[int] = []
     pending = [pid]
@@ -86,7 +86,7 @@ def run_supervised(command: list[str], env: Mapping[str, str], graceful_timeout:
             if deadline is None or time.monotonic() < deadline:
                 continue
         log.warning("the worker did not stop within its graceful timeout; killing it")
-        for pid in [*_descendants(child.pid), child.pid]:
+        for pid in [*descendants(child.pid), child.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         child.wait()
