@@ -23,6 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check worker operator tests bench examples e2e
 	$(BIN)/shellcheck scripts/*.sh e2e/*.sh .ci/run
 	$(BIN)/hadolint Dockerfile
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

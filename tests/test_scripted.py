@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from tether import create_agent
+from tether.agent import spawn_tool
 from tether.assemble import provider_from_spec
 from tether.messages import Message, text_block, tool_result, user_message
 from tether.providers import ScriptedProvider, ScriptExhaustedError, scripted
 from tether.providers.base import ModelRequest
 from tether.spec import SpecError, parse_agent
-from tether.tools import spawn_tool
 
 
 def request(*messages: Message) -> ModelRequest:

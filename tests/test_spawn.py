@@ -6,10 +6,10 @@ import pytest
 
 from helpers import RecordingProvider, calls, results_after
 from tether import create_agent, tool
+from tether.agent import spawn_tool
 from tether.durable import MemoryJournal, memory_runtime
 from tether.providers import Pricing
 from tether.session import INTERRUPTED_RESULT
-from tether.tools import spawn_tool
 
 PRICE = Pricing(input_per_mtok=1, output_per_mtok=0)
 

@@ -23,6 +23,7 @@ from ._hardening import refuse_state_in_workspace
 from ._sqlite import Database
 from .agent import AgentStats, create_agent
 from .agent.hooks import HooksInit
+from .agent.spawn import spawn_tool
 from .assemble import (
     DEFAULT_KEY_ENV,
     SPAWN_TOOL,
@@ -41,7 +42,6 @@ from .providers.scripted import scripted
 from .session import create_session, load_session
 from .spec import DurableAgentSpec, SpecError, load_agent, parse_duration
 from .tools.base import ToolDef
-from .tools.spawn import spawn_tool
 
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
 PARKED_EXIT = 3

@@ -4,6 +4,7 @@ from .agent import Agent, AgentBusyError, create_agent
 from .behavior import Behavior
 from .hooks import HOOK_NAMES, Hooks
 from .inbox import Inbox, MemoryInbox
+from .spawn import spawn_tool
 from .stats import AgentStats, AgentStatus
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "Inbox",
     "MemoryInbox",
     "create_agent",
+    "spawn_tool",
 ]

@@ -2,7 +2,6 @@
 
 from .base import ReplayPolicy, ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .decorator import tool
-from .spawn import spawn_tool
 
 __all__ = [
     "ReplayPolicy",
@@ -11,6 +10,5 @@ __all__ = [
     "ToolError",
     "ToolOutput",
     "ToolSpec",
-    "spawn_tool",
     "tool",
 ]

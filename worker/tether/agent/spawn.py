@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
+from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 
 if TYPE_CHECKING:
-    from ..agent.behavior import Behavior
     from ..providers.base import Provider
+    from .behavior import Behavior
 
 SPAWN_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -41,8 +41,8 @@ def spawn_tool(
     By default the child has the parent's provider, tools (this one included, so children may
     spawn until `max_depth`) and system prompt.
     """
-    from ..agent.agent import Agent
     from ..session.session import create_session
+    from .agent import Agent
 
     async def execute(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         parent = ctx.agent
