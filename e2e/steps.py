@@ -518,15 +518,28 @@ print(json.dumps(reached))
 """
 
 
-def _probe(
-    p: Platform,
-    namespace: str,
-    name: str,
-    labels: dict[str, str],
-    expected: dict[str, tuple[str, bool]],
-) -> None:
-    """A restricted pod in `namespace` connects to each address; each must answer (True) or
-    not (False) as expected."""
+HTTP_PROBE = """
+import json, sys, urllib.error, urllib.request
+
+statuses = {}
+for name, url in json.loads(sys.argv[1]).items():
+    accept = {"accept": "application/vnd.restate.endpointmanifest.v4+json"}
+    request = urllib.request.Request(url, headers=accept)
+    try:
+        statuses[name] = urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as error:
+        statuses[name] = error.code
+    except OSError as error:
+        statuses[name] = type(error).__name__
+print(json.dumps(statuses))
+"""
+
+
+def _run_in_pod(
+    p: Platform, namespace: str, name: str, labels: dict[str, str], script: str, argument: Any
+) -> Any:
+    """Run `script` (Python, given `argument` as JSON) in a restricted pod of the image in
+    `namespace`; what it printed last, as JSON."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -544,7 +557,7 @@ def _probe(
                     "name": "probe",
                     "image": p.cluster.tether_image,
                     "imagePullPolicy": "Never",
-                    "command": ["python", "-c", PROBE, json.dumps(expected)],
+                    "command": ["python", "-c", script, json.dumps(argument)],
                     "securityContext": {
                         "allowPrivilegeEscalation": False,
                         "readOnlyRootFilesystem": True,
@@ -565,12 +578,42 @@ def _probe(
     )
     logs = p.kubectl("-n", namespace, "logs", name)
     p.kubectl("-n", namespace, "delete", "pod", name, "--wait=false")
-    reached = json.loads(logs.strip().splitlines()[-1])
+    return json.loads(logs.strip().splitlines()[-1])
+
+
+def _probe(
+    p: Platform,
+    namespace: str,
+    name: str,
+    labels: dict[str, str],
+    expected: dict[str, tuple[str, bool]],
+) -> None:
+    """A restricted pod in `namespace` connects to each address; each must answer (True) or
+    not (False) as expected."""
+    reached = _run_in_pod(p, namespace, name, labels, PROBE, expected)
     wanted = {key: should for key, (_, should) in expected.items()}
     if reached != wanted:
         raise StepFailed(
             f"from a pod in {namespace} with labels {labels}: expected {wanted}, got {reached}"
         )
+
+
+def only_restate_invokes_workers(p: Platform) -> None:
+    """A pod that reaches a worker (here an agent-labelled one, which shares what a tool of an
+    agent reaches) is refused: only requests Restate signed with the chart's key are taken."""
+    services = p.kubectl.json("-n", AGENTS_NS, "get", "services", "-l", f"tether.dev/agent={CLERK}")
+    [worker] = [s for s in services["items"] if not s["metadata"]["name"].endswith("-sidecar")]
+    base = f"http://{worker['metadata']['name']}.{AGENTS_NS}.svc:9080"
+    urls = {"health": f"{base}/health", "discover": f"{base}/discover"}
+    urls["invoke"] = f"{base}/invoke/{CLERK}/pending"
+    labels = {
+        "app.kubernetes.io/name": "tether-agent",
+        "app.kubernetes.io/managed-by": "tether-operator",
+    }
+    statuses = _run_in_pod(p, AGENTS_NS, "worker-probe", labels, HTTP_PROBE, urls)
+    if statuses != {"health": 200, "discover": 401, "invoke": 401}:
+        raise StepFailed(f"requests to the worker not from Restate answered {statuses}")
+    p.report.fact("worker requests not signed by Restate", f"refused: {statuses}")
 
 
 def network_policy(p: Platform) -> None:
@@ -692,6 +735,7 @@ def steps() -> list[Step]:
         ("Restate's pod killed mid-run", kill_restate),
         ("a run fans out to sub-agents", fan_out),
         ("NetworkPolicy in front of Restate's admin API", network_policy),
+        ("only Restate invokes the workers", only_restate_invokes_workers),
         ("a rollout while the operator is killed", lambda p: rollout_with_operator_killed(p, run)),
         ("no pod phoned home", no_phone_home),
     ]

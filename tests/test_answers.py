@@ -8,6 +8,7 @@ import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 import yaml
@@ -56,6 +57,18 @@ def tool_results(directory: Path) -> list[str]:
     return asyncio.run(read())
 
 
+def decisions(directory: Path) -> list[dict[str, Any]]:
+    """The people's decisions in the run's record in the session (the audit trail)."""
+
+    async def read() -> list[dict[str, Any]]:
+        session = await load_session(sqlite_store(runs_db(directory)), "r1")
+        assert session is not None
+        [record] = session.runs
+        return record.decisions
+
+    return asyncio.run(read())
+
+
 def run_status(directory: Path) -> str:
     with sqlite3.connect(runs_db(directory)) as db:
         [(status,)] = db.execute("SELECT status FROM tether_runs WHERE run_id = 'r1'").fetchall()
@@ -78,7 +91,7 @@ def test_an_approval_parks_the_run_until_it_is_answered(tmp_path: Path) -> None:
     again = run(tmp_path)
     assert again.returncode == 3 and not (tmp_path / "shipped.txt").exists()
 
-    answered = tether("answer", "r1", "--approve", cwd=tmp_path)
+    answered = tether("answer", "r1", "--approve", "--approver", "alice", cwd=tmp_path)
     assert answered.returncode == 0, answered.stderr
     assert "answered ship [call_0_0] of run r1" in answered.stdout
     done = run(tmp_path)
@@ -87,6 +100,16 @@ def test_an_approval_parks_the_run_until_it_is_answered(tmp_path: Path) -> None:
     assert (tmp_path / "shipped.txt").read_text() == "v1"
     assert tool_results(tmp_path) == ["wrote 2 bytes to shipped.txt"]
     assert run_status(tmp_path) == "completed"
+    approved_by_alice = {
+        "call_id": "call_0_0",
+        "tool": "ship",
+        "kind": "approval",
+        "approved": True,
+        "by": "cli",
+        "approver": "alice",
+        "decided_at": ANY,
+    }
+    assert decisions(tmp_path) == [approved_by_alice]
     # The answer is in the journal: nothing waits any more, and a replay decides the same.
     assert tether("waiting", cwd=tmp_path).stdout == ""
     late = tether("answer", "r1", "--deny", cwd=tmp_path)
@@ -94,6 +117,7 @@ def test_an_approval_parks_the_run_until_it_is_answered(tmp_path: Path) -> None:
     (tmp_path / "shipped.txt").unlink()
     replayed = run(tmp_path)
     assert replayed.returncode == 0 and not (tmp_path / "shipped.txt").exists()
+    assert decisions(tmp_path) == [approved_by_alice]  # recorded once, however often replayed
 
 
 def test_a_denial_reaches_the_model_and_nothing_runs(tmp_path: Path) -> None:
@@ -104,6 +128,15 @@ def test_a_denial_reaches_the_model_and_nothing_runs(tmp_path: Path) -> None:
     assert run(tmp_path).returncode == 0
     assert not (tmp_path / "shipped.txt").exists()
     assert tool_results(tmp_path) == ["Tool error: Denied: freeze week. The call was not run."]
+    [decision] = decisions(tmp_path)
+    assert decision == {
+        "call_id": "call_0_0",
+        "tool": "ship",
+        "kind": "approval",
+        "approved": False,
+        "by": "cli",
+        "decided_at": ANY,
+    }
 
 
 def test_ask_human_returns_the_answer(tmp_path: Path) -> None:
@@ -114,6 +147,9 @@ def test_ask_human_returns_the_answer(tmp_path: Path) -> None:
     assert tether("answer", "r1", "--value", '"blue"', cwd=tmp_path).returncode == 0
     assert run(tmp_path).returncode == 0
     assert tool_results(tmp_path) == ["blue"]
+    assert decisions(tmp_path) == [
+        {"call_id": "call_0_0", "tool": "ask", "kind": "ask_human", "answered": True}
+    ]
 
 
 @pytest.mark.parametrize(
@@ -135,6 +171,14 @@ def test_the_deadline_applies_when_the_run_resumes(
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert tool_results(tmp_path) == [result]
     assert (tmp_path / "shipped.txt").exists() == (policy == "approve")
+    [decision] = decisions(tmp_path)
+    assert decision == {
+        "call_id": "call_0_0",
+        "tool": "ship",
+        "kind": "approval",
+        "approved": policy == "approve",
+        "timed_out": True,
+    }
 
 
 def test_answer_errors_are_clear(tmp_path: Path) -> None:

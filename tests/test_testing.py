@@ -9,6 +9,7 @@ import textwrap
 import threading
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import restate
 import yaml
@@ -98,6 +99,15 @@ def test_an_approval_parks_survives_a_worker_crash_and_is_answered(
     assert [run.status for run in session.runs] == ["completed"]
     assert [turn.role for turn in session.turns] == ["user", "assistant", "user", "assistant"]
     assert tool_results(agent, "s1") == ["deployed 1.4.0"]
+    [decision] = session.runs[0].decisions  # the audit trail: who approved what, and when
+    assert decision == {
+        "call_id": call["call_id"],
+        "tool": "deploy",
+        "kind": "approval",
+        "approved": True,
+        "approver": "alice",
+        "decided_at": ANY,
+    }
 
     second = agent.start_run("s2", "ship 1.4.0 again")
     [call] = agent.parked(at_least=1)
@@ -106,6 +116,11 @@ def test_an_approval_parks_survives_a_worker_crash_and_is_answered(
     assert ledger.read_text() == "deploy 1.4.0\n"  # rejected: not run
     [rejected] = tool_results(agent, "s2")
     assert "not today" in rejected
+    rejected_session = agent.session("s2")
+    assert rejected_session is not None
+    [decision] = rejected_session.runs[0].decisions
+    assert {k: decision[k] for k in ("tool", "approved")} == {"tool": "deploy", "approved": False}
+    assert "not today" in decision["rejected"]
     assert agent.session("nobody") is None
 
 

@@ -12,15 +12,16 @@ import sys
 
 import kopf
 
+from tether.errors import ConfigError
 from tether.redact import install as install_redaction
 
-from .settings import SettingsError, settings_from_env
+from .settings import settings_from_env
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         settings = settings_from_env()
-    except SettingsError as error:
+    except ConfigError as error:  # a setting, or Restate's key
         print(f"tether-operator: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     install_redaction()  # URLs, tokens and secrets of the environment out of every log line

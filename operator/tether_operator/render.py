@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from tether.restate_identity import IDENTITY_KEYS_ENV
 from tether.spec import API_VERSION, KIND, PREVIOUS_SECRET_ENV, DurableAgent, DurableAgentSpec
 
 from .names import (
@@ -131,6 +132,9 @@ def _worker_container(
     env = _shared_env(agent, namespace, settings)
     env.append({"name": "TETHER_WORKSPACE", "value": WORKSPACE_DIR})
     env.append({"name": "RESTATE_INGRESS_URL", "value": settings.restate_ingress_url})
+    if settings.restate_identity_keys:  # only Restate may invoke the worker
+        keys = ",".join(settings.restate_identity_keys)
+        env.append({"name": IDENTITY_KEYS_ENV, "value": keys})
     ref = spec.model.api_key_secret_ref
     if ref is not None:
         env.append(_secret_env(api_key_env_name(spec), ref.name, ref.key))

@@ -6,9 +6,13 @@ import os
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tether.errors import ConfigError
+from tether.restate_identity import identity_keys_from_env, public_key_of
 
+IDENTITY_KEY_FILE_ENV = "TETHER_RESTATE_IDENTITY_KEY_FILE"
+"""Restate's request-identity private key (PEM); the operator keeps only its public key."""
 DEFAULT_WORKER_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
 DEFAULT_WEBHOOK_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
 URL_FIELDS = frozenset({"service", "namespace", "agent", "hash", "port", "node_port"})
@@ -44,6 +48,11 @@ class OperatorSettings:
     """Seconds a parked-calls count from Restate is reused before it is asked again."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels on every child (`TETHER_EXTRA_LABELS`, k=v,k=v)."""
+    restate_identity_keys: tuple[str, ...] = ()
+    """Restate's request-identity public keys, which the workers accept requests signed with:
+    derived from its private key (`TETHER_RESTATE_IDENTITY_KEY_FILE`, the chart's Secret), or
+    given (`TETHER_RESTATE_IDENTITY_KEYS`, for a Restate of your own). None: the workers take
+    any request that reaches them."""
 
     def worker_url(self, **values: str | int) -> str:
         return self.worker_url_template.format(**values).rstrip("/")
@@ -88,6 +97,17 @@ def _labels(raw: str) -> dict[str, str]:
     return labels
 
 
+def _identity_keys(env: Mapping[str, str]) -> tuple[str, ...]:
+    keys = identity_keys_from_env(env)
+    path = env.get(IDENTITY_KEY_FILE_ENV)
+    if path:
+        try:
+            keys.insert(0, public_key_of(Path(path).read_bytes()))
+        except OSError as error:
+            raise SettingsError(f"{IDENTITY_KEY_FILE_ENV}={path!r}: {error.strerror}") from None
+    return tuple(dict.fromkeys(keys))
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
     """Read `TETHER_*` variables; a missing required one is a `SettingsError` naming it."""
     env = os.environ if env is None else env
@@ -124,4 +144,5 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
         restate_timeout=_number(env, "TETHER_RESTATE_TIMEOUT", 30.0),
         parked_refresh=_number(env, "TETHER_PARKED_REFRESH", 5.0),
         labels=_labels(env.get("TETHER_EXTRA_LABELS", "")),
+        restate_identity_keys=_identity_keys(env),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import yaml
 from chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
 
 from tether.crd import CRD_NAME, durableagent_crd
+from tether.restate_identity import public_key_of
 from tether_operator.names import version_labels
 
 EXTERNAL = (
@@ -42,6 +44,7 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
             "Service",
             "StatefulSet",
             "NetworkPolicy",
+            "Secret",
         ]
     )
     crd = one(objects, "CustomResourceDefinition")
@@ -121,9 +124,43 @@ def test_every_pod_meets_the_restricted_pod_security_standard(
 def test_an_existing_restate_takes_two_values(helm_bin: Path) -> None:
     objects = render(helm_bin, *EXTERNAL)
     assert by_kind(objects, "StatefulSet") == [] and by_kind(objects, "Service") == []
+    assert by_kind(objects, "Secret") == []  # its signing key is its own
     env = env_of(one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0])
     assert env["TETHER_RESTATE_ADMIN_URL"] == "http://r.ns.svc:9070"
     assert env["TETHER_RESTATE_INGRESS_URL"] == "http://r.ns.svc:8080"
+    assert (
+        "TETHER_RESTATE_IDENTITY_KEYS" not in env and "TETHER_RESTATE_IDENTITY_KEY_FILE" not in env
+    )
+    key = "publickeyv1_BBPebL4tewPdYRNFbd3ZB4XPbEv3xKFByE4TcbCM7kNt"
+    signed = render(helm_bin, *EXTERNAL, f"restate.external.identityPublicKey={key}")
+    env = env_of(one(signed, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["TETHER_RESTATE_IDENTITY_KEYS"] == key
+
+
+def test_restate_signs_its_requests_with_a_key_the_operator_reads(helm_bin: Path) -> None:
+    """Restate signs every request to a worker with the Secret's key; the operator derives the
+    public key the workers check with from the same Secret (tether.restate_identity)."""
+    objects = render(helm_bin)
+    [secret] = by_kind(objects, "Secret")
+    pem = base64.b64decode(secret["data"]["private.pem"])
+    assert public_key_of(pem).startswith("publickeyv1_")  # an Ed25519 key Restate can load
+    name = secret["metadata"]["name"]
+    restate_pod = one(objects, "StatefulSet")["spec"]["template"]["spec"]
+    operator_pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    for pod, variable in [
+        (restate_pod, "RESTATE_REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE"),
+        (operator_pod, "TETHER_RESTATE_IDENTITY_KEY_FILE"),
+    ]:
+        [volume] = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == name]
+        [container] = pod["containers"]
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert env_of(container)[variable] == f"{mount['mountPath']}/private.pem"
+        assert mount["readOnly"] and volume["secret"]["defaultMode"] == 0o440
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    unsigned = render(helm_bin, "restate.requestIdentity=false")
+    assert by_kind(unsigned, "Secret") == []
+    env = env_of(one(unsigned, "StatefulSet")["spec"]["template"]["spec"]["containers"][0])
+    assert "RESTATE_REQUEST_IDENTITY_PRIVATE_KEY_PEM_FILE" not in env
 
 
 def test_watched_namespaces_get_role_bindings_only(helm_bin: Path) -> None:
@@ -214,6 +251,10 @@ BAD_VALUES = {
     "interval": (("operator.reconcileInterval=0",), "/operator/reconcileInterval"),
     "service type": (("operator.workerServiceType=LoadBalancer",), "/operator/workerServiceType"),
     "volume size": (("restate.persistence.size=lots",), "/restate/persistence/size"),
+    "identity key": (
+        ("restate.external.identityPublicKey=ed25519:abc",),
+        "/restate/external/identityPublicKey",
+    ),
     "restate url": (
         ("restate.external.adminUrl=r:9070", "restate.external.ingressUrl=r:8080"),
         "adminUrl",

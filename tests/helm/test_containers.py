@@ -5,6 +5,7 @@ pod provides differently is replaced: the data directory, loopback addresses, th
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -16,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from chart import REPO, env_of, one, render
+from chart import REPO, by_kind, env_of, one, render
 
 from kube.controlplane import ControlPlane
 from tether.process_group import stop_group
+from tether.restate_identity import IDENTITY_KEYS_ENV, PRIVATE_KEY_ENV, public_key_of
 from tether.restate_server import RestateServer, find_or_install_restate_server, free_port
+from tether_operator.settings import IDENTITY_KEY_FILE_ENV
 
 
 def wait_until(check: Any, what: str, timeout: float = 60) -> Any:
@@ -31,15 +34,31 @@ def wait_until(check: Any, what: str, timeout: float = 60) -> Any:
     return value
 
 
-def test_restate_starts_with_the_charts_settings(helm_bin: Path) -> None:
-    container = one(render(helm_bin), "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+def mount_identity_key(objects: list[Any], settings: dict[str, str], name: str, at: Path) -> str:
+    """What the pod's Secret volume provides: the chart's signing key, at `settings[name]`'s
+    path (here a file in `at`); its public key."""
+    [secret] = by_kind(objects, "Secret")
+    pem = base64.b64decode(secret["data"]["private.pem"])
+    assert settings[name].endswith("/private.pem")
+    (at / "private.pem").write_bytes(pem)
+    settings[name] = str(at / "private.pem")
+    return public_key_of(pem)
+
+
+def test_restate_starts_with_the_charts_settings(helm_bin: Path, tmp_path: Path) -> None:
+    objects = render(helm_bin)
+    container = one(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
     settings = env_of(container)
     assert settings.pop("RESTATE_BASE_DIR") == "/restate-data"  # the PVC's mount: a temp dir here
+    key = mount_identity_key(objects, settings, PRIVATE_KEY_ENV, tmp_path)
     with RestateServer(find_or_install_restate_server(), extra_env=settings) as server:
         assert httpx2.get(f"{server.ingress_url}/restate/health", timeout=10).status_code == 200
         # RESTATE_LOG_FORMAT=json took effect: the server logs JSON lines.
         lines = [line for line in server.log_tail(20_000).splitlines() if line.startswith("{")]
         assert lines and all(isinstance(json.loads(line), dict) for line in lines)
+        # It signs with the chart's key (the one the operator hands the workers).
+        loaded = lambda: f'"kid":"{key}"' in server.log_tail(50_000).replace(" ", "")  # noqa: E731
+        wait_until(loaded, "Restate to load the chart's request identity key")
 
 
 def test_the_operator_starts_with_the_charts_settings(
@@ -53,6 +72,7 @@ def test_the_operator_starts_with_the_charts_settings(
     container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     settings = env_of(container)
     assert settings["TETHER_NAMESPACES"] == namespace
+    key = mount_identity_key(objects, settings, IDENTITY_KEY_FILE_ENV, tmp_path)
     command = shutil.which(container["command"][0], path=str(Path(sys.executable).parent))
     assert command, f"{container['command'][0]} is not installed next to {sys.executable}"
     liveness = free_port()
@@ -104,6 +124,8 @@ def test_the_operator_starts_with_the_charts_settings(
         pod = deployment["spec"]["template"]["spec"]
         images = {c["image"] for c in pod["containers"]}
         assert images == {settings["TETHER_WORKER_IMAGE"]}
+        worker = next(c for c in pod["containers"] if c["name"] == "worker")
+        assert env_of(worker)[IDENTITY_KEYS_ENV] == key  # it takes only Restate's requests
         assert {c["imagePullPolicy"] for c in pod["containers"]} == {"IfNotPresent"}
 
         def unreachable() -> bool:

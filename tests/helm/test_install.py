@@ -105,10 +105,14 @@ def test_install_upgrade_uninstall(
     assert not can(kube, account, "create", "clusterroles.rbac.authorization.k8s.io", namespace)
     assert not can(kube, account, "patch", "durableagents.tether.dev", "default")
 
-    # Watching all namespaces is one value away.
+    # Watching all namespaces is one value away; Restate's signing key stays what it was (the
+    # workers registered so far check with its public half).
+    identity = ["-n", namespace, "get", "secret", f"{restate}-identity"]
+    key = json.loads(kube.kubectl(*identity, "-o", "json").stdout)["data"]["private.pem"]
     upgrade = ["upgrade", release, str(CHART), "-n", namespace, "--wait", "--timeout", "120s"]
     upgrade += ["--set", "restate.persistence.enabled=false"]
     helm(helm_bin, *upgrade, env=env)
+    assert json.loads(kube.kubectl(*identity, "-o", "json").stdout)["data"]["private.pem"] == key
     assert can(kube, account, "patch", "durableagents.tether.dev", "default")
     assert not can(kube, account, "list", "secrets", "default")
 

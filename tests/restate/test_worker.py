@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -22,9 +23,10 @@ import yaml
 from support import PROC_PROBE, HypercornWorker, http, wait_until, without_capabilities
 
 from tether.parked import PARKED_STATE_KEY
-from tether.restate_server import RestateServer, free_port
+from tether.restate_identity import IDENTITY_KEYS_ENV, new_private_key_pem, public_key_of
+from tether.restate_server import IDENTITY_KEY_FILE, RestateServer, free_port
+from tether.tools.human import MAX_DECISION_TEXT, decision_of
 from tether.webhooks import SignatureError, answer_proof, listing_token, verify_link
-from tether.worker.parking import MAX_DECISION_TEXT, decision_of
 
 WRITE_APPROVED = [
     {
@@ -93,6 +95,7 @@ def agent_worker(
             "TETHER_WEBHOOK_BASE_URL": "http://sidecar.example",
             # Teardown stops workers that may be mid-run: do not wait the default 20 s for them.
             "TETHER_WORKER_GRACEFUL_TIMEOUT": "3",
+            IDENTITY_KEYS_ENV: restate_server.identity_public_key,  # only Restate may invoke it
             **extra_env,
         }
         worker = HypercornWorker("", command=command, env=env)
@@ -596,3 +599,62 @@ def test_a_shell_command_cannot_read_the_secrets_of_the_worker_processes(
         assert any(needle in command for command, _ in workers.values()), output
     denied = ["environ: cannot read (Permission denied)", "memory: cannot read (Permission denied)"]
     assert all(read == denied for _, read in workers.values()), output
+
+
+DISCOVER = {"accept": "application/vnd.restate.endpointmanifest.v4+json"}
+
+
+def restate_jwt(private_pem: bytes, path: str, *, kid: str) -> dict[str, str]:
+    """The headers Restate signs a request to a deployment with (scheme v1: an EdDSA JWT whose
+    audience is the request's path), made here with any key."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    def part(data: dict[str, Any]) -> str:
+        encoded = json.dumps(data, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(encoded).rstrip(b"=").decode()
+
+    now = int(time.time())
+    claims = {"aud": path, "nbf": now - 60, "iat": now, "exp": now + 60}
+    signing_input = f"{part({'typ': 'JWT', 'alg': 'EdDSA', 'kid': kid})}.{part(claims)}"
+    key = load_pem_private_key(private_pem, password=None)
+    signature = key.sign(signing_input.encode())  # type: ignore[union-attr, call-arg]
+    token = f"{signing_input}.{base64.urlsafe_b64encode(signature).rstrip(b'=').decode()}"
+    return {"x-restate-signature-scheme": "v1", "x-restate-jwt-v1": token}
+
+
+def test_only_restate_can_invoke_the_worker(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path
+) -> None:
+    """Anything else that reaches the worker's port (another pod; the agent's own `shell` over
+    loopback) could invoke its handlers with a journal of its own, one that says a call was
+    approved. The worker takes only requests Restate signed (tether.restate_identity)."""
+    agent = "signed-only"
+    worker = agent_worker(manifest(agent, [{"text": "hello"}]))  # registered: Restate signs
+    assert result_of(restate_server, send_run(restate_server, agent, "s1", "hi"))["text"] == "hello"
+
+    invoke = f"/invoke/{agent}/run"
+    forged_key = new_private_key_pem()
+    for path, headers in [
+        ("/discover", {}),
+        (invoke, {"content-type": "application/vnd.restate.invocation.v5"}),
+        ("/discover", restate_jwt(forged_key, "/discover", kid=public_key_of(forged_key))),
+        # A key of its own, named as Restate's: still not Restate's signature.
+        ("/discover", restate_jwt(forged_key, "/discover", kid=restate_server.identity_public_key)),
+    ]:
+        response = http(
+            "POST" if path == invoke else "GET", worker.url + path, raw=b"", headers=headers
+        )
+        assert response.status == 401, (path, headers, response.status)
+    assert http("GET", f"{worker.url}/health").status == 200
+
+    # The check is the signature: one made with Restate's own key passes.
+    restate_key = (restate_server.base_dir / IDENTITY_KEY_FILE).read_bytes()
+    signed = restate_jwt(restate_key, "/discover", kid=restate_server.identity_public_key)
+    assert http("GET", f"{worker.url}/discover", headers={**DISCOVER, **signed}).status == 200
+
+    # Without the keys (the setting unset), a worker takes anything, and says so at start.
+    open_worker = agent_worker(
+        manifest("unsigned", [{"text": "hi"}]), TETHER_RESTATE_IDENTITY_KEYS=""
+    )
+    assert http("GET", f"{open_worker.url}/discover", headers=DISCOVER).status == 200
+    assert "accepts requests that Restate did not sign" in open_worker.log_tail()

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._hardening import StateInWorkspaceError, make_undumpable, state_dir
+from ._hardening import make_undumpable, state_dir
 from ._optional import MissingExtraError, require_extra
 from .durable.errors import DurableControlError
-from .spec import SpecError
+from .errors import ConfigError
 
 # A missing extra too: `tether worker` without `tether[restate]` says which extra to install.
-USER_ERRORS = (SpecError, DurableControlError, StateInWorkspaceError, MissingExtraError)
+USER_ERRORS = (ConfigError, DurableControlError, MissingExtraError)
+"""Said in one line, without a traceback: a spec, a setting or an extra that cannot work."""
 
 
 def _runs_db() -> str:
@@ -64,6 +65,7 @@ def _answer_parser(commands: Any) -> None:
     decision.add_argument("--value", help="JSON answer (an ask_human answer, for instance)")
     answer.add_argument("--reason", help="why (sent to the model with --approve or --deny)")
     answer.add_argument("--call", help="the waiting call's id, when the run has several")
+    answer.add_argument("--approver", help="who decides (kept with the decision in the session)")
     answer.add_argument("--db", default=_runs_db(), help="SQLite file (default: %(default)s)")
 
 
@@ -231,6 +233,7 @@ def waiting_command(args: argparse.Namespace) -> int:
 
 def answer_command(args: argparse.Namespace) -> int:
     import json
+    import time
 
     from ._sqlite import Database
     from .durable.answers import AnswerBook, AnswerError
@@ -245,6 +248,11 @@ def answer_command(args: argparse.Namespace) -> int:
         value = {"approved": bool(args.approve)}
         if args.reason:
             value["reason"] = args.reason
+    if isinstance(value, dict):  # who decided, how and when: the session's audit trail
+        value.setdefault("by", "cli")
+        value.setdefault("decided_at", int(time.time() * 1000))
+        if args.approver:
+            value["approver"] = args.approver
     if not Path(args.db).exists():
         print(f"tether: {args.db} does not exist (pass the run's --db)", file=sys.stderr)
         return 2

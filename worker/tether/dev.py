@@ -29,6 +29,7 @@ import httpx2
 
 from ._hardening import refuse_state_in_workspace, state_dir
 from .process_group import signal_group, stop_group
+from .restate_identity import IDENTITY_KEYS_ENV
 from .restate_server import RestatePorts, RestateServer, find_or_install_restate_server, free_port
 from .spec import load_agent
 
@@ -181,6 +182,8 @@ class DevStack:
         self.sidecar.env |= {
             "RESTATE_INGRESS_URL": self.server.ingress_url,
         }
+        # The worker takes requests only from this server (tether.restate_identity).
+        self.worker.env[IDENTITY_KEYS_ENV] = self.server.identity_public_key
         self.start_worker()
         self.sidecar.start()
         wait_for(f"{self.sidecar_url}/healthz", "sidecar", self.sidecar)

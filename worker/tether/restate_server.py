@@ -29,6 +29,7 @@ from typing import Any, Self
 
 from .errors import TetherError
 from .process_group import stop_group
+from .restate_identity import PRIVATE_KEY_ENV, public_key_of, write_private_key
 
 __all__ = [
     "DEFAULT_RESTATE_VERSION",
@@ -45,6 +46,8 @@ DEFAULT_RESTATE_VERSION = "1.7.12"
 
 #: Environment variable naming a ``restate-server`` binary to use instead of the npm install.
 BINARY_ENV = "TETHER_RESTATE_SERVER"
+IDENTITY_KEY_FILE = "request-identity.pem"
+"""In the data directory: the private key the server signs its requests to deployments with."""
 
 _NPM_PACKAGE = "@restatedev/restate-server"
 _SERVER_ENV_PREFIXES = ("RESTATE_",)
@@ -262,6 +265,10 @@ class RestateServer:
 
     The data directory survives :meth:`stop` and :meth:`restart`; :meth:`close` (and leaving the
     ``with`` block) stops the server and deletes the directory if this object created it.
+
+    The server signs its requests to deployments with a key of its own (made at the first start,
+    kept in the data directory): give a worker :attr:`identity_public_key` to accept only them
+    (``tether.restate_identity``).
     """
 
     def __init__(
@@ -287,6 +294,7 @@ class RestateServer:
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
         self._proc: subprocess.Popen[bytes] | None = None
+        self._identity_public_key: str | None = None
 
     # -- properties --------------------------------------------------------------------------
 
@@ -314,6 +322,13 @@ class RestateServer:
         if self._base_dir is None:
             raise RestateServerError("the server has not been started")
         return self._base_dir
+
+    @property
+    def identity_public_key(self) -> str:
+        """The ``publickeyv1_...`` key that verifies the server's requests to deployments."""
+        if self._identity_public_key is None:
+            raise RestateServerError("the server has not been started")
+        return self._identity_public_key
 
     @property
     def log_path(self) -> Path:
@@ -370,6 +385,7 @@ class RestateServer:
                 "RESTATE_LOG_DISABLE_ANSI_CODES": "true",
                 # The invoker makes a temp dir per start (invoker-<ulid>) and never removes it.
                 "TMPDIR": str(base_dir / "tmp"),
+                PRIVATE_KEY_ENV: str(base_dir / IDENTITY_KEY_FILE),
             }
         )
         env.update(self._extra_env)
@@ -403,6 +419,11 @@ class RestateServer:
     def _spawn(self) -> None:
         assert self._binary is not None and self._base_dir is not None and self._ports is not None
         (self._base_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        key = Path(self._extra_env.get(PRIVATE_KEY_ENV) or self._base_dir / IDENTITY_KEY_FILE)
+        if key.exists():
+            self._identity_public_key = public_key_of(key.read_bytes())
+        else:
+            self._identity_public_key = write_private_key(key)
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== starting restate-server at {time.ctime()} ===\n".encode())
             log.flush()

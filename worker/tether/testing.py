@@ -333,14 +333,19 @@ class HypercornWorker:
 class _ThreadServer:
     """An ASGI app served by hypercorn (h2c and HTTP/1.1) in a thread with its own event loop."""
 
-    def __init__(self, app: Any, port: int) -> None:
+    def __init__(self, app: Any) -> None:
         self.app = app
-        self.port = port
+        # Bound here, not picked free and bound later: nothing else can take the port between.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        self.port: int = listener.getsockname()[1]
+        self._fd: int | None = listener.detach()  # hypercorn's once it serves
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
-            target=self._main, name=f"tether-testing-{port}", daemon=True
+            target=self._main, name=f"tether-testing-{self.port}", daemon=True
         )
 
     def _main(self) -> None:
@@ -354,7 +359,8 @@ class _ThreadServer:
         from hypercorn.config import Config
 
         config = Config()
-        config.bind = [f"127.0.0.1:{self.port}"]
+        config.bind = [f"fd://{self._fd}"]
+        self._fd = None
         config.h2_max_concurrent_streams = 2147483647
         config.keep_alive_max_requests = 2147483647
         config.keep_alive_timeout = 2147483647
@@ -377,7 +383,10 @@ class _ThreadServer:
             time.sleep(0.02)
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self._thread.ident is None:  # never started
+        if self._thread.ident is None:  # never started: the listener is still ours
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
             return
         if self._loop is not None and self._stop is not None:
             with contextlib.suppress(RuntimeError):  # the loop has ended already
@@ -524,7 +533,7 @@ class RestateHarness:
                 app = [app]
             if isinstance(app, list | tuple):
                 app = answering_lifespan(restate.app(services=list(app)))
-            runner = _ThreadServer(app, free_port())
+            runner = _ThreadServer(app)
             served = Served(f"http://127.0.0.1:{runner.port}", "", None, runner)
         try:
             runner.start()

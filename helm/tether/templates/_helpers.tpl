@@ -6,6 +6,14 @@
 {{- define "tether.operatorName" -}}{{ include "tether.name" (dict "root" . "suffix" "operator") }}{{- end -}}
 {{- define "tether.restateName" -}}{{ include "tether.name" (dict "root" . "suffix" "restate") }}{{- end -}}
 
+{{/* The Secret with the key Restate signs its requests to the workers with (when the chart
+installs Restate and restate.requestIdentity is on; empty otherwise). */}}
+{{- define "tether.restateIdentitySecret" -}}
+{{- if and (not (include "tether.restateExternal" .)) .Values.restate.requestIdentity -}}
+{{ include "tether.restateName" . }}-identity
+{{- end -}}
+{{- end -}}
+
 {{- define "tether.labels" -}}
 app.kubernetes.io/part-of: tether
 app.kubernetes.io/instance: {{ .Release.Name }}

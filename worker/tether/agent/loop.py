@@ -52,6 +52,7 @@ class AgentRun:
         self.abort = abort
         self.stats = AgentStats()
         self.run_id = ""
+        self.record: SessionRun | None = None
         self.tools = ToolCallExecutor(self)
 
     # The loop ------------------------------------------------------------------------------
@@ -62,6 +63,7 @@ class AgentRun:
         started = await durable.now()
         self.stats.started_at = started
         record = SessionRun(id=self.run_id, status="running", started_at=started, prompt=prompt)
+        self.record = record
         await self.session.save_run(record)
         if prompt is not None:
             await self._append("user", [text_block(prompt)], created_at=started)
@@ -77,6 +79,12 @@ class AgentRun:
         record.stats = self.stats.to_json()
         await self.session.save_run(record)
         return self.stats
+
+    async def record_decision(self, decision: dict[str, Any]) -> None:
+        """Add a person's decision on one of the run's calls to its record in the session."""
+        assert self.record is not None, "a decision before the run started"
+        self.record.decisions.append(decision)
+        await self.session.save_run(self.record)
 
     async def _turns(self) -> tuple[AgentStatus, str | None]:
         turn = 0

@@ -142,6 +142,7 @@ class ToolCallExecutor:
             agent=run.agent,
             run_stats=run.stats,
             extras=run.agent.tool_extras,
+            record_decision=run.record_decision,
         )
 
     def _call_fn(

@@ -53,6 +53,9 @@ class SessionRun:
     parent_run_id: str | None = None
     """Set on a sub-agent's run merged into its parent's session."""
     parent_call_id: str | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    """People's decisions on the run's calls (approvals, answers to `ask_human`): which call,
+    what was decided, and by whom and when where the answer says so. The audit trail."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -50,6 +50,8 @@ class ToolContext:
     """The running run's stats so far; a sub-agent's stats join its `children`."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Host-provided values (a tool-state store, clients...)."""
+    record_decision: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    """Adds a person's decision on this call to the run's record in the session."""
 
 
 ToolExecute = Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutput]]

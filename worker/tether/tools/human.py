@@ -3,7 +3,8 @@
 How a call waits belongs to the runtime, behind `Wait`: on Restate it parks on an awakeable and
 the invocation suspends (`tether.worker.parking`); on the embedded runtime the run stops and is
 resumed once the answer is in its database (`tether.durable.answers`). Either way the answer is
-journaled, so a replay gets the same decision.
+journaled, so a replay gets the same decision. Each decision is also added to the run's record
+in the session (`SessionRun.decisions`): the audit trail of who decided what, and when.
 """
 
 from __future__ import annotations
@@ -38,6 +39,40 @@ class Answer:
 
 Wait = Callable[[ToolContext, ParkedKind, dict[str, Any]], Awaitable[Answer]]
 """Wait for a person's answer to the call the context is running (kind, call input)."""
+
+DECISION_KEYS = ("approved", "by", "approver", "decided_at")
+MAX_DECISION_TEXT = 256
+
+
+def decision_of(value: Any) -> dict[str, Any]:
+    """Who decided, how and when, as a resolution says (`{"approved": true, "by": "link",
+    "approver": ..., "decided_at": ...}`); nothing for a value that does not say (`true`, an
+    answer). Only short plain values are kept: the resolution comes from outside."""
+    if not isinstance(value, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for key in DECISION_KEYS:
+        item = value.get(key)
+        if isinstance(item, str):
+            kept[key] = item[:MAX_DECISION_TEXT]
+        elif key in value and (item is None or isinstance(item, bool | int | float)):
+            kept[key] = item
+    return kept
+
+
+async def _record(ctx: ToolContext, kind: ParkedKind, answer: Answer, **outcome: Any) -> None:
+    """Add the decision on this call to the run's record (replays rebuild the record, so a
+    decision is recorded once however often the run is replayed)."""
+    if ctx.record_decision is None:
+        return
+    entry: dict[str, Any] = {"call_id": ctx.call_id, "tool": ctx.tool_name, "kind": kind}
+    entry.update(decision_of(answer.value))
+    entry.update(outcome)
+    if answer.timed_out:
+        entry["timed_out"] = True
+    if answer.rejected is not None:
+        entry["rejected"] = answer.rejected[:MAX_DECISION_TEXT]
+    await ctx.record_decision(entry)
 
 
 def _approved(value: Any) -> tuple[bool, str | None]:
@@ -79,13 +114,16 @@ def approval_gate(inner: ToolDef, wait: Wait, on_timeout: Literal["deny", "appro
 
     async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
         answer = await wait(tool_ctx, "approval", arguments)
-        if answer.rejected is not None:
-            raise ToolError(f"Denied: the approval was rejected ({answer.rejected}).")
         reason: str | None
-        if answer.timed_out:
+        if answer.rejected is not None:
+            approved, reason = False, None
+        elif answer.timed_out:
             approved, reason = on_timeout == "approve", "no decision in time"
         else:
             approved, reason = _approved(answer.value)
+        await _record(tool_ctx, "approval", answer, approved=approved)
+        if answer.rejected is not None:
+            raise ToolError(f"Denied: the approval was rejected ({answer.rejected}).")
         if not approved:
             raise ToolError(f"Denied: {reason or 'a person denied it'}. The call was not run.")
         return await _run_approved(inner, arguments, tool_ctx)
@@ -104,6 +142,8 @@ def ask_human_tool(name: str, wait: Wait) -> ToolDef:
 
     async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
         answer = await wait(tool_ctx, "ask_human", arguments)
+        answered = answer.rejected is None and not answer.timed_out
+        await _record(tool_ctx, "ask_human", answer, answered=answered)
         if answer.rejected is not None:
             raise ToolError(f"The person declined to answer ({answer.rejected}).")
         if answer.timed_out:

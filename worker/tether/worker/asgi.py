@@ -7,12 +7,14 @@ non-dumpable first, so the agent's `shell` commands (same user id) cannot read t
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import restate
 
 from .. import redact
 from .._hardening import make_undumpable
+from ..restate_identity import IDENTITY_KEYS_ENV
 from .agent_object import agent_services
 from .lifespan import answering_lifespan
 from .settings import settings_from_env
@@ -23,4 +25,11 @@ settings = settings_from_env()
 redact.install(settings.env, names=settings.secret_variables)
 # `python:` tools of a manifest may sit next to it (an example); images install them instead.
 sys.path.insert(0, str(settings.spec_path.parent))
-app = answering_lifespan(restate.app(agent_services(settings)))
+if not settings.identity_keys:
+    logging.getLogger("tether.worker").warning(
+        "%s is not set: this worker accepts requests that Restate did not sign, from anything "
+        "that reaches its port",
+        IDENTITY_KEYS_ENV,
+    )
+endpoint = restate.app(agent_services(settings), identity_keys=list(settings.identity_keys))
+app = answering_lifespan(endpoint)

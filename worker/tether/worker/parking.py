@@ -29,13 +29,11 @@ from ..restate.errors import is_restate_cancellation
 from ..restate.runtime import default_run_options
 from ..restate.types import AwakeableOutcome, AwakeableWithTimeoutOptions
 from ..tools.base import ToolContext
-from ..tools.human import Answer, Wait
+from ..tools.human import Answer, Wait, decision_of
 from ..webhooks import LinkAction, sign_request, signed_link
 from .parked_index import ParkedIndex
 
 log = logging.getLogger("tether.worker")
-DECISION_KEYS = ("approved", "by", "approver", "decided_at")
-MAX_DECISION_TEXT = 256
 
 
 @dataclass(frozen=True)
@@ -154,22 +152,6 @@ async def park(
     await _unpark(ctx, settings, awakeable_id)
     await _ended(tool_ctx, {"timed_out": outcome.timed_out, **decision_of(outcome.value)})
     return outcome
-
-
-def decision_of(value: Any) -> dict[str, Any]:
-    """Who decided, how and when, as a resolution says (`{"approved": true, "by": "link",
-    "approver": ..., "decided_at": ...}`); nothing for a value that does not say (`true`, an
-    answer). Only short plain values are kept: the resolution comes from outside."""
-    if not isinstance(value, dict):
-        return {}
-    kept: dict[str, Any] = {}
-    for key in DECISION_KEYS:
-        item = value.get(key)
-        if isinstance(item, str):
-            kept[key] = item[:MAX_DECISION_TEXT]
-        elif key in value and (item is None or isinstance(item, bool | int | float)):
-            kept[key] = item
-    return kept
 
 
 def restate_wait(ctx: restate.ObjectContext, settings: ParkSettings) -> Wait:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..restate_identity import identity_keys_from_env
 from ..spec import NOTIFY_URL, PREVIOUS_SECRET_ENV, DurableAgent, SpecError, load_agent
 
 
@@ -27,6 +28,8 @@ class WorkerSettings:
     """Where parked calls are announced: `spec.approvals.notify.url`, or the environment
     variable `urlEnv` (default `TETHER_NOTIFY_URL`), which the operator fills from the Secret of
     `spec.approvals.notify.urlSecretRef`. A credential: never logged whole."""
+    identity_keys: tuple[str, ...] = ()
+    """Restate's request identity keys: requests not signed with one are refused (401)."""
 
     @property
     def agent_name(self) -> str:
@@ -64,6 +67,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
         workspace=Path(env.get("TETHER_WORKSPACE", "/tmp")),
         env=env,
         notify_url=notify_url_from_env(manifest, env),
+        identity_keys=tuple(identity_keys_from_env(env)),
     )
 
 
