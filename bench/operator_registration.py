@@ -35,8 +35,8 @@ from kubernetes.client import ApiClient  # noqa: E402
 from op_harness import Cluster, StandinWorker, start_operator, wait_for  # noqa: E402
 
 from kube.controlplane import KubeCluster  # noqa: E402
-from tether.crd import CRD_NAME, durableagent_crd  # noqa: E402
-from tether.restate_server import RestateServer  # noqa: E402
+from tether.programs.restate_server import RestateServer  # noqa: E402
+from tether.spec.crd import CRD_NAME, durableagent_crd  # noqa: E402
 
 POLL = 0.02
 

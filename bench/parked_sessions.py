@@ -34,11 +34,11 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tether.dev import DevStack
-from tether.process_group import stop_group
-from tether.restate_server import free_port
-from tether.webhooks import sign_request
-from tether.worker.supervise import descendants
+from tether.programs.dev import DevStack
+from tether.programs.process_group import stop_group
+from tether.programs.restate_server import free_port
+from tether.programs.webhooks import sign_request
+from tether.programs.worker.deadline import descendants
 
 BENCH = str(Path(__file__).resolve().parent)
 SCRIPT = [

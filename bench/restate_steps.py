@@ -3,8 +3,8 @@ the same run, on the same real restate-server and worker process.
 
     python bench/restate_steps.py [--steps 200] [--resume-steps 1000] [--repeat 5]
 
-Starts a restate-server (`tether.restate_server.RestateServer`, the pinned npm build) and one
-hypercorn worker serving `bench/restate_bench_service.py` (h2c, as the tests and `tether worker`
+Starts a restate-server (`tether.programs.restate_server.RestateServer`, the pinned npm build) and
+one hypercorn worker serving `bench/restate_bench_service.py` (h2c, as the tests and `tether worker`
 do), then measures, alternating ours and the floor in every repetition:
 
 (a) steps/s of a run: the floor is a raw handler doing N bare `ctx.run_typed` steps; ours is a
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tether.restate_server import DEFAULT_RESTATE_VERSION, RestateServer, free_port
+from tether.programs.restate_server import DEFAULT_RESTATE_VERSION, RestateServer, free_port
 
 T = TypeVar("T")
 

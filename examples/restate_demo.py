@@ -22,8 +22,8 @@ from typing import Any
 import httpx2
 import yaml
 
-from tether.dev import DevStack
-from tether.webhooks import sign_request
+from tether.programs.dev import DevStack
+from tether.programs.webhooks import sign_request
 
 EXAMPLES = Path(__file__).resolve().parent
 PROMPT = "Ship release 1.4.0: notes, deploy, health check, report."

@@ -5,7 +5,7 @@
 #   scripts/install-restate.sh [VERSION]
 #
 # Cache: ${TETHER_CACHE:-$HOME/.cache/tether}/restate/<version>/. A second run finds the binary
-# there and returns at once. The Python twin is tether.restate_server.find_or_install_restate_server
+# there and returns at once. The Python twin is tether.programs.restate_server.find_or_install_restate_server
 # (same layout, same pin): keep RESTATE_VERSION equal to DEFAULT_RESTATE_VERSION there.
 #
 # The wrapper package depends on @scarf/scarf, an install-analytics script: npm runs with

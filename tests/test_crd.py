@@ -15,8 +15,15 @@ from kubernetes.client import ApiClient, ApiException
 
 from kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
 from kube.controlplane import ControlPlane, wait_until
-from tether.crd import CRD_NAME, GROUP, PLURAL, VERSION, durableagent_crd, durableagent_crd_yaml
 from tether.spec import SpecError, parse_agent
+from tether.spec.crd import (
+    CRD_NAME,
+    GROUP,
+    PLURAL,
+    VERSION,
+    durableagent_crd,
+    durableagent_crd_yaml,
+)
 
 CHECKED_IN = Path(__file__).resolve().parent.parent / "crds" / "durableagent.yaml"
 

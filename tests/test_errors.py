@@ -14,7 +14,11 @@ import tether
 import tether_operator
 from tether.errors import ConfigError, TetherError
 
-PROGRAMS = ("tether.worker.asgi", "tether.worker.hypercorn_config", "tether.worker.supervise")
+PROGRAMS = (
+    "tether.programs.worker.asgi",
+    "tether.programs.worker.hypercorn_config",
+    "tether.programs.worker.deadline",
+)
 """Entry points that act when imported (they read the spec, harden the process): no errors."""
 
 
@@ -46,8 +50,8 @@ def test_every_error_tether_defines_is_a_tether_error() -> None:
     ("error", "builtin"),
     [
         ("tether.spec.SpecError", ValueError),
-        ("tether.sidecar.settings.SidecarConfigError", ValueError),
-        ("tether.webhooks.SignatureError", ValueError),
+        ("tether.programs.sidecar.settings.SidecarConfigError", ValueError),
+        ("tether.programs.webhooks.SignatureError", ValueError),
         ("tether.agent.agent.AgentBusyError", RuntimeError),
         ("tether._optional.MissingExtraError", ModuleNotFoundError),
         ("tether_operator.settings.SettingsError", ValueError),

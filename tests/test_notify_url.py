@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tether.programs.worker.parking import host_of
+from tether.programs.worker.settings import settings_from_env
 from tether.spec import NOTIFY_URL_ENV, SpecError, parse_agent
-from tether.worker.parking import host_of
-from tether.worker.settings import settings_from_env
 from tether_operator.render import version_objects
 from tether_operator.settings import settings_from_env as operator_settings
 

@@ -61,7 +61,7 @@ def test_import_tether_imports_no_optional_package() -> None:
         "import sys, json, tether\n"
         "light = sorted({m.partition('.')[0] for m in sys.modules})\n"
         "import tether.agent, tether.durable, tether.session, tether.tools, tether.providers\n"
-        "import tether.spec, tether.cli, tether.run_command\n"
+        "import tether.spec, tether.programs.cli, tether.programs.run\n"
         "core = sorted({m.partition('.')[0] for m in sys.modules})\n"
         "print(json.dumps([light, core]))\n"
     )
@@ -90,11 +90,11 @@ def test_an_agent_with_a_tool_runs_on_sqlite_without_any_extra(tmp_path: Path) -
 PARTS = {
     "tether.restate": sentence("tether.restate", "restate", "restate-sdk"),
     "tether.restate.runtime": sentence("tether.restate", "restate", "restate-sdk"),
-    "tether.worker": sentence("tether.worker", "restate", "restate-sdk"),
-    "tether.worker.asgi": sentence("tether.worker", "restate", "restate-sdk"),
-    "tether.sidecar": sentence("tether.sidecar", "sidecar", "fastapi"),
-    "tether.sidecar.app": sentence("tether.sidecar", "sidecar", "fastapi"),
-    "tether.metrics": sentence("tether.metrics", "sidecar", "prometheus-client"),
+    "tether.programs.worker": sentence("tether.programs.worker", "restate", "restate-sdk"),
+    "tether.programs.worker.asgi": sentence("tether.programs.worker", "restate", "restate-sdk"),
+    "tether.programs.sidecar": sentence("tether.programs.sidecar", "sidecar", "fastapi"),
+    "tether.programs.sidecar.app": sentence("tether.programs.sidecar", "sidecar", "fastapi"),
+    "tether.programs.metrics": sentence("tether.programs.metrics", "sidecar", "prometheus-client"),
     "tether.providers.anthropic_provider": sentence(
         "tether.providers.anthropic", "anthropic", "anthropic"
     ),
@@ -165,8 +165,8 @@ def test_tether_run_works_without_any_extra(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
-        (["worker", "--spec", str(CLERK)], PARTS["tether.worker"]),
-        (["sidecar"], PARTS["tether.sidecar"]),
+        (["worker", "--spec", str(CLERK)], PARTS["tether.programs.worker"]),
+        (["sidecar"], PARTS["tether.programs.sidecar"]),
         (["dev", "--spec", str(CLERK)], sentence("tether dev", "restate", "restate-sdk")),
     ],
 )

@@ -1,5 +1,5 @@
-"""The log redaction of every Tether process (`tether.redact`): realistic lines in, the scheme and
-host of each URL out, no token, path, query, user information or known secret value."""
+"""The log redaction of every Tether process (`tether.programs.redact`): realistic lines in, the
+scheme and host of each URL out, no token, path, query, user information or known secret value."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tether import redact
-from tether.redact import REDACTED, Redactor, secret_values
+from tether.programs import redact
+from tether.programs.redact import REDACTED, Redactor, secret_values
 
 SLACK_PATH = "services/T0AAAAAAA/B0BBBBBBB/xoxT0kenT0kenT0kenT0ken"
 SLACK_URL = f"https://hooks.slack.com/{SLACK_PATH}"

@@ -1,5 +1,5 @@
-"""Restate's request identity keys (tether.restate_identity): the format Restate prints and the
-SDK checks, and clear errors for keys that cannot work."""
+"""Restate's request identity keys (tether.programs.restate_identity): the format Restate prints and
+the SDK checks, and clear errors for keys that cannot work."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tether.restate_identity import (
+from tether.programs.restate_identity import (
     IDENTITY_KEYS_ENV,
     IdentityKeyError,
     base58,

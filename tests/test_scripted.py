@@ -8,11 +8,11 @@ import pytest
 
 from tether import create_agent
 from tether.agent import spawn_tool
-from tether.assemble import provider_from_spec
 from tether.messages import Message, text_block, tool_result, user_message
 from tether.providers import ScriptedProvider, ScriptExhaustedError, scripted
 from tether.providers.base import ModelRequest
 from tether.spec import SpecError, parse_agent
+from tether.spec.assemble import provider_from_spec
 
 
 def request(*messages: Message) -> ModelRequest:

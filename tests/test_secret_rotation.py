@@ -19,9 +19,8 @@ from test_sidecar import (
     answered,
     settings,
 )
-from tether.sidecar import create_app, settings_from_env
-from tether.spec import PREVIOUS_SECRET_ENV, parse_agent
-from tether.webhooks import (
+from tether.programs.sidecar import create_app, settings_from_env
+from tether.programs.webhooks import (
     SignatureError,
     answer_proof,
     listing_token,
@@ -30,6 +29,7 @@ from tether.webhooks import (
     verified_by_any,
     verify_answer_proof,
 )
+from tether.spec import PREVIOUS_SECRET_ENV, parse_agent
 from tether_operator.render import version_objects
 from tether_operator.settings import settings_from_env as operator_settings
 

@@ -31,14 +31,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import calls
 from tether import create_agent, tool
 from tether.durable.memory import MemoryJournal, memory_runtime
-from tether.metrics import agent_hooks
 from tether.parked import ParkedCall
-from tether.providers import Pricing, scripted
-from tether.providers.base import ModelRequest, ModelResponse, TextCallback
-from tether.providers.scripted import ScriptedProvider
-from tether.sidecar import SidecarConfigError, SidecarSettings, create_app, settings_from_env
-from tether.sidecar.link_form import FORM_TOKEN_SECONDS, form_token
-from tether.webhooks import (
+from tether.programs.metrics import agent_hooks
+from tether.programs.sidecar import (
+    SidecarConfigError,
+    SidecarSettings,
+    create_app,
+    settings_from_env,
+)
+from tether.programs.sidecar.link_form import FORM_TOKEN_SECONDS, form_token
+from tether.programs.webhooks import (
     TOLERANCE_SECONDS,
     link_signature,
     sign_request,
@@ -46,6 +48,9 @@ from tether.webhooks import (
     verify_answer_proof,
     verify_listing_token,
 )
+from tether.providers import Pricing, scripted
+from tether.providers.base import ModelRequest, ModelResponse, TextCallback
+from tether.providers.scripted import ScriptedProvider
 
 SECRET = "s3cret-for-the-sidecar-tests"
 AGENT = "triage"
@@ -426,7 +431,7 @@ async def test_bad_posts_are_refused_before_restate(
 ) -> None:
     bad = bad_posts()[case]
     before = await sidecar.metric("tether_webhook_requests_total", outcome=bad.outcome) or 0.0
-    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+    with caplog.at_level(logging.INFO, logger="tether.programs.sidecar"):
         resp = await sidecar.post(bad.awakeable_id, bad.value, **bad.kwargs)
     assert resp.status_code == bad.status, resp.text
     assert resp.json()["outcome"] == bad.outcome
@@ -673,7 +678,7 @@ async def test_a_link_minted_for_a_recipient_records_the_approver(
     assert (await press(sidecar, page, "approve", to=None)).status_code == 401
     assert sidecar.restate.completions == []
 
-    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+    with caplog.at_level(logging.INFO, logger="tether.programs.sidecar"):
         assert (await press(sidecar, page, "approve")).status_code == 200
     [forwarded] = sidecar.restate.completions
     assert answer_value(forwarded)["approver"] == alice
@@ -775,7 +780,7 @@ async def test_bad_form_posts_are_refused_and_leave_the_call_parked(
             fields[name] = change[name]
     data = {name: value for name, value in fields.items() if value is not None}
     headers = change.get("headers", BROWSER)
-    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+    with caplog.at_level(logging.INFO, logger="tether.programs.sidecar"):
         if "raw" in change or change.get("raw_repeat"):
             raw = change.get("raw") or (urlencode(data) + "&decision=deny").encode()
             content_type = change.get("type", "application/x-www-form-urlencoded")
@@ -907,7 +912,7 @@ async def test_bad_links_are_refused_before_restate(
     sidecar: Sidecar, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     url, status, outcome = bad_links()[case]
-    with caplog.at_level(logging.INFO, logger="tether.sidecar"):
+    with caplog.at_level(logging.INFO, logger="tether.programs.sidecar"):
         resp = await sidecar.client.get(url)
     assert resp.status_code == status, resp.text
     assert resp.headers["content-type"].startswith("text/html")
@@ -964,7 +969,7 @@ async def test_metrics_count_outcomes_and_parked_calls(sidecar: Sidecar) -> None
 
 WORKER_PROGRAM = textwrap.dedent(
     """
-    from tether.metrics import agent_hooks, multiprocess_enabled
+    from tether.programs.metrics import agent_hooks, multiprocess_enabled
     assert multiprocess_enabled()
     hooks = agent_hooks("triage", provider="anthropic", model="claude")
     hooks["turn:after"]({"usage": {"input": 10, "output": 5}, "cost": 0.25, "latency_ms": 7})
@@ -1343,7 +1348,7 @@ async def test_another_replica_acts_on_nothing_a_replica_did(
 
 
 def test_the_sidecar_checks_the_inboxs_message_limit() -> None:
-    from tether.sidecar.sessions import MAX_MESSAGE_CHARS
-    from tether.worker.inbox import MAX_MESSAGE_CHARS as INBOX_LIMIT
+    from tether.programs.sidecar.sessions import MAX_MESSAGE_CHARS
+    from tether.programs.worker.inbox import MAX_MESSAGE_CHARS as INBOX_LIMIT
 
     assert MAX_MESSAGE_CHARS == INBOX_LIMIT

@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 
-from tether.redact import install as install_redaction
+from tether.programs.redact import install as install_redaction
 from tether.spec import SpecError
 
 from . import children, deletion, supervisor

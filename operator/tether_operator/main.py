@@ -13,7 +13,7 @@ import sys
 import kopf
 
 from tether.errors import ConfigError
-from tether.redact import install as install_redaction
+from tether.programs.redact import install as install_redaction
 
 from .settings import settings_from_env
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any
 
-from tether.crd import GROUP, PLURAL, VERSION
+from tether.spec.crd import GROUP, PLURAL, VERSION
 
 __all__ = ["GROUP", "PLURAL", "VERSION"]
 

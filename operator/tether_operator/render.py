@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from tether.restate_identity import IDENTITY_KEYS_ENV
+from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.spec import API_VERSION, KIND, PREVIOUS_SECRET_ENV, DurableAgent, DurableAgentSpec
 
 from .names import (

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.errors import ConfigError
-from tether.restate_identity import identity_keys_from_env, public_key_of
+from tether.programs.restate_identity import identity_keys_from_env, public_key_of
 
 IDENTITY_KEY_FILE_ENV = "TETHER_RESTATE_IDENTITY_KEY_FILE"
 """Restate's request-identity private key (PEM); the operator keeps only its public key."""

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
 
-from tether.crd import CRD_NAME, durableagent_crd
-from tether.restate_identity import public_key_of
+from tether.programs.restate_identity import public_key_of
+from tether.spec.crd import CRD_NAME, durableagent_crd
 from tether_operator.names import version_labels
 
 EXTERNAL = (
@@ -139,7 +139,7 @@ def test_an_existing_restate_takes_two_values(helm_bin: Path) -> None:
 
 def test_restate_signs_its_requests_with_a_key_the_operator_reads(helm_bin: Path) -> None:
     """Restate signs every request to a worker with the Secret's key; the operator derives the
-    public key the workers check with from the same Secret (tether.restate_identity)."""
+    public key the workers check with from the same Secret (tether.programs.restate_identity)."""
     objects = render(helm_bin)
     [secret] = by_kind(objects, "Secret")
     pem = base64.b64decode(secret["data"]["private.pem"])

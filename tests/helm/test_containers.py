@@ -20,9 +20,9 @@ import httpx2
 from chart import REPO, by_kind, env_of, one, render
 
 from kube.controlplane import ControlPlane
-from tether.process_group import stop_group
-from tether.restate_identity import IDENTITY_KEYS_ENV, PRIVATE_KEY_ENV, public_key_of
-from tether.restate_server import RestateServer, find_or_install_restate_server, free_port
+from tether.programs.process_group import stop_group
+from tether.programs.restate_identity import IDENTITY_KEYS_ENV, PRIVATE_KEY_ENV, public_key_of
+from tether.programs.restate_server import RestateServer, find_or_install_restate_server, free_port
 from tether_operator.settings import IDENTITY_KEY_FILE_ENV
 
 

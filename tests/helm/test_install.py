@@ -14,7 +14,7 @@ import pytest
 from chart import CHART, REPO, helm, render
 
 from kube.controlplane import ControlPlane
-from tether.crd import CRD_NAME
+from tether.spec.crd import CRD_NAME
 
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
 E2E_AGENT = REPO / "e2e" / "agent.yaml"

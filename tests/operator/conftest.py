@@ -34,8 +34,8 @@ from op_harness import (
 
 from kube.conftest import kube_cluster  # noqa: F401  (the shared tier-2 control plane)
 from kube.controlplane import ControlPlane
-from tether.crd import CRD_NAME, durableagent_crd
-from tether.restate_server import RestateServer, find_or_install_restate_server
+from tether.programs.restate_server import RestateServer, find_or_install_restate_server
+from tether.spec.crd import CRD_NAME, durableagent_crd
 
 #: Retries of a failed attempt at most 2 s apart, so a worker that starts late is picked up soon.
 RESTATE_ENV = {"RESTATE_DEFAULT_RETRY_POLICY__MAX_INTERVAL": "2s"}

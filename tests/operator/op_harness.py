@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 from kubernetes import client
 from kubernetes.client import ApiClient, ApiException
 
-from tether.crd import GROUP, PLURAL, VERSION
 from tether.parked import PARKED_STATE_KEY
-from tether.process_group import signal_group, stop_group
-from tether.restate_server import RestateServer, free_port
+from tether.programs.process_group import signal_group, stop_group
+from tether.programs.restate_server import RestateServer, free_port
+from tether.spec.crd import GROUP, PLURAL, VERSION
 
 T = TypeVar("T")
 HERE = Path(__file__).resolve().parent

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import ALWAYS_SUSPEND_ENV, FAST_RETRY_ENV, HypercornWorker, ServedApp, service_app
 
-from tether.restate_server import RestateServer, find_or_install_restate_server
+from tether.programs.restate_server import RestateServer, find_or_install_restate_server
 
 
 @pytest.hookimpl(wrapper=True)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
-from tether.restate_server import RestateServer, free_port
+from tether.programs.restate_server import RestateServer, free_port
+from tether.programs.worker.deadline import descendants
 from tether.testing import (
     ALWAYS_SUSPEND_ENV,
     FAST_RETRY_ENV,
@@ -28,7 +29,6 @@ from tether.testing import (
     group_alive,
     wait_until,
 )
-from tether.worker.supervise import descendants
 
 __all__ = [
     "ALWAYS_SUSPEND_ENV",

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from support import wait_until
 
-from tether.dev import DevStack
-from tether.webhooks import sign_request, signed_link
+from tether.programs.dev import DevStack
+from tether.programs.webhooks import sign_request, signed_link
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():

@@ -25,8 +25,8 @@ from support import (
     without_capabilities,
 )
 
-from tether.dev import DevStack
-from tether.webhooks import sign_request, signed_link
+from tether.programs.dev import DevStack
+from tether.programs.webhooks import sign_request, signed_link
 
 SCRIPT = [
     {"tool_calls": [{"name": "write_file", "input": {"path": "out.txt", "content": "yes"}}]},
@@ -384,7 +384,7 @@ def test_no_process_of_the_dev_stack_lets_the_same_user_read_its_secret(tmp_path
         )
         for holder in (
             "-m tether dev",
-            "-I \\S+/supervise.py",
+            "-I \\S+/deadline.py",
             "-m hypercorn",
             "-m tether sidecar",
         ):

@@ -56,7 +56,7 @@ from support import (
     wait_until,
 )
 
-from tether.restate_server import RestateServer
+from tether.programs.restate_server import RestateServer
 from tether.session.session import INTERRUPTED_RESULT
 
 SERVICE = "CrashAgent"

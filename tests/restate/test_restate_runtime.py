@@ -9,7 +9,7 @@ from typing import Any
 
 from support import ServedApp, http
 
-from tether.restate_server import RestateServer
+from tether.programs.restate_server import RestateServer
 
 ALL_CALLS = [f"call_{t}_{i}" for t, n in enumerate([1, 1, 3, 1, 2, 1, 1]) for i in range(n)]
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support import ServedApp, count, http, read_lines, wait_until
 
-from tether.restate_server import (
+from tether.programs.restate_server import (
     DEFAULT_RESTATE_VERSION,
     RestateServer,
     find_or_install_restate_server,

@@ -18,6 +18,7 @@ from support import ServedApp, count, http, read_lines, wait_until
 from tether import ToolContext
 from tether.agent.stats import AgentStats
 from tether.durable.memory import memory_runtime
+from tether.programs.restate_server import RestateServer
 from tether.restate import (
     AwakeableDriftError,
     ChildRunRequest,
@@ -27,7 +28,6 @@ from tether.restate import (
     restate_awakeable_tool,
     restate_spawn_tool,
 )
-from tether.restate_server import RestateServer
 
 #: Generous: another suite may run Restate tests on the same 2 cores at the same time.
 DEADLINE = 180.0

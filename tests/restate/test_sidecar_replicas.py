@@ -28,9 +28,9 @@ import pytest
 import yaml
 from support import wait_until
 
-from tether.dev import DevStack, Process, wait_for
-from tether.restate_server import free_port
-from tether.webhooks import sign_request
+from tether.programs.dev import DevStack, Process, wait_for
+from tether.programs.restate_server import free_port
+from tether.programs.webhooks import sign_request
 
 AGENT = "replicated"
 PROMPT = {"prompt": "write it"}

@@ -1,4 +1,5 @@
-"""The sidecar as a real process (`python -m tether.sidecar`) against the real restate-server.
+"""The sidecar as a real process (`python -m tether.programs.sidecar`) against the real
+restate-server.
 
 `ParkAgent` (tests/restate/services/parking_service.py, served by hypercorn) parks calls the way
 the worker does, and answers them with the worker's `answer` handler. The sidecar reaches
@@ -45,9 +46,9 @@ from support import (
     wait_until,
 )
 
-from tether.restate_server import RestateServer
-from tether.sidecar.link_form import form_token
-from tether.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, signed_link
+from tether.programs.restate_server import RestateServer
+from tether.programs.sidecar.link_form import form_token
+from tether.programs.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, signed_link
 
 AGENT = "ParkAgent"
 SECRET = "the-sidecar-secret-of-the-restate-tests"
@@ -138,7 +139,15 @@ class SidecarProcess:
         port = str(self.port)
         with open(log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tether.sidecar", "--host", "127.0.0.1", "--port", port],
+                [
+                    sys.executable,
+                    "-m",
+                    "tether.programs.sidecar",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    port,
+                ],
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -23,10 +23,10 @@ import yaml
 from support import PROC_PROBE, HypercornWorker, http, wait_until, without_capabilities
 
 from tether.parked import PARKED_STATE_KEY
-from tether.restate_identity import IDENTITY_KEYS_ENV, new_private_key_pem, public_key_of
-from tether.restate_server import IDENTITY_KEY_FILE, RestateServer, free_port
+from tether.programs.restate_identity import IDENTITY_KEYS_ENV, new_private_key_pem, public_key_of
+from tether.programs.restate_server import IDENTITY_KEY_FILE, RestateServer, free_port
+from tether.programs.webhooks import SignatureError, answer_proof, listing_token, verify_link
 from tether.tools.human import MAX_DECISION_TEXT, decision_of
-from tether.webhooks import SignatureError, answer_proof, listing_token, verify_link
 
 WRITE_APPROVED = [
     {
@@ -564,8 +564,8 @@ def test_a_shell_command_cannot_read_the_secrets_of_the_worker_processes(
 ) -> None:
     """The agent's `shell` runs as the worker's user. Every process of the worker holds the
     webhook secret and the model keys in its environment (`tether worker`, PID 1 of a pod, as
-    `tether.worker.supervise`; the hypercorn master; its worker child) or ran without them (the
-    resource tracker): a command reads none of them from `/proc/<pid>/environ` or `mem`."""
+    `tether.programs.worker.deadline`; the hypercorn master; its worker child) or ran without them
+    (the resource tracker): a command reads none of them from `/proc/<pid>/environ` or `mem`."""
     secret, key = secrets.token_hex(16), secrets.token_hex(16)
     agent = name()
     probe = "cat /proc/$PPID/environ; echo; cat /proc/1/environ; echo; "
@@ -590,12 +590,12 @@ def test_a_shell_command_cannot_read_the_secrets_of_the_worker_processes(
     assert "self CapEff:\t0000000000000000" in output, output  # nothing that bypasses the check
     assert secret not in output and key not in output, output
     # Up from the command's own `sh -c`: the hypercorn child, its master, and `tether worker`
-    # (supervise), each of which the probe could read neither the environment nor the memory of.
+    # (deadline), each of which the probe could read neither the environment nor the memory of.
     ancestors = re.findall(r"^ancestor (\d+): (.*)\n  (.*)\n  (.*)$", output, re.MULTILINE)
     assert ancestors[0][1].startswith("/bin/sh -c "), output
     workers = {pid: (command, read) for pid, command, *read in ancestors[1:]}
     assert str(worker.pid) in workers, output
-    for needle in ("multiprocessing.spawn", "-m hypercorn", "supervise.py"):
+    for needle in ("multiprocessing.spawn", "-m hypercorn", "deadline.py"):
         assert any(needle in command for command, _ in workers.values()), output
     denied = ["environ: cannot read (Permission denied)", "memory: cannot read (Permission denied)"]
     assert all(read == denied for _, read in workers.values()), output
@@ -627,7 +627,7 @@ def test_only_restate_can_invoke_the_worker(
 ) -> None:
     """Anything else that reaches the worker's port (another pod; the agent's own `shell` over
     loopback) could invoke its handlers with a journal of its own, one that says a call was
-    approved. The worker takes only requests Restate signed (tether.restate_identity)."""
+    approved. The worker takes only requests Restate signed (tether.programs.restate_identity)."""
     agent = "signed-only"
     worker = agent_worker(manifest(agent, [{"text": "hello"}]))  # registered: Restate signs
     assert result_of(restate_server, send_run(restate_server, agent, "s1", "hi"))["text"] == "hello"

@@ -17,8 +17,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support import decide_by_link, group_alive, wait_until
 
-from tether.dev import DevStack, wait_for
-from tether.webhooks import sign_request, signed_link
+from tether.programs.dev import DevStack, wait_for
+from tether.programs.webhooks import sign_request, signed_link
 
 AGENT = "fanout-clerk"
 PROMPT = "triage the release"

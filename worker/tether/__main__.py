@@ -1,3 +1,3 @@
-from .cli import main
+from .programs.cli import main
 
 main()

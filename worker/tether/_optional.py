@@ -25,7 +25,8 @@ from .errors import TetherError
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "anthropic": ("anthropic",),
     "openai": ("openai",),
-    # The worker counts its work in tether.metrics (prometheus_client) and runs under hypercorn.
+    # The worker counts its work in tether.programs.metrics (prometheus_client) and runs under
+    # hypercorn.
     "restate": ("restate", "hypercorn", "prometheus_client"),
     "sidecar": ("fastapi", "starlette", "uvicorn", "aiohttp", "prometheus_client"),
     "operator": ("kopf", "aiohttp"),

@@ -2,8 +2,8 @@
 
 The worker keeps one map `{awakeable id: ParkedCall}` per session in the agent object's state
 under `PARKED_STATE_KEY`, written by the exclusive `run` handler when a call parks and removed
-when it resumes, and the same records in the agent's index (`tether.worker.parked_index`), which
-its sidecars read with a signed request. It lives in Restate, so it stays true when a worker
+when it resumes, and the same records in the agent's index (`tether.programs.worker.parked_index`),
+which its sidecars read with a signed request. It lives in Restate, so it stays true when a worker
 restarts.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 PARKED_STATE_KEY = "tether:parked"
 INDEX_KEY = "all"
-"""The one key of an agent's index of parked calls (`tether.worker.parked_index`)."""
+"""The one key of an agent's index of parked calls (`tether.programs.worker.parked_index`)."""
 ParkedKind = Literal["approval", "ask_human"]
 SUMMARY_CHARS = 300
 

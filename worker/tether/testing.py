@@ -1,8 +1,8 @@
 """Test your agents against a real ``restate-server``, as ``kopf.testing`` does for operators.
 
 Two context managers, each a real server on loopback (random ports, a temporary data directory,
-telemetry off; the binary found or installed like ``tether.restate_server`` does) that they stop
-at exit, process groups and temporary directories included:
+telemetry off; the binary found or installed like ``tether.programs.restate_server`` does) that they
+stop at exit, process groups and temporary directories included:
 
 - :class:`RestateHarness` serves your own Restate services (``tether.restate`` embedded in your
   handlers) or any ASGI app with hypercorn over HTTP/2 and registers them. Services and ASGI
@@ -10,8 +10,8 @@ at exit, process groups and temporary directories included:
   work); a ``"module:attr"`` string runs in a hypercorn process of its own that a crash test
   can SIGKILL (:class:`HypercornWorker`).
 - :class:`AgentHarness` serves a ``DurableAgent`` manifest as ``tether worker`` does, with the
-  sidecar next to it (``tether.dev.DevStack``): start runs, list the calls parked for a person,
-  answer them with signed webhooks, read the session.
+  sidecar next to it (``tether.programs.dev.DevStack``): start runs, list the calls parked for a
+  person, answer them with signed webhooks, read the session.
 
 As a pytest plugin (``pytest_plugins = ["tether.testing"]`` in your ``conftest.py``) it gives
 the fixtures ``tether_restate`` (a :class:`RestateHarness` on one server per test session; what a
@@ -56,13 +56,13 @@ from urllib.parse import quote
 
 import yaml
 
-from .dev import DevStack
 from .errors import TetherError
 from .parked import ParkedCall
-from .process_group import signal_group
-from .restate_server import RestateServer, _request, _Response, free_port
+from .programs.dev import DevStack
+from .programs.process_group import signal_group
+from .programs.restate_server import RestateServer, _request, _Response, free_port
+from .programs.webhooks import sign_request
 from .session.types import SessionRecord
-from .webhooks import sign_request
 
 try:
     import pytest
@@ -526,7 +526,7 @@ class RestateHarness:
         else:
             import restate
 
-            from .worker.lifespan import answering_lifespan
+            from .programs.worker.lifespan import answering_lifespan
 
             kinds = (restate.Service, restate.VirtualObject, restate.Workflow)
             if isinstance(app, kinds):
@@ -604,7 +604,7 @@ class RestateHarness:
 
 class AgentHarness:
     """A ``DurableAgent`` manifest served as ``tether worker`` serves it, with its sidecar, on a
-    real restate-server (``tether.dev.DevStack`` on loopback).
+    real restate-server (``tether.programs.dev.DevStack`` on loopback).
 
     ``manifest`` is a file (``python:`` tools next to it are importable) or the manifest as a
     mapping. ``workspace`` is the file tools' directory (default: a temporary directory); the

@@ -3,10 +3,10 @@
 `ParkAgent/<session>/park` writes a `ParkedCall` record into the object's state under
 `tether:parked`, parks on an awakeable and returns `{"value": <resolution>}` (or
 `{"rejected": <message>}` when the awakeable is rejected), removing the record first. A journaled
-step counts the park with the worker's metrics (`tether.metrics`): when the process runs with
-`PROMETHEUS_MULTIPROC_DIR`, the count lands in that directory for the sidecar to serve. The
-sidecar lists the parked calls from the worker's own index (`tether.worker.parked_index`) and
-answers one through it, here too, with the webhook secret from `TETHER_WEBHOOK_SECRET`.
+step counts the park with the worker's metrics (`tether.programs.metrics`): when the process runs
+with `PROMETHEUS_MULTIPROC_DIR`, the count lands in that directory for the sidecar to serve. The
+sidecar lists the parked calls from the worker's own index (`tether.programs.worker.parked_index`)
+and answers one through it, here too, with the webhook secret from `TETHER_WEBHOOK_SECRET`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 import restate
 
-from tether.metrics import agent_hooks
 from tether.parked import PARKED_STATE_KEY, ParkedCall
-from tether.worker.parked_index import ParkedIndex
+from tether.programs.metrics import agent_hooks
+from tether.programs.worker.parked_index import ParkedIndex
 
 AGENT = "ParkAgent"
 SECRETS = tuple(

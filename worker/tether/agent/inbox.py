@@ -7,7 +7,7 @@ they start another turn (a follow-up). What was taken is journaled, so a replay 
 messages at the same places and a message is never taken twice.
 
 `MemoryInbox` is the in-process inbox (any durable runtime); on Restate the worker keeps the
-inbox in a virtual object of its own (`tether.worker.inbox`).
+inbox in a virtual object of its own (`tether.programs.worker.inbox`).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from ..session.types import SessionRun, SessionTurn
 from .abort import Aborted, AbortSignal
 from .compaction import compact_tail, estimate_tokens
 from .stats import AgentStats, AgentStatus
-from .tool_calls import ToolCallExecutor
+from .tool_calls import ToolCallExecutor, ToolRun
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -53,13 +53,24 @@ class AgentRun:
         self.stats = AgentStats()
         self.run_id = ""
         self.record: SessionRun | None = None
-        self.tools = ToolCallExecutor(self)
 
     # The loop ------------------------------------------------------------------------------
 
     async def execute(self, prompt: str | None) -> AgentStats:
         durable = self.durable
         self.run_id = self.stats.run_id = durable.uuid()
+        self.tools = ToolCallExecutor(
+            ToolRun(
+                agent=self.agent,
+                durable=durable,
+                behavior=self.behavior,
+                abort=self.abort,
+                stats=self.stats,
+                run_id=self.run_id,
+                session_id=self.session.id,
+                record_decision=self.record_decision,
+            )
+        )
         started = await durable.now()
         self.stats.started_at = started
         record = SessionRun(id=self.run_id, status="running", started_at=started, prompt=prompt)

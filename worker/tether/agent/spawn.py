@@ -16,6 +16,7 @@ from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 if TYPE_CHECKING:
     from ..providers.base import Provider
     from .behavior import Behavior
+    from .stats import AgentStats
 
 SPAWN_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -45,7 +46,7 @@ def spawn_tool(
     from .agent import Agent
 
     async def execute(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        parent = ctx.agent
+        parent: Agent | None = ctx.agent
         if parent is None:
             raise ToolError("spawn needs the running agent in its context")
         if ctx.depth + 1 > max_depth:
@@ -67,8 +68,9 @@ def spawn_tool(
         )
         live_before = ctx.durable.counters.live.total()
         stats = await child.run(arguments["task"])
-        if ctx.run_stats is not None:
-            ctx.run_stats.children.append(stats)
+        run_stats: AgentStats | None = ctx.run_stats
+        if run_stats is not None:
+            run_stats.children.append(stats)
         if ctx.durable.counters.live.total() > live_before:
             await parent.hooks.call("spawn:complete", {"call_id": ctx.call_id, "stats": stats})
         if stats.status != "completed":
@@ -87,6 +89,7 @@ def spawn_tool(
 
 
 def _remaining_budget(limit: float | None, ctx: ToolContext) -> float | None:
-    if limit is None or ctx.run_stats is None:
+    run_stats: AgentStats | None = ctx.run_stats
+    if limit is None or run_stats is None:
         return None
-    return max(limit - ctx.run_stats.total_cost_usd, 1e-9)
+    return max(limit - run_stats.total_cost_usd, 1e-9)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..durable.journal import now_ms
@@ -22,7 +23,11 @@ from ..tools.validation import validation_error, validator_for
 from .abort import Aborted
 
 if TYPE_CHECKING:
-    from .loop import AgentRun
+    from ..durable.protocol import DurableRuntime
+    from .abort import AbortSignal
+    from .agent import Agent
+    from .behavior import Behavior
+    from .stats import AgentStats
 
 ABORTED_RESULT = "Aborted: the run was aborted while this tool was running."
 
@@ -76,10 +81,25 @@ def _outcome(content: ToolOutput, *, outcome: str, is_error: bool) -> dict[str, 
     return {"content": content, "is_error": is_error, "outcome": outcome, "at": now_ms()}
 
 
+@dataclass(frozen=True)
+class ToolRun:
+    """What executing a run's tool calls uses of the run (and no more: no back-reference)."""
+
+    agent: Agent
+    """Its tools, hooks, depth and tool extras; a spawn tool builds a child from it."""
+    durable: DurableRuntime
+    behavior: Behavior
+    abort: AbortSignal
+    stats: AgentStats
+    run_id: str
+    session_id: str | None
+    record_decision: Callable[[dict[str, Any]], Awaitable[None]]
+
+
 class ToolCallExecutor:
     """Runs the tool calls of one run's turns through the run's durable runtime."""
 
-    def __init__(self, run: AgentRun) -> None:
+    def __init__(self, run: ToolRun) -> None:
         self.run = run
         self.tools = {t.name: t for t in run.agent.tools}
         self.validators = {t.name: validator_for(t.spec.input_schema) for t in run.agent.tools}
@@ -135,7 +155,7 @@ class ToolCallExecutor:
             turn_id=turn_id,
             tool_name=call["name"],
             run_id=run.run_id,
-            session_id=run.session.id,
+            session_id=run.session_id,
             durable=run.durable.scope(f"tool:{call['id']}"),
             signal=run.abort.event,
             depth=run.agent.depth,

@@ -164,7 +164,7 @@ class Merge:
         self.options = options
         self.ctx = ctx
         self.labels = labels
-        agent = ctx.agent
+        agent: Agent | None = ctx.agent
         self.session = agent.session if agent is not None else None
 
     def node(self, label: str, task: str, result: ChildRunResult) -> MergedChild:
@@ -213,7 +213,8 @@ class Merge:
         """The run record of `node`. Times come from the child's clock (replay-stable: they
         arrived in the journaled call result), else its turns, else this run's start."""
         turns = node["turns"]
-        fallback = self.ctx.run_stats.started_at if self.ctx.run_stats else None
+        run_stats: AgentStats | None = self.ctx.run_stats
+        fallback = run_stats.started_at if run_stats else None
         started = node.get("started_at") or node["stats"].get("started_at")
         ended = node.get("ended_at") or node["stats"].get("ended_at")
         if started is None:
@@ -246,8 +247,9 @@ class Merge:
         if self.options.persist and self.session is not None:
             await self.persist(node, ctx.run_id, ctx.call_id)
         stats = agent_stats(node["stats"])
-        if ctx.run_stats is not None:
-            ctx.run_stats.children.append(stats)
+        run_stats: AgentStats | None = ctx.run_stats
+        if run_stats is not None:
+            run_stats.children.append(stats)
         collector = ctx.extras.get(MERGED_CHILDREN_EXTRA)
         if isinstance(collector, list):
             collector.append(node)
@@ -261,7 +263,7 @@ class Merge:
         first seen by a replay that resumed a suspended parent, so "the call ran live" cannot
         be told apart from the call's own journal entry). Besides `call_id` and the child's
         `stats`, the payload has the child's `index` in the call and the call's `fanout`."""
-        agent = self.ctx.agent
+        agent: Agent | None = self.ctx.agent
         if agent is None:
             return
         hooks = agent.hooks
@@ -468,7 +470,7 @@ async def run_child(
     `request["depth"]`; a depth over `max_depth` is refused with an error result. A
     `restate_spawn_tool` among `tools` dispatches grandchildren; their merged records are
     collected automatically. `hooks` are the child agent's hooks, or a function of the child's
-    runtime that builds them (for hooks that read it, like `tether.metrics.agent_hooks`).
+    runtime that builds them (for hooks that read it, like `tether.programs.metrics.agent_hooks`).
     """
     if request["depth"] > max_depth:
         return refused(request, max_depth)

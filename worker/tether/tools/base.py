@@ -11,8 +11,6 @@ from ..errors import TetherError
 from ..messages import ImageBlock, TextBlock
 
 if TYPE_CHECKING:
-    from ..agent.agent import Agent
-    from ..agent.stats import AgentStats
     from ..durable.protocol import DurableRuntime
 
 ToolOutput = str | list[TextBlock | ImageBlock]
@@ -44,10 +42,12 @@ class ToolContext:
     """Set when the run is aborted; long tools should watch it."""
     depth: int = 0
     """Sub-agent depth of the running agent (0 for the top level)."""
-    agent: Agent | None = None
-    """The running agent (what a spawn tool builds a child from)."""
-    run_stats: AgentStats | None = None
-    """The running run's stats so far; a sub-agent's stats join its `children`."""
+    agent: Any = None
+    """The running agent, a `tether.agent.Agent` (what a spawn tool builds a child from). Typed
+    loosely: tools sit below the agent, and a tool that uses it names the type itself."""
+    run_stats: Any = None
+    """The running run's `tether.agent.AgentStats` so far; a sub-agent's stats join its
+    `children`."""
     extras: dict[str, Any] = field(default_factory=dict)
     """Host-provided values (a tool-state store, clients...)."""
     record_decision: Callable[[dict[str, Any]], Awaitable[None]] | None = None

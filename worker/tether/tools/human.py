@@ -1,10 +1,10 @@
 """Tools that wait for a person: the approval gate around a tool, and `ask_human`.
 
 How a call waits belongs to the runtime, behind `Wait`: on Restate it parks on an awakeable and
-the invocation suspends (`tether.worker.parking`); on the embedded runtime the run stops and is
-resumed once the answer is in its database (`tether.durable.answers`). Either way the answer is
-journaled, so a replay gets the same decision. Each decision is also added to the run's record
-in the session (`SessionRun.decisions`): the audit trail of who decided what, and when.
+the invocation suspends (`tether.programs.worker.parking`); on the embedded runtime the run stops
+and is resumed once the answer is in its database (`tether.durable.answers`). Either way the answer
+is journaled, so a replay gets the same decision. Each decision is also added to the run's record in
+the session (`SessionRun.decisions`): the audit trail of who decided what, and when.
 """
 
 from __future__ import annotations

@@ -1,0 +1,386 @@
+"""The `tether` command line."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .._optional import MissingExtraError, require_extra
+from ..durable.errors import DurableControlError
+from ..errors import ConfigError
+from .hardening import make_undumpable, state_dir
+
+# A missing extra too: `tether worker` without `tether[restate]` says which extra to install.
+USER_ERRORS = (ConfigError, DurableControlError, MissingExtraError)
+"""Said in one line, without a traceback: a spec, a setting or an extra that cannot work."""
+
+
+def _runs_db() -> str:
+    """The runs' SQLite file by default: in Tether's state directory, outside any workspace."""
+    return str(state_dir() / "runs.db")
+
+
+def _dev_dir() -> str:
+    """`tether dev`'s secret, logs and metrics by default: outside any workspace."""
+    return str(state_dir() / "dev")
+
+
+def _run_parser(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="run an agent from a DurableAgent manifest on the embedded SQLite runtime",
+        description="Run (or resume) an agent run journaled in a local SQLite file. Running the "
+        "same --run-id again after a crash replays the journaled steps and continues live.",
+    )
+    run.add_argument("spec", help="DurableAgent manifest (YAML)")
+    run.add_argument("--run-id", required=True, help="run id; reuse it to resume the run")
+    run.add_argument("--prompt", help="the task (required on the first start of a run)")
+    run.add_argument("--session", help="session id (default: the run id)")
+    run.add_argument(
+        "--db",
+        default=_runs_db(),
+        help="SQLite file, outside --workspace (default: %(default)s)",
+    )
+    run.add_argument("--workspace", default=".", help="directory the file tools may use")
+    run.add_argument("--script", help="scripted model file used when no API key is set")
+    run.add_argument("--json", action="store_true", help="print the final stats as JSON")
+    run.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _answer_parser(commands: Any) -> None:
+    answer = commands.add_parser(
+        "answer",
+        help="answer a call that `tether run` parked for a person (embedded runtime)",
+        description="Record the answer in the run's SQLite file; then run the same `tether run` "
+        "command again to resume. Without --call, the run's only waiting call is answered.",
+    )
+    answer.add_argument("run_id", help="the run's id")
+    decision = answer.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--approve", action="store_true", help="approve the call")
+    decision.add_argument("--deny", action="store_true", help="deny the call")
+    decision.add_argument("--value", help="JSON answer (an ask_human answer, for instance)")
+    answer.add_argument("--reason", help="why (sent to the model with --approve or --deny)")
+    answer.add_argument("--call", help="the waiting call's id, when the run has several")
+    answer.add_argument("--approver", help="who decides (kept with the decision in the session)")
+    answer.add_argument("--db", default=_runs_db(), help="SQLite file (default: %(default)s)")
+
+
+def _waiting_parser(commands: Any) -> None:
+    waiting = commands.add_parser(
+        "waiting",
+        help="list the calls of `tether run` runs that wait for a person (embedded runtime)",
+        description="One line per waiting call, oldest first: run, call, kind, tool and input.",
+    )
+    waiting.add_argument(
+        "--db", default=_runs_db(), help="the runs' SQLite file (default: %(default)s)"
+    )
+
+
+def _worker_parser(commands: Any) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="serve a DurableAgent on Restate (hypercorn, HTTP/2 cleartext)",
+        description="Serve the agent of a DurableAgent manifest as a Restate virtual object "
+        "named after the agent (key = session id). API keys and the webhook secret come from "
+        "the environment (the operator maps them in from Secrets).",
+    )
+    worker.add_argument("--spec", required=True, help="DurableAgent manifest (YAML)")
+    worker.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
+    worker.add_argument("--port", type=int, default=9080, help="port (default: %(default)s)")
+    worker.add_argument("--processes", type=int, default=1, help="hypercorn worker processes")
+
+
+def _sidecar_parser(commands: Any) -> None:
+    sidecar = commands.add_parser(
+        "sidecar",
+        help="serve the webhooks, approvals and metrics of a worker pod (FastAPI, uvicorn)",
+        description="Settings come from the environment: RESTATE_INGRESS_URL, "
+        "TETHER_AGENT, TETHER_WEBHOOK_SECRET, PROMETHEUS_MULTIPROC_DIR.",
+    )
+    sidecar.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
+    sidecar.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+
+
+def _dev_parser(commands: Any) -> None:
+    dev = commands.add_parser(
+        "dev",
+        help="run an agent on a local stack: restate-server, worker and sidecar",
+        description="Start a real restate-server (installed from npm if missing), the worker and "
+        "the sidecar for a manifest, register the worker, print the URLs; Ctrl-C stops it all.",
+    )
+    dev.add_argument("--spec", required=True, help="DurableAgent manifest (YAML)")
+    dev.add_argument(
+        "--data-dir",
+        default=_dev_dir(),
+        help="logs, secret and metrics, outside the workspace (default: %(default)s)",
+    )
+
+
+def _resolve_parser(commands: Any) -> None:
+    resolve = commands.add_parser(
+        "resolve",
+        help="resolve (or reject) a parked call through the sidecar, signed",
+        description="Signs with TETHER_WEBHOOK_SECRET (or the secret `tether dev` keeps in its "
+        "data dir) and posts to the sidecar.",
+    )
+    resolve.add_argument("awakeable_id", help="the parked call's awakeable id")
+    resolve.add_argument("--value", default='{"approved": true}', help="JSON value to resolve with")
+    resolve.add_argument("--reject", action="store_true", help="reject instead of resolving")
+    resolve.add_argument("--reason", default="rejected", help="reason given with --reject")
+    _sidecar_client_arguments(resolve)
+
+
+def _approvals_parser(commands: Any) -> None:
+    approvals = commands.add_parser(
+        "approvals",
+        help="list the calls parked for a person, through the sidecar (signed)",
+        description="Signs with TETHER_WEBHOOK_SECRET (or the secret `tether dev` keeps in its "
+        "data dir) and reads the sidecar's /v1/approvals: one line per parked call, oldest first.",
+    )
+    approvals.add_argument("--json", action="store_true", help="print the sidecar's JSON answer")
+    _sidecar_client_arguments(approvals)
+
+
+def _sidecar_client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sidecar", default="http://127.0.0.1:8000", help="sidecar base URL")
+    parser.add_argument(
+        "--data-dir",
+        default=_dev_dir(),
+        help="where `tether dev` keeps its secret (default: %(default)s)",
+    )
+
+
+def _crd_parser(commands: Any) -> None:
+    commands.add_parser(
+        "crd",
+        help="print the DurableAgent CustomResourceDefinition (generated from the spec model)",
+        description="The CRD that crds/durableagent.yaml holds, generated from tether.spec.",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tether", description="Durable AI agents.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _run_parser(commands)
+    _answer_parser(commands)
+    _waiting_parser(commands)
+    _worker_parser(commands)
+    _sidecar_parser(commands)
+    _dev_parser(commands)
+    _resolve_parser(commands)
+    _approvals_parser(commands)
+    _crd_parser(commands)
+    return parser
+
+
+def sidecar_command(args: argparse.Namespace) -> int:
+    from .sidecar import SidecarConfigError, serve, settings_from_env
+
+    try:
+        settings = settings_from_env()
+    except SidecarConfigError as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return 2
+    serve(settings, host=args.host, port=args.port)
+    return 0
+
+
+def dev_command(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from .dev import DevStack
+
+    # Its worker and sidecar are processes of their own: say what they lack before starting them.
+    require_extra("tether dev", "restate")
+    require_extra("tether dev", "sidecar")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with DevStack(args.spec, args.data_dir) as stack:
+        print(stack.describe(), flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            stopped.wait()
+        print("stopping the stack...", flush=True)
+    return 0
+
+
+def waiting_command(args: argparse.Namespace) -> int:
+    import time
+
+    from .._sqlite import Database
+    from ..durable.answers import AnswerBook
+
+    if not Path(args.db).exists():
+        print(f"tether: {args.db} does not exist (pass the runs' --db)", file=sys.stderr)
+        return 2
+    db = Database(args.db)
+    try:
+        calls = AnswerBook(db).waiting()
+    finally:
+        db.close()
+    for call in calls:
+        since = time.strftime("%Y-%m-%d %H:%M", time.localtime(call.parked_at))
+        print(
+            f"{call.run_id}  {call.call_id}  {call.kind}  {call.tool}({call.input_summary})  "
+            f"since {since}"
+        )
+    return 0
+
+
+def answer_command(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from .._sqlite import Database
+    from ..durable.answers import AnswerBook, AnswerError
+
+    if args.value is not None:
+        try:
+            value = json.loads(args.value)
+        except ValueError:
+            print(f"tether: --value is not JSON: {args.value!r}", file=sys.stderr)
+            return 2
+    else:
+        value = {"approved": bool(args.approve)}
+        if args.reason:
+            value["reason"] = args.reason
+    if isinstance(value, dict):  # who decided, how and when: the session's audit trail
+        value.setdefault("by", "cli")
+        value.setdefault("decided_at", int(time.time() * 1000))
+        if args.approver:
+            value["approver"] = args.approver
+    if not Path(args.db).exists():
+        print(f"tether: {args.db} does not exist (pass the run's --db)", file=sys.stderr)
+        return 2
+    db = Database(args.db)
+    try:
+        call = AnswerBook(db).answer(args.run_id, args.call, value)
+    except AnswerError as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return 2
+    finally:
+        db.close()
+    print(f"answered {call.tool} [{call.call_id}] of run {args.run_id}; resume it with tether run")
+    return 0
+
+
+def _signed_call(args: argparse.Namespace, method: str, path: str, body: bytes) -> Any:
+    """A request to the sidecar, signed with the webhook secret (an `httpx2.Response`)."""
+    import httpx2
+
+    from .dev import webhook_secret
+    from .webhooks import sign_request
+
+    headers = sign_request(webhook_secret(Path(args.data_dir)).encode(), body, path=path)
+    if body:
+        headers["content-type"] = "application/json"
+    url = f"{args.sidecar.rstrip('/')}{path}"
+    return httpx2.request(method, url, content=body, headers=headers, timeout=30)
+
+
+def resolve_command(args: argparse.Namespace) -> int:
+    import json
+
+    if args.reject:
+        action, value = "reject", {"reason": args.reason}
+    else:
+        action, value = "resolve", json.loads(args.value)
+    path = f"/v1/awakeables/{args.awakeable_id}/{action}"
+    response = _signed_call(args, "POST", path, json.dumps(value).encode())
+    print(f"{response.status_code} {response.text}".strip())
+    return 0 if response.is_success else 1
+
+
+def approvals_command(args: argparse.Namespace) -> int:
+    import json
+
+    response = _signed_call(args, "GET", "/v1/approvals", b"")
+    if not response.is_success:
+        print(f"{response.status_code} {response.text}".strip(), file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(response.json(), indent=2))
+        return 0
+    for call in response.json()["parked"]:
+        print(
+            f"{call['awakeable_id']}  {call['kind']}  session={call['session']}  "
+            f"tool={call['tool']}  input={call['input_summary']}"
+        )
+    return 0
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    """Check the manifest and settings here (clear errors), then become the small process that
+    runs the hypercorn CLI under a hard deadline after SIGTERM
+    (`tether.programs.worker.deadline`)."""
+    from ..spec.assemble import check_subagents, require_api_key
+    from .worker import deadline
+    from .worker.hypercorn_config import graceful_timeout
+    from .worker.settings import settings_from_env
+
+    env = {
+        **os.environ,
+        "TETHER_SPEC": str(Path(args.spec).resolve()),
+        "TETHER_WORKER_BIND": f"{args.host}:{args.port}",
+        "TETHER_WORKER_PROCESSES": str(args.processes),
+    }
+    # What the worker would refuse at start-up, said here without a traceback (and without
+    # importing the worker itself: its process imports it once, and starts sooner).
+    spec = settings_from_env(env).manifest.spec
+    require_api_key(spec, env)
+    if spec.model.provider in ("anthropic", "openai"):
+        provider = spec.model.provider
+        require_extra(f"tether.providers.{provider}", provider)
+    check_subagents(spec)
+    command = [sys.executable, "-m", "hypercorn", "--config"]
+    command += ["python:tether.programs.worker.hypercorn_config", "tether.programs.worker.asgi:app"]
+    # Run as a script, not as `tether.programs.worker.deadline`: nothing of tether stays in memory.
+    script = [sys.executable, "-I", deadline.__file__, str(graceful_timeout), *command]
+    os.execve(sys.executable, script, env)
+
+
+def main(argv: list[str] | None = None) -> None:
+    # `run`, `worker` (until it execs `tether.programs.worker.deadline`, which does the same),
+    # `sidecar` and `dev` hold the webhook secret or the model keys: out of reach of the agent's
+    # `shell`.
+    make_undumpable()
+    args = build_parser().parse_args(argv)
+    from .redact import install as install_redaction
+
+    install_redaction()  # URLs, tokens and secrets of the environment out of every log line
+    try:
+        if args.command == "run":
+            from .run import run_command
+
+            code = run_command(args, dict(os.environ))
+        elif args.command == "answer":
+            code = answer_command(args)
+        elif args.command == "waiting":
+            code = waiting_command(args)
+        elif args.command == "worker":
+            code = worker_command(args)
+        elif args.command == "sidecar":
+            code = sidecar_command(args)
+        elif args.command == "dev":
+            code = dev_command(args)
+        elif args.command == "resolve":
+            code = resolve_command(args)
+        elif args.command == "approvals":
+            code = approvals_command(args)
+        elif args.command == "crd":
+            from ..spec.crd import durableagent_crd_yaml
+
+            sys.stdout.write(durableagent_crd_yaml())
+            code = 0
+        else:  # pragma: no cover - argparse rejects unknown commands
+            code = 2
+    except USER_ERRORS as error:
+        print(f"tether: {error}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

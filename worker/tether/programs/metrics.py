@@ -1,0 +1,191 @@
+"""Tether's Prometheus metrics, shared by the worker and the sidecar of a pod.
+
+The two are separate processes: both run with `PROMETHEUS_MULTIPROC_DIR` pointing at one shared
+directory (an emptyDir), so prometheus_client's multiprocess mode writes every value to a file
+there and the sidecar's `/metrics` merges them (`MultiProcessCollector`). The variable must be set
+before `prometheus_client` is first imported; without it the metrics simply live in memory.
+
+`agent_hooks()` turns the agent's hooks into counts. Those hooks fire only when a step runs live,
+so a replay never counts work twice; the few that also fire on a replay (the end of a run, and
+`tool:after` of a self-journaled tool such as `spawn`, `ask_human` or an approval gate, whose
+body runs outside any step) are counted only once the run has gone live (see `agent_hooks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .._optional import extra_imports
+
+with extra_imports("tether.programs.metrics", "sidecar", "prometheus_client"):
+    from prometheus_client import Counter, Gauge, Histogram, values
+
+from ..agent.hooks import HookFn, HookPayload
+from ..durable.protocol import DurableRuntime
+
+PARKED_CALLS_NAME = "tether_parked_calls"
+PARKED_CALLS_HELP = "Calls parked on an awakeable, waiting for a person."
+WEBHOOK_REQUESTS_NAME = "tether_webhook_requests"
+
+#: Computed by the sidecar at scrape time from the records in Restate; nobody sets it.
+PARKED_CALLS = Gauge(
+    PARKED_CALLS_NAME,
+    PARKED_CALLS_HELP,
+    ["agent", "kind"],
+    multiprocess_mode="livemax",
+)
+REPLAYS = Counter(
+    "tether_replays_total", "Runs that replayed their journal and then went live.", ["agent"]
+)
+REPLAYED_STEPS = Counter(
+    "tether_replayed_steps_total",
+    "Steps answered from the journal instead of running again, by step kind.",
+    ["agent", "kind"],
+)
+CHILD_FANOUT = Histogram(
+    "tether_child_fanout",
+    "Sub-agents started by one spawn call.",
+    ["agent"],
+    buckets=(1, 2, 3, 4, 5, 8, 12, 16, 32, 64),
+)
+CHILDREN = Counter(
+    "tether_children_total", "Sub-agent runs that finished, by status.", ["agent", "status"]
+)
+RUNS = Counter("tether_runs_total", "Agent runs that finished, by status.", ["agent", "status"])
+MODEL_CALLS = Counter(
+    "tether_model_calls_total",
+    "Model calls that ran live.",
+    ["agent", "provider", "model", "outcome"],
+)
+MODEL_TOKENS = Counter(
+    "tether_model_tokens_total",
+    "Model tokens by kind (input, output, cache_read, cache_write).",
+    ["agent", "kind"],
+)
+COST_USD = Counter("tether_cost_usd_total", "Model cost in US dollars.", ["agent"])
+TOOL_CALLS = Counter(
+    "tether_tool_calls_total", "Tool calls that ran live, by outcome.", ["agent", "tool", "outcome"]
+)
+TOOL_DURATION = Histogram(
+    "tether_tool_duration_seconds",
+    "How long tool bodies ran.",
+    ["agent", "tool"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+INTERRUPTED_TOOL_CALLS = Counter(
+    "tether_interrupted_tool_calls_total",
+    "Tool calls cut off by a crash and reported to the model as interrupted.",
+    ["agent", "tool"],
+)
+WEBHOOK_REQUESTS = Counter(
+    f"{WEBHOOK_REQUESTS_NAME}_total",
+    "Requests to the sidecar's approval webhooks and links, by outcome.",
+    ["outcome"],
+)
+
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
+
+
+def multiprocess_enabled() -> bool:
+    """True when this process writes its metric values to `PROMETHEUS_MULTIPROC_DIR`."""
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+def agent_hooks(
+    agent: str,
+    *,
+    provider: str = "unknown",
+    model: str = "unknown",
+    durable: DurableRuntime | None = None,
+) -> dict[str, HookFn]:
+    """Hooks for `create_agent(hooks=...)` that count the agent's live work.
+
+    `provider` and `model` label the model calls (the hooks' payloads do not name them). With
+    `durable`, a replay also adds the runtime's replayed-step counts by kind.
+
+    What counts, exactly once per piece of work (a crash inside a step body aside, which runs
+    the body again):
+    - model calls and tokens from `turn:after`, which fires inside the model step, live only;
+    - a tool call from its `tool:after`. For an ordinary tool that fires inside the tool step.
+      A self-journaled tool (`spawn`, `ask_human`, an approval gate) fires it outside any step,
+      on a replay too, so with `durable` such a call counts only if the run is live when the
+      call ends: it ended in this attempt (its last step, such as `spawn:complete` or the end
+      of a park, ran live), not in an attempt before whose journal is being replayed;
+    - a run from `agent:done`, likewise only when the run is live (with `durable`): an attempt
+      that merely replays a finished journal does not count the run again;
+    - children from `spawn:complete`, which fires inside one journaled step per spawn call;
+      with a `fanout` in the payload (the Restate spawn tool) the call's fanout is observed
+      there too. Without one (the in-process spawn tool, one child per call) the children of
+      one turn are observed together at the next turn or the end of the run;
+    - a replay from `replay:done`: once per attempt (invocation) that replayed steps from its
+      journal and then ran a step live, with the steps it replayed by kind.
+    """
+    spawned_this_turn = 0
+
+    def live() -> bool:
+        return durable is None or not durable.is_replaying()
+
+    def observe_fanout() -> None:
+        nonlocal spawned_this_turn
+        if spawned_this_turn:
+            CHILD_FANOUT.labels(agent).observe(spawned_this_turn)
+            spawned_this_turn = 0
+
+    def turn_before(payload: HookPayload) -> None:
+        observe_fanout()
+
+    def turn_after(payload: HookPayload) -> None:
+        MODEL_CALLS.labels(agent, provider, model, "ok").inc()
+        usage: Mapping[str, Any] = payload.get("usage") or {}
+        for kind in TOKEN_KINDS:
+            tokens = usage.get(kind) or 0
+            if tokens > 0:
+                MODEL_TOKENS.labels(agent, kind).inc(tokens)
+        cost = float(payload.get("cost") or 0.0)
+        if cost > 0:
+            COST_USD.labels(agent).inc(cost)
+
+    def tool_after(payload: HookPayload) -> None:
+        if not live():
+            return  # a self-journaled call that ended in an earlier attempt, replayed
+        tool, outcome = str(payload.get("name")), str(payload.get("outcome", "ok"))
+        TOOL_CALLS.labels(agent, tool, outcome).inc()
+        if outcome == "interrupted":
+            INTERRUPTED_TOOL_CALLS.labels(agent, tool).inc()
+        else:
+            TOOL_DURATION.labels(agent, tool).observe(float(payload.get("duration_s") or 0.0))
+
+    def spawn_complete(payload: HookPayload) -> None:
+        nonlocal spawned_this_turn
+        fanout = payload.get("fanout")
+        if isinstance(fanout, int):
+            if payload.get("index", 0) == 0:
+                CHILD_FANOUT.labels(agent).observe(fanout)
+        else:
+            spawned_this_turn += 1
+        stats = payload.get("stats")
+        CHILDREN.labels(agent, str(getattr(stats, "status", "unknown"))).inc()
+
+    def agent_done(payload: HookPayload) -> None:
+        observe_fanout()
+        if not live():
+            return  # the run's end was replayed: it was counted by the attempt that ran it
+        stats = payload.get("stats")
+        RUNS.labels(agent, str(getattr(stats, "status", "unknown"))).inc()
+
+    def replay_done(payload: HookPayload) -> None:
+        REPLAYS.labels(agent).inc()
+        if durable is not None:
+            for kind, steps in durable.counters.replayed.items():
+                if steps:
+                    REPLAYED_STEPS.labels(agent, kind).inc(steps)
+
+    return {
+        "turn:before": turn_before,
+        "turn:after": turn_after,
+        "tool:after": tool_after,
+        "spawn:complete": spawn_complete,
+        "agent:done": agent_done,
+        "replay:done": replay_done,
+    }

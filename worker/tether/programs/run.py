@@ -1,0 +1,244 @@
+"""`tether run`: one agent run on the embedded SQLite runtime, with progress output.
+
+Calls that wait for a person (`requireApproval`, `ask_human`) stop the run: it exits with
+`PARKED_EXIT` and names them; `tether answer` records the answer and the same `tether run`
+command resumes the run from its journal (`tether.durable.answers`).
+
+The journal and the answers live in `--db`, which must be outside `--workspace`: inside, the
+agent's file tools could rewrite the run's own journal or answer its own calls. By default it
+is in Tether's state directory (`tether.programs.hardening.state_dir`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .._sqlite import Database
+from ..agent import AgentStats, create_agent
+from ..agent.hooks import HooksInit
+from ..agent.spawn import spawn_tool
+from ..durable import sqlite_runtime
+from ..durable.answers import AnswerBook, Parked, WaitingCall, embedded_wait
+from ..providers.base import Provider
+from ..providers.scripted import scripted
+from ..session import create_session, load_session
+from ..spec import DurableAgentSpec, SpecError, load_agent, parse_duration
+from ..spec.assemble import (
+    DEFAULT_KEY_ENV,
+    SPAWN_TOOL,
+    api_key_for,
+    behavior_from_spec,
+    check_subagents,
+    load_script,
+    parking_with,
+    provider_from_spec,
+    tools_from_spec,
+)
+from ..tools.base import ToolDef
+from .hardening import refuse_state_in_workspace
+
+DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
+PARKED_EXIT = 3
+"""Exit code of `tether run` when the run stopped to wait for a person."""
+
+
+def choose_provider(
+    spec: DurableAgentSpec, spec_path: Path, script: str | None, env: dict[str, str]
+) -> tuple[Provider, str]:
+    """The provider to use and a line saying why: the spec's provider if its key is set, else
+    whichever of ANTHROPIC_API_KEY / OPENAI_API_KEY is set, else the example's script."""
+    key = api_key_for(spec, env)
+    if spec.model.provider == "scripted" or key:
+        return provider_from_spec(spec, key or ""), (
+            f"model: {spec.model.provider}/{spec.model.name}"
+        )
+    for provider, variable in DEFAULT_KEY_ENV.items():
+        if env.get(variable):
+            fallback = spec.model_copy(
+                update={
+                    "model": spec.model.model_copy(
+                        update={
+                            "provider": provider,
+                            "name": DEFAULT_MODELS[provider],
+                            "api_key_env": variable,
+                            "pricing": None,
+                        }
+                    )
+                }
+            )
+            return provider_from_spec(fallback, env[variable]), (
+                f"model: {provider}/{DEFAULT_MODELS[provider]} ({variable} is set)"
+            )
+    script_path = Path(script) if script else spec_path.with_suffix(".script.yaml")
+    if not script_path.exists():
+        raise SpecError(
+            f"no API key: set {DEFAULT_KEY_ENV[spec.model.provider]} (or the other provider's "
+            "key), or pass --script with a scripted model"
+        )
+    responses, delay = load_script(script_path)
+    return scripted(responses, model="scripted", delay=delay), (
+        f"model: scripted, from {script_path} (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)"
+    )
+
+
+class Progress:
+    """Prints what the run does, as it does it (hooks fire only for live steps)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.turn = 0
+
+    def say(self, line: str) -> None:
+        if self.enabled:
+            print(line, flush=True)
+
+    def hooks(self) -> HooksInit:
+        return {
+            "turn:after": self._turn,
+            "tool:before": self._tool_before,
+            "tool:after": self._tool_after,
+            "replay:done": lambda _: self.say("  replay done: continuing live"),
+        }
+
+    def _turn(self, payload: dict[str, Any]) -> None:
+        self.turn = payload["turn"] + 1
+        usage = payload["usage"]
+        text = " ".join(b["text"] for b in payload["content"] if b["type"] == "text").strip()
+        calls = sum(1 for b in payload["content"] if b["type"] == "tool_use")
+        said = f' "{text[:60]}"' if text else ""
+        self.say(
+            f"[turn {self.turn}] model answered{said}: {calls} tool call(s) "
+            f"({usage['input']} in / {usage['output']} out tokens)"
+        )
+
+    def _tool_before(self, payload: dict[str, Any]) -> None:
+        arguments = ", ".join(f"{k}={v!r}"[:40] for k, v in payload["input"].items())
+        self.say(f"  → {payload['name']}({arguments})  [{payload['call_id']}]")
+
+    def _tool_after(self, payload: dict[str, Any]) -> None:
+        mark = "✗" if payload["is_error"] else "←"
+        result = str(payload["result"]).replace("\n", " ")[:70]
+        self.say(f"  {mark} {payload['name']} [{payload['outcome']}]: {result}")
+
+
+def _describe(counter: Counter[str]) -> str:
+    parts = ", ".join(f"{kind} {n}" for kind, n in sorted(counter.items()))
+    return f"{counter.total()}" + (f" ({parts})" if parts else "")
+
+
+def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
+    spec_path = Path(args.spec)
+    manifest = load_agent(spec_path)
+    # `python:` tools of an example may sit next to its manifest.
+    sys.path.insert(0, str(spec_path.resolve().parent))
+    spec = manifest.spec
+    provider, provider_note = choose_provider(spec, spec_path, args.script, env)
+    refuse_state_in_workspace(Path(args.db), Path(args.workspace), "the runs' database", "--db")
+    Path(args.db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    answers = Database(args.db)
+    try:
+        book = AnswerBook(answers)
+        wait = embedded_wait(book, args.run_id, parse_duration(spec.approvals.timeout))
+        # Built before the run is opened: a tool the spec gets wrong fails here, touching nothing.
+        check_subagents(spec)
+        tools = tools_from_spec(spec, args.workspace, parking_with(wait, spec.approvals.on_timeout))
+        if spec.subagents is not None:  # in-process children, journaled in the run's scopes
+            tools.append(spawn_tool(name=SPAWN_TOOL, max_depth=spec.subagents.max_depth))
+        progress = Progress(not args.quiet)
+        progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
+        progress.say(f"  {provider_note}")
+        return asyncio.run(_run(args, spec, provider, tools, book, progress))
+    finally:
+        answers.close()
+
+
+async def _run(
+    args: argparse.Namespace,
+    spec: DurableAgentSpec,
+    provider: Provider,
+    tools: list[ToolDef],
+    book: AnswerBook,
+    progress: Progress,
+) -> int:
+    with sqlite_runtime(args.db, args.run_id) as durable:
+        if durable.resuming:
+            progress.say(f"  resuming: {len(durable.journal)} steps are journaled, replaying them")
+
+        async def first_prompt() -> Any:
+            return args.prompt
+
+        # The prompt of the first start is journaled; a resume reuses it.
+        prompt = await durable.step("decision", "cli:prompt", first_prompt)
+        if args.prompt is not None and prompt != args.prompt:
+            progress.say("  note: this run started with another --prompt; resuming with that one")
+        store = durable.stores.session
+        assert store is not None
+        session_id = args.session or args.run_id
+        session = await load_session(store, session_id) or await create_session(
+            id=session_id, store=store
+        )
+        if prompt is None and not session.turns:
+            raise SpecError("--prompt is required on the first start of a run")
+        agent = create_agent(
+            provider=provider,
+            tools=tools,
+            system=spec.system,
+            durable=durable,
+            session=session,
+            behavior=behavior_from_spec(spec),
+            hooks=progress.hooks(),
+        )
+        try:
+            stats = await agent.run(prompt)
+        except Parked:
+            waiting = book.waiting(args.run_id)
+            durable.close("parked")
+            report_parked(waiting, args, progress)
+            return PARKED_EXIT
+        durable.close(stats.status)
+    report(stats, durable.counters.live, durable.counters.replayed, args, progress)
+    return 0 if stats.status == "completed" else 1
+
+
+def report_parked(waiting: list[WaitingCall], args: argparse.Namespace, progress: Progress) -> None:
+    progress.say(f"run {args.run_id}: parked, waiting for a person")
+    for call in waiting:
+        progress.say(f"  {call.kind}: {call.tool}({call.input_summary})  [{call.call_id}]")
+    progress.say(
+        f"  answer with `tether answer {args.run_id} --approve` (or --deny, or --value JSON for "
+        "ask_human), then run the same command again to resume"
+    )
+
+
+def report(
+    stats: AgentStats,
+    live: Counter[str],
+    replayed: Counter[str],
+    args: argparse.Namespace,
+    progress: Progress,
+) -> None:
+    progress.say(
+        f"run {args.run_id}: {stats.status} after {stats.turns} turns and {stats.tool_calls} tool "
+        f"calls; {stats.input_tokens} in / {stats.output_tokens} out tokens, "
+        f"${stats.total_cost_usd:.4f}"
+    )
+    progress.say(f"  steps replayed from the journal: {_describe(replayed)}")
+    progress.say(f"  steps run live: {_describe(live)}")
+    if stats.error:
+        progress.say(f"  error: {stats.error}")
+    if stats.status == "completed" and stats.text:
+        progress.say(f"  final answer: {stats.text}")
+    if args.json:
+        print(
+            json.dumps(
+                {"stats": stats.to_json(), "live": dict(live), "replayed": dict(replayed)},
+                sort_keys=True,
+            ),
+            flush=True,
+        )

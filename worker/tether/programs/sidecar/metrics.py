@@ -1,0 +1,95 @@
+"""`GET /metrics`: the worker's and the sidecar's metrics in one Prometheus exposition.
+
+Both processes write to `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode) and
+this merges the files with `MultiProcessCollector`. `tether_parked_calls{agent,kind}` is computed
+at scrape time from the parked-call records in Restate. When this process itself is not in
+multiprocess mode (the variable was not set when prometheus_client was imported), its own
+webhook counter is served from memory instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from ...parked import ParkedCall
+from ..metrics import (
+    PARKED_CALLS_HELP,
+    PARKED_CALLS_NAME,
+    WEBHOOK_REQUESTS,
+    WEBHOOK_REQUESTS_NAME,
+    multiprocess_enabled,
+)
+from .context import Sidecar, SidecarDep
+from .rejection import Rejection
+
+log = logging.getLogger("tether.programs.sidecar")
+router = APIRouter()
+PARKED_KINDS = ("approval", "ask_human")
+
+
+class ParkedCallsCollector(Collector):
+    """`tether_parked_calls{agent,kind}` from a read of the records (every kind, zeros too)."""
+
+    def __init__(self, agent: str, records: Mapping[str, ParkedCall]) -> None:
+        self._agent = agent
+        self._records = records
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(PARKED_CALLS_NAME, PARKED_CALLS_HELP, labels=["agent", "kind"])
+        counts = Counter(str(r.get("kind", "approval")) for r in self._records.values())
+        for kind in sorted(set(PARKED_KINDS) | set(counts)):
+            family.add_metric([self._agent, kind], counts.get(kind, 0))
+        yield family
+
+
+class WithoutFamilies(Collector):
+    """Another collector's output minus the families served by someone else."""
+
+    def __init__(self, inner: Collector, names: Iterable[str]) -> None:
+        self._inner = inner
+        self._names = frozenset(names)
+
+    def collect(self) -> Iterable[Metric]:
+        return [family for family in self._inner.collect() if family.name not in self._names]
+
+
+def build_registry(sidecar: Sidecar, records: Mapping[str, ParkedCall] | None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    served_here = {PARKED_CALLS_NAME}
+    if not multiprocess_enabled():
+        registry.register(WEBHOOK_REQUESTS)
+        served_here.add(WEBHOOK_REQUESTS_NAME)
+    directory = sidecar.settings.prometheus_multiproc_dir
+    if directory is None and multiprocess_enabled() and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])  # where this process writes
+    if directory is not None:
+        files = MultiProcessCollector(None, path=str(directory))  # type: ignore[no-untyped-call]
+        registry.register(WithoutFamilies(files, served_here))
+    if records is not None:
+        registry.register(ParkedCallsCollector(sidecar.settings.agent, records))
+    return registry
+
+
+@router.get("/metrics")
+async def metrics(sidecar: SidecarDep) -> Response:
+    records: Mapping[str, ParkedCall] | None
+    try:
+        records = await sidecar.parked.all()
+    except Rejection:
+        log.warning("metrics: the parked calls could not be read; tether_parked_calls is left out")
+        records = None
+    registry = build_registry(sidecar, records)
+    body = await run_in_threadpool(generate_latest, registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,233 @@
+"""Signing and verifying webhook requests and approval links.
+
+Requests: the sender puts `X-Tether-Timestamp: <unix seconds>` and
+`X-Tether-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<path>.<raw body>")>` on the
+request, where `<path>` is the request's path without the query (so a signature made for one
+awakeable cannot resolve another); the receiver accepts it within `TOLERANCE_SECONDS` of its own
+clock, and it acts once (the sidecar makes it idempotent in Restate, keyed by the signature).
+A request that carries an `Idempotency-Key` (a run started by webhook) signs the key too:
+`HMAC-SHA256(secret, "<timestamp>.<path>\\n<key>\\n<raw body>")`, `\\n` being a newline. A
+key is 1-256 printable ASCII characters without spaces, and a path the sidecar accepts has no
+newline, so this message can never equal one without a key (nor one with another key):
+dropping or changing the header makes the signature fail.
+
+Links: `/v1/awakeables/<id>/approve?exp=<unix seconds>&sig=<hex>` (or `/deny`), where
+`sig = HMAC-SHA256(secret, "<action>:<id>:<exp>")`, valid until `exp`. A link minted for one
+person also carries `to=<recipient>`, and then `sig` covers it too:
+`HMAC-SHA256(secret, "<action>:<id>:<exp>:<recipient>")`. Opening a link (GET) only shows the
+call; the sidecar acts on the POST of that page's form (`tether.programs.sidecar.approvals`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlencode
+
+from ..errors import TetherError
+
+TIMESTAMP_HEADER = "x-tether-timestamp"
+SIGNATURE_HEADER = "x-tether-signature"
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,256}")
+"""What an `Idempotency-Key` may be: 1-256 printable ASCII characters, no space."""
+TOLERANCE_SECONDS = 300
+LinkAction = Literal["approve", "deny"]
+MAX_RECIPIENT_CHARS = 256
+
+
+T = TypeVar("T")
+
+
+class SignatureError(TetherError, ValueError):
+    """Why a request or link was refused (never includes the secret)."""
+
+
+def _equal(expected: str, given: str) -> bool:
+    """Constant-time comparison that refuses (instead of raising on) non-ASCII input."""
+    return given.isascii() and hmac.compare_digest(expected, given)
+
+
+def _digest(secret: bytes, message: bytes) -> str:
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def _request_message(
+    stamp: str | int, path: str, body: bytes, idempotency_key: str | None = None
+) -> bytes:
+    if idempotency_key is None:
+        return f"{stamp}.{path}.".encode() + body
+    return f"{stamp}.{path}\n{idempotency_key}\n".encode() + body
+
+
+def sign_request(
+    secret: bytes,
+    body: bytes,
+    *,
+    path: str,
+    timestamp: int | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, str]:
+    """The headers that authenticate `body` sent to `path`; with `idempotency_key`, the signed
+    `Idempotency-Key` header too."""
+    stamp = int(time.time()) if timestamp is None else timestamp
+    headers: dict[str, str] = {}
+    if idempotency_key is not None:
+        if IDEMPOTENCY_KEY.fullmatch(idempotency_key) is None:
+            raise ValueError("an Idempotency-Key is 1-256 printable ASCII characters, no space")
+        headers[IDEMPOTENCY_KEY_HEADER] = idempotency_key
+    signature = _digest(secret, _request_message(stamp, path, body, idempotency_key))
+    return {TIMESTAMP_HEADER: str(stamp), SIGNATURE_HEADER: f"v1={signature}", **headers}
+
+
+def verify_request(
+    secret: bytes,
+    body: bytes,
+    headers: Mapping[str, str],
+    *,
+    path: str,
+    now: float | None = None,
+    idempotency_key: str | None = None,
+) -> str:
+    """Check a signed request to `path` (and, if given, the `idempotency_key` it must sign);
+    returns its signature (what makes it unique: the sidecar's idempotency keys come from it)."""
+    stamp, signature = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
+    if not stamp or not signature:
+        raise SignatureError("missing signature headers")
+    if not (stamp.isascii() and stamp.isdigit()):
+        raise SignatureError("malformed timestamp")
+    current = time.time() if now is None else now
+    if abs(current - int(stamp)) > TOLERANCE_SECONDS:
+        raise SignatureError("timestamp outside the accepted window")
+    if not signature.startswith("v1="):
+        raise SignatureError("unknown signature version")
+    if not path.isprintable():  # a newline would make the keyed message ambiguous
+        raise SignatureError("malformed path")
+    if idempotency_key is not None and IDEMPOTENCY_KEY.fullmatch(idempotency_key) is None:
+        raise SignatureError("malformed Idempotency-Key")
+    expected = _digest(secret, _request_message(stamp, path, body, idempotency_key))
+    if not _equal(expected, signature.removeprefix("v1=")):
+        raise SignatureError("signature does not match")
+    return signature
+
+
+def valid_recipient(recipient: str) -> bool:
+    """A recipient (a person's address or name) is 1-256 printable characters, no control
+    characters: it is shown on a page and written to the audit trail and the log."""
+    return 0 < len(recipient) <= MAX_RECIPIENT_CHARS and recipient.isprintable()
+
+
+def link_signature(
+    secret: bytes,
+    action: LinkAction,
+    awakeable_id: str,
+    expires: int,
+    recipient: str | None = None,
+) -> str:
+    message = f"{action}:{awakeable_id}:{expires}"
+    if recipient is not None:
+        # Unambiguous: an awakeable id has no ':' and the expiry is digits only.
+        message += f":{recipient}"
+    return _digest(secret, message.encode())
+
+
+def signed_link(
+    base_url: str,
+    secret: bytes,
+    action: LinkAction,
+    awakeable_id: str,
+    expires: int,
+    recipient: str | None = None,
+) -> str:
+    """A link to the page that approves or denies the parked call until `expires`; with
+    `recipient`, the person it is sent to (signed, shown on the page, recorded as the approver)."""
+    params: dict[str, str | int] = {"exp": expires}
+    if recipient is not None:
+        if not valid_recipient(recipient):
+            raise ValueError(
+                f"a link's recipient must be 1-{MAX_RECIPIENT_CHARS} printable characters"
+            )
+        params["to"] = recipient
+    params["sig"] = link_signature(secret, action, awakeable_id, expires, recipient)
+    return f"{base_url.rstrip('/')}/v1/awakeables/{awakeable_id}/{action}?{urlencode(params)}"
+
+
+def verify_link(
+    secret: bytes,
+    action: LinkAction,
+    awakeable_id: str,
+    expires: str,
+    signature: str,
+    now: float | None = None,
+    recipient: str | None = None,
+) -> None:
+    if not (expires.isascii() and expires.isdigit()):
+        raise SignatureError("malformed expiry")
+    if (time.time() if now is None else now) > int(expires):
+        raise SignatureError("link expired")
+    if recipient is not None and not valid_recipient(recipient):
+        raise SignatureError("malformed recipient")
+    expected = link_signature(secret, action, awakeable_id, int(expires), recipient)
+    if not _equal(expected, signature):
+        raise SignatureError("signature does not match")
+
+
+# -- between a sidecar and its worker --------------------------------------------------------
+# Both go through Restate's ingress, which everything in the agent's pod reaches, the commands
+# of the agent's tools included. These proofs need the webhook secret, which no tool can read:
+# a tool can neither answer a parked call nor learn an awakeable id.
+
+
+def answer_proof(secret: bytes, awakeable_id: str, answer: Mapping[str, object]) -> str:
+    """HMAC-SHA256(secret, "tether-answer:v1:<awakeable id>:<the answer as canonical JSON>").
+    No clock: it answers one call with one value, and a call takes only its first answer."""
+    canonical = json.dumps(answer, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return _digest(secret, f"tether-answer:v1:{awakeable_id}:{canonical}".encode())
+
+
+def verify_answer_proof(
+    secret: bytes, awakeable_id: str, answer: Mapping[str, object], proof: str
+) -> None:
+    if not _equal(answer_proof(secret, awakeable_id, answer), proof):
+        raise SignatureError("the answer's proof does not match")
+
+
+def listing_token(secret: bytes, now: float | None = None) -> dict[str, object]:
+    """A read of the parked calls: `{"ts": <unix seconds>, "sig": HMAC(secret,
+    "tether-parked:v1:<ts>")}`, accepted within `TOLERANCE_SECONDS`."""
+    stamp = int(time.time() if now is None else now)
+    return {"ts": stamp, "sig": _digest(secret, f"tether-parked:v1:{stamp}".encode())}
+
+
+def verify_listing_token(secret: bytes, token: object, now: float | None = None) -> None:
+    if not isinstance(token, Mapping):
+        raise SignatureError("no listing token")
+    stamp, signature = token.get("ts"), token.get("sig")
+    if not isinstance(stamp, int) or not isinstance(signature, str):
+        raise SignatureError("malformed listing token")
+    if abs((time.time() if now is None else now) - stamp) > TOLERANCE_SECONDS:
+        raise SignatureError("listing token outside the accepted window")
+    if not _equal(_digest(secret, f"tether-parked:v1:{stamp}".encode()), signature):
+        raise SignatureError("listing token does not match")
+
+
+def verified_by_any(
+    secrets: Sequence[bytes], verify: Callable[..., T], *args: Any, **kwargs: Any
+) -> T:
+    """`verify(secret, *args, **kwargs)` with the first of `secrets` that it accepts (the
+    current key, then the previous one during a rotation); the current key's error otherwise."""
+    if not secrets:
+        raise SignatureError("no webhook secret is set")
+    first: SignatureError | None = None
+    for secret in secrets:
+        try:
+            return verify(secret, *args, **kwargs)
+        except SignatureError as error:
+            first = first or error
+    assert first is not None
+    raise first

@@ -1,0 +1,71 @@
+"""The inbox of a session on Restate: messages for a running agent (`tether.agent.inbox`).
+
+A running session holds its agent object's lock (the exclusive `run` handler), so messages go
+to a second virtual object, `<agent>-inbox`, keyed by the same session id: `post` appends a
+message to its state, `take` hands over and clears what is there. The run calls `take` at each
+turn boundary; Restate journals the call and its answer, so a replay gets the same messages and
+a message is taken once.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import restate
+from restate.exceptions import TerminalError
+
+from ...durable.protocol import DurableRuntime
+from ...spec import restate_services
+from .retries import RETRY_AFTER_WORKER_LOSS
+
+MESSAGES_STATE_KEY = "messages"
+MAX_MESSAGE_CHARS = 20_000
+POST_IDEMPOTENCY_RETENTION = timedelta(days=1)
+"""How long Restate keeps the idempotency key of a post: the sidecar posts a signed message
+under a key derived from its signature, so a replay (accepted for 10 minutes around its
+timestamp) finds the key and is not delivered twice."""
+
+
+class RestateInbox:
+    """The `Inbox` of the session the run handler's context is keyed by."""
+
+    def __init__(self, ctx: restate.ObjectContext, take: Any) -> None:
+        self._ctx = ctx
+        self._take = take
+
+    async def take(self, durable: DurableRuntime, where: str) -> list[str]:
+        messages: list[str] = await self._ctx.object_call(self._take, key=self._ctx.key(), arg=None)
+        return messages
+
+
+def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
+    """The inbox object of `agent`, and its `take` handler (for `RestateInbox`)."""
+    obj = restate.VirtualObject(
+        restate_services(agent).inbox,
+        description=f"Messages for the {agent} agent's running sessions (key: session id).",
+        invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
+    )
+
+    @obj.handler(idempotency_retention=POST_IDEMPOTENCY_RETENTION)
+    async def post(ctx: restate.ObjectContext, message: dict[str, Any]) -> dict[str, int]:
+        """Leave `{"text": "..."}` for the session's agent; it reads it at its next turn."""
+        text = message.get("text") if isinstance(message, dict) else None
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_MESSAGE_CHARS:
+            raise TerminalError(
+                f'expected {{"text": "<1-{MAX_MESSAGE_CHARS} characters>"}}', status_code=400
+            )
+        messages: list[str] = await ctx.get(MESSAGES_STATE_KEY) or []
+        messages.append(text)
+        ctx.set(MESSAGES_STATE_KEY, messages)
+        return {"waiting": len(messages)}
+
+    @obj.handler()
+    async def take(ctx: restate.ObjectContext) -> list[str]:
+        """Everything posted since the last take (and nothing again)."""
+        messages: list[str] = await ctx.get(MESSAGES_STATE_KEY) or []
+        if messages:
+            ctx.clear(MESSAGES_STATE_KEY)
+        return messages
+
+    return obj, take

@@ -1,0 +1,263 @@
+"""The agent as Restate services: a virtual object per session, keyed by session id.
+
+`<agent>/<session>/run` (exclusive) runs the agent on `restate_runtime` with the session in the
+object's state; `session` and `pending` (shared) read it while a run is going on;
+`<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`);
+`<agent>-parked/all` indexes the parked calls for the sidecars, which answer them through it
+(`parked_index`).
+
+With `spec.subagents`, the agent has a `spawn` tool (`restate_spawn_tool`). Each child is an
+invocation of the exclusive `child` handler of the same object, keyed `<parent key>::<label>`
+(`s1::child-1`, its own children `s1::child-1::child-1`, ...), which runs `run_child` with the
+agent's provider, tools, system prompt and behavior. So a child can park on an approval or
+`ask_human` like the agent itself, and its parked record lives under the agent's service name,
+where the sidecar finds it. Children spawn in turn while they are shallower than `maxDepth`;
+one spawn call runs at most `maxConcurrent` children at once (in waves, in task order).
+
+While a run has children, each has a marker `tether:child:<key>` in the spawner's state (cleared
+when the run ends), so `pending` of a session lists the calls its children (and theirs) parked.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, cast
+
+import restate
+from pydantic import BaseModel, Field
+
+from ...agent import AgentStats, create_agent
+from ...agent.hooks import HookFn
+from ...durable.protocol import DurableRuntime
+from ...parked import PARKED_STATE_KEY, ParkedCall
+from ...providers.base import Provider
+from ...restate import (
+    ChildRunRequest,
+    RestateSpawnToolOptions,
+    restate_runtime,
+    restate_session_store,
+    restate_spawn_tool,
+    run_child,
+)
+from ...session import create_session, load_session
+from ...spec import parse_duration
+from ...spec.assemble import (
+    SPAWN_TOOL,
+    behavior_from_spec,
+    check_subagents,
+    parking_with,
+    provider_from_spec,
+    require_api_key,
+    tools_from_spec,
+)
+from ...tools.base import ToolContext, ToolDef
+from ..metrics import agent_hooks
+from .inbox import RestateInbox, inbox_object
+from .parked_index import ParkedIndex
+from .parking import ParkSettings, restate_wait
+from .retries import RETRY_AFTER_WORKER_LOSS
+from .settings import WorkerSettings
+
+PARK_AFTER = timedelta(seconds=10)
+"""A run waiting on a person (or a timer) suspends after this long without journal progress, so
+parked runs hold no worker; a step that is still running is not cut by it."""
+LONGEST_STEP = timedelta(minutes=30)
+"""After the suspension request, how long a running step (a long model stream) may still take
+before Restate aborts the attempt and retries it."""
+
+
+CHILD_MARKER = "tether:child:"
+"""State key prefix of the markers a run leaves for the children it started."""
+
+RUN_IDEMPOTENCY_RETENTION = timedelta(days=1)
+"""How long Restate keeps the idempotency key of a run after it ended (set here, so a server's
+lower default cannot shorten it): the sidecar starts runs from signed webhooks under a key, and
+a replay of one is refused only while its key is kept. A signature is accepted for 10 minutes
+(`tether.programs.webhooks.TOLERANCE_SECONDS` either side of its timestamp)."""
+
+
+class RunRequest(BaseModel):
+    """Start or continue the session's conversation."""
+
+    prompt: str | None = Field(
+        default=None, description="The task; may be omitted when the session already has turns."
+    )
+
+
+class RunResult(BaseModel):
+    """How the run ended."""
+
+    run_id: str | None
+    status: str
+    text: str
+    turns: int
+    tool_calls: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    error: str | None = None
+
+    @classmethod
+    def of(cls, stats: AgentStats) -> RunResult:
+        return cls(
+            run_id=stats.run_id,
+            status=stats.status,
+            text=stats.text,
+            turns=stats.turns,
+            tool_calls=stats.tool_calls,
+            input_tokens=stats.input_tokens,
+            output_tokens=stats.output_tokens,
+            cost_usd=stats.total_cost_usd,
+            error=stats.error,
+        )
+
+
+"""The name of the sub-agent tool an agent with `spec.subagents` gets."""
+
+
+def child_key(parent_key: str, label: str) -> str:
+    """The object key of a child: its parent's key and the label the parent gave it."""
+    return f"{parent_key}::{label}"
+
+
+async def forget_children(ctx: restate.ObjectContext) -> None:
+    """Clear the markers of the children a finished run started (they finished before it)."""
+    for key in await ctx.state_keys():
+        if key.startswith(CHILD_MARKER):
+            ctx.clear(key)
+
+
+def build_provider(settings: WorkerSettings) -> Provider:
+    spec = settings.manifest.spec
+    return provider_from_spec(spec, require_api_key(spec, dict(settings.env)))
+
+
+def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
+    """The agent's virtual object, named after the agent, and its sessions' inbox."""
+    manifest = settings.manifest
+    spec = manifest.spec
+    check_subagents(spec)
+    provider = build_provider(settings)
+    behavior = behavior_from_spec(spec)
+    subagents = spec.subagents
+    approvals = spec.approvals
+    index = ParkedIndex(manifest.metadata.name, settings.webhook_secrets)
+    park_settings = ParkSettings(
+        agent=manifest.metadata.name,
+        timeout_seconds=parse_duration(approvals.timeout),
+        notify_url=settings.notify_url,
+        webhook_secret=settings.webhook_secret,
+        webhook_base_url=settings.webhook_base_url,
+        recipients=tuple((approvals.notify.recipients or []) if approvals.notify else []),
+        index=index,
+    )
+    inbox, take_messages = inbox_object(manifest.metadata.name)
+    obj = restate.VirtualObject(
+        manifest.metadata.name,
+        description=f"The {manifest.metadata.name} agent; the object key is the session id.",
+        inactivity_timeout=PARK_AFTER,
+        abort_timeout=LONGEST_STEP,
+        invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
+    )
+
+    def tools_for(ctx: restate.ObjectContext) -> list[ToolDef]:
+        parking = parking_with(restate_wait(ctx, park_settings), approvals.on_timeout)
+        return tools_from_spec(spec, settings.workspace, parking)
+
+    def hooks_for(durable: DurableRuntime) -> dict[str, HookFn]:
+        """The metrics hooks of a run (the session's agent or a child) on `durable`."""
+        return agent_hooks(
+            manifest.metadata.name, provider=provider.name, model=provider.model, durable=durable
+        )
+
+    def spawn_for(ctx: restate.ObjectContext, depth: int) -> list[ToolDef]:
+        """The spawn tool of the agent at `depth` (0: the session's), while it may spawn."""
+        if subagents is None or depth >= subagents.max_depth:
+            return []
+
+        def dispatch(request: ChildRunRequest, tool_ctx: ToolContext) -> Any:
+            key = child_key(ctx.key(), request["label"])
+            ctx.set(CHILD_MARKER + key, True)  # `pending` looks there while the run goes on
+            return ctx.object_call(child, key=key, arg=dict(request))
+
+        options = RestateSpawnToolOptions(
+            dispatch=dispatch,
+            name=SPAWN_TOOL,
+            max_depth=subagents.max_depth,
+            max_concurrent=subagents.max_concurrent,
+        )
+        return [restate_spawn_tool(options)]
+
+    @obj.handler(idempotency_retention=RUN_IDEMPOTENCY_RETENTION)
+    async def run(ctx: restate.ObjectContext, request: RunRequest) -> RunResult:
+        # Per invocation (stable across its retries), not per session: a session's second run
+        # seeded with the key alone got the first one's run id and replaced its record.
+        durable = restate_runtime(ctx, id_seed=f"{ctx.key()}/{ctx.request().id}")
+        store = durable.stores.session
+        assert store is not None
+        session = await load_session(store, ctx.key()) or await create_session(
+            id=ctx.key(), store=store
+        )
+        agent = create_agent(
+            provider=provider,
+            tools=[*tools_for(ctx), *spawn_for(ctx, 0)],
+            system=spec.system,
+            durable=durable,
+            session=session,
+            behavior=behavior,
+            hooks=hooks_for(durable),
+            inbox=RestateInbox(ctx, take_messages),
+        )
+        stats = await agent.run(request.prompt)
+        if subagents is not None:
+            await forget_children(ctx)
+        return RunResult.of(stats)
+
+    @obj.handler(ingress_private=True)
+    async def child(ctx: restate.ObjectContext, request: dict[str, Any]) -> dict[str, Any]:
+        """A sub-agent run (a `ChildRunRequest`), started by a parent's spawn tool only."""
+        child_request = cast(ChildRunRequest, request)
+        result = await run_child(
+            ctx,
+            child_request,
+            provider=provider,
+            tools=[*tools_for(ctx), *spawn_for(ctx, child_request["depth"])],
+            system=spec.system,
+            behavior=behavior,
+            max_depth=subagents.max_depth if subagents is not None else 0,
+            hooks=hooks_for,
+        )
+        if subagents is not None:
+            await forget_children(ctx)
+        return dict(result)
+
+    @obj.handler(kind="shared")
+    async def session(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
+        store = restate_session_store(ctx, read_only=True)  # type: ignore[arg-type]
+        loaded = await load_session(store, ctx.key())
+        if loaded is None:
+            return {"id": ctx.key(), "turns": [], "runs": [], "status": None}
+        return {
+            "id": loaded.id,
+            "turns": [t.to_json() for t in loaded.turns],
+            "runs": [r.to_json() for r in loaded.runs],
+            "status": loaded.runs[-1].status if loaded.runs else None,
+        }
+
+    @obj.handler(kind="shared")
+    async def pending(ctx: restate.ObjectSharedContext) -> list[dict[str, Any]]:
+        """The calls parked in this session and in the children its runs are waiting for,
+        without their awakeable ids: an id answers its call through Restate's own API, and this
+        is open to whoever reaches the ingress (the sidecar lists ids with a signed read of the
+        agent's index, `parked_index`)."""
+        parked: dict[str, ParkedCall] = await ctx.get(PARKED_STATE_KEY) or {}
+        calls: list[dict[str, Any]] = [
+            {k: v for k, v in call.items() if k != "awakeable_id"} for call in parked.values()
+        ]
+        for key in await ctx.state_keys():
+            if key.startswith(CHILD_MARKER):
+                child_session = key.removeprefix(CHILD_MARKER)
+                calls += await ctx.object_call(pending, key=child_session, arg=None)
+        return sorted(calls, key=lambda call: call["created_at"])
+
+    return [obj, inbox, index.object]

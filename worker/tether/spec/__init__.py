@@ -1,0 +1,545 @@
+"""The `DurableAgent` spec: one pydantic model for the CRD, the worker and the CLI.
+
+Field names are the manifest's camelCase; Python code reads them by their snake_case names.
+Validation errors name the field and say how to fix it (`SpecError`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from ..errors import ConfigError
+
+API_VERSION = "tether.dev/v1alpha1"
+DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration such as `90s`, `5m` or `1h30m`."""
+    if not re.fullmatch(DURATION, text):
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m or 1h30m")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+
+
+Duration = Annotated[
+    str, Field(pattern=DURATION, description="A duration such as 30s, 5m or 1h30m.")
+]
+KIND = "DurableAgent"
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+BuiltinTool = Literal[
+    "read_file", "write_file", "append_file", "list_files", "http_request", "shell", "ask_human"
+]
+
+
+class SpecError(ConfigError):
+    """A manifest that cannot be served, with one line per problem."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class SecretKeyRef(_Model):
+    """A key of a Kubernetes Secret in the agent's namespace."""
+
+    name: str = Field(min_length=1, description="Name of the Secret.")
+    key: str = Field(min_length=1, description="Key within the Secret.")
+
+
+class Pricing(_Model):
+    """Model prices in USD per million tokens, for cost accounting and budgets."""
+
+    input_per_m_tok: float = Field(ge=0, alias="inputPerMTok", description="Input tokens.")
+    output_per_m_tok: float = Field(ge=0, alias="outputPerMTok", description="Output tokens.")
+    cache_read_per_m_tok: float | None = Field(
+        default=None, ge=0, alias="cacheReadPerMTok", description="Cache reads (default: input)."
+    )
+    cache_write_per_m_tok: float | None = Field(
+        default=None, ge=0, alias="cacheWritePerMTok", description="Cache writes (default: input)."
+    )
+
+
+ScriptResponses = list[dict[str, Any]]
+ScriptSpec = ScriptResponses | dict[str, ScriptResponses]
+"""A scripted model's responses: one list, or lists keyed by the conversation's first user
+message (exact text; `*` for any other conversation), so a parent and its sub-agents (whose
+first message is their task) can follow different scripts."""
+SCRIPT_FORMS = (
+    "a list of responses, or a mapping from a prompt (the conversation's first user message; "
+    '"*" for any other) to a list of responses'
+)
+SCRIPT_LIST_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        {"type": "null"},
+    ]
+}
+"""The published schema (and so the CRD's) keeps the list form: a structural schema cannot say
+"a list or a map"; the keyed form is for `tether run`, `tether dev` and the worker's spec file."""
+
+
+def _check_responses(responses: list[Any], where: str) -> None:
+    for index, response in enumerate(responses):
+        if not isinstance(response, dict):
+            raise ValueError(
+                f"response {index + 1}{where} must be a mapping with `text`, `tool_calls` or "
+                f"`usage`, not {type(response).__name__}"
+            )
+
+
+class ModelSpec(_Model):
+    """Which model answers, and how to reach it."""
+
+    provider: Literal["anthropic", "openai", "scripted"] = Field(
+        description="anthropic, openai (any OpenAI-compatible server) or scripted."
+    )
+    name: str = Field(min_length=1, description="Model name, e.g. claude-sonnet-4-5.")
+    base_url: str | None = Field(default=None, description="API base URL override.")
+    max_tokens: int = Field(default=4096, gt=0, description="Output tokens per model call.")
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret holding the API key (Kubernetes)."
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="Environment variable holding the API key (default: ANTHROPIC_API_KEY or "
+        "OPENAI_API_KEY).",
+    )
+    pricing: Pricing | None = Field(default=None, description="Prices for cost accounting.")
+    script: Annotated[ScriptSpec | None, WithJsonSchema(SCRIPT_LIST_SCHEMA)] = Field(
+        default=None, description="Responses of the scripted provider, in order."
+    )
+
+    @field_validator("script", mode="before")
+    @classmethod
+    def _script_shape(cls, value: Any) -> Any:
+        if value is None or isinstance(value, list):
+            _check_responses(value or [], "")
+        elif isinstance(value, dict):
+            if not value:
+                raise ValueError(f"must not be empty: give {SCRIPT_FORMS}")
+            for key, responses in value.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"the prompt {key!r} must be a string; quote it")
+                if not isinstance(responses, list) or not responses:
+                    raise ValueError(
+                        f"the script for prompt {key!r} must be a non-empty list of responses"
+                    )
+                _check_responses(responses, f" for prompt {key!r}")
+        else:
+            raise ValueError(f"must be {SCRIPT_FORMS}, not {type(value).__name__}")
+        return value
+
+    @model_validator(mode="after")
+    def _script_only_when_scripted(self) -> ModelSpec:
+        if self.provider == "scripted" and not self.script:
+            raise ValueError(f"a scripted model needs `script`: {SCRIPT_FORMS}")
+        return self
+
+
+class ToolSpecEntry(_Model):
+    """One tool: a built-in, or a Python function by import path."""
+
+    name: str = Field(pattern=TOOL_NAME, description="Name the model calls the tool by.")
+    builtin: BuiltinTool | None = Field(
+        default=None,
+        description="A built-in tool: read_file, write_file, append_file, list_files (confined "
+        "to the workspace), http_request (config: allowHosts, allowPorts [80, 443], allowCidrs "
+        "for non-public addresses, timeoutSeconds, maxResponseBytes), shell (config: "
+        "timeoutSeconds, maxOutputBytes, killAfterOutputBytes, env, passEnv, limits: "
+        "{cpuSeconds, memoryBytes, fileSizeBytes, processes}), ask_human (parks until a person "
+        "answers).",
+    )
+    python: str | None = Field(
+        default=None,
+        pattern=IMPORT_PATH,
+        description="Import path of a ToolDef or @tool function: 'package.module:attribute'.",
+    )
+    description: str | None = Field(default=None, description="Override the description.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Built-in tool settings.")
+    replay: Literal["safe", "unsafe"] | None = Field(
+        default=None,
+        description="safe: may run again after a crash; unsafe: reported as interrupted.",
+    )
+    require_approval: bool = Field(
+        default=False, description="Park each call until a person approves or denies it."
+    )
+    timeout: Duration | None = Field(default=None, description="Time before the call fails.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ToolSpecEntry:
+        if (self.builtin is None) == (self.python is None):
+            raise ValueError("set exactly one of `builtin` or `python`")
+        return self
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive_timeout(cls, value: str | None) -> str | None:
+        if value is not None and parse_duration(value) <= 0:
+            raise ValueError("must be longer than zero")
+        return value
+
+
+class Limits(_Model):
+    """When a run stops on its own."""
+
+    max_turns: int = Field(default=50, gt=0, description="Model calls per run.")
+    max_cost_usd: float | None = Field(default=None, gt=0, description="Cost budget per run.")
+    max_tokens: int | None = Field(default=None, gt=0, description="Token budget per run.")
+
+
+class BehaviorSpec(_Model):
+    """How the loop behaves."""
+
+    cache: bool = Field(default=False, description="Place prompt-cache breakpoints.")
+    compact_strategy: Literal["tail"] | None = Field(
+        default=None, description="tail: drop the oldest turns to fit the context window."
+    )
+    max_concurrent_tools: int = Field(
+        default=1, gt=0, description="Concurrency-safe tool calls run at once."
+    )
+    thinking_budget: int | None = Field(default=None, gt=0, description="Thinking tokens.")
+
+
+NOTIFY_URL_ENV = "TETHER_NOTIFY_URL"
+PREVIOUS_SECRET_ENV = "TETHER_WEBHOOK_SECRET_PREVIOUS"
+"""During a rotation of the webhook secret, the key being replaced: accepted, never signing."""
+"""Where the worker reads the notify URL from by default (the operator maps the Secret there)."""
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_URL_LENGTH = 2048
+NOTIFY_URL = r"^https?://"
+URL_USERINFO = r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@"
+URL_QUERY = r"[?#]"
+TOKEN_WEBHOOK = (
+    r"^https?://(hooks\.slack\.com|([a-z0-9-]+\.)?discord(app)?\.com/api/webhooks"
+    r"|[a-z0-9-]+\.webhook\.office\.com|outlook\.office(365)?\.com/webhook)([/:?#]|$)"
+)
+"""Incoming webhooks whose URL path is their token: Slack, Discord, Microsoft Teams."""
+URL_WITH_TOKEN = (
+    "carries a token (user information, a query, or a Slack, Discord or Teams incoming-webhook "
+    "path), and this field is stored in plain text in the DurableAgent and its ConfigMap: put "
+    "the URL in a Secret and name it in `urlSecretRef` instead (`urlEnv` outside Kubernetes)"
+)
+
+
+def url_token_problem(url: str) -> str | None:
+    """Why `url` is a credential that must not sit in a manifest, or None."""
+    if re.search(URL_USERINFO, url) or re.search(URL_QUERY, url):
+        return URL_WITH_TOKEN
+    if re.search(TOKEN_WEBHOOK, url, re.IGNORECASE):
+        return URL_WITH_TOKEN
+    return None
+
+
+class ApprovalNotify(_Model):
+    """Where to announce a call that waits for approval: a signed POST per parked call, with
+    approve and deny links. A URL with a token in it (a Slack incoming webhook carries one in
+    its path) is a credential: keep it in a Secret and reference it with `urlSecretRef`."""
+
+    url_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding the URL that receives a signed POST per parked call: the "
+        "way to give it (required for a URL that carries a token, such as a Slack incoming "
+        "webhook). The operator maps it into the worker's environment (urlEnv), never into the "
+        "version's ConfigMap, the status or an event.",
+    )
+    url_env: str | None = Field(
+        default=None,
+        pattern=ENV_NAME,
+        description=f"Environment variable holding the URL (default {NOTIFY_URL_ENV}): the "
+        "operator fills it from urlSecretRef; `tether worker` and `tether dev` read it from "
+        "their environment.",
+    )
+    url: str | None = Field(
+        default=None,
+        pattern=NOTIFY_URL,
+        max_length=MAX_URL_LENGTH,
+        description="A URL without a token (an in-cluster receiver that checks the request's "
+        "signature, say): it is stored in plain text in the DurableAgent and the version's "
+        "ConfigMap. A URL with a token belongs in a Secret (urlSecretRef); one with user "
+        "information, a query, or a Slack, Discord or Teams webhook path is refused here.",
+    )
+
+    recipients: (
+        list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]]
+        | None
+    ) = Field(
+        default=None,
+        max_length=50,
+        description="The people who may decide (an email or a chat handle each): the POST then "
+        "carries one pair of approve/deny links per person, each naming its recipient, who is "
+        "recorded as the approver of a decision made with it.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_token(cls, value: str | None) -> str | None:
+        if value is not None and (problem := url_token_problem(value)):
+            raise ValueError(f"this URL {problem}")  # the URL itself is not repeated
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApprovalNotify:
+        from_env = self.url_secret_ref is not None or self.url_env is not None
+        if self.url is not None and from_env:
+            raise ValueError("set `url` or `urlSecretRef` (with an optional `urlEnv`), not both")
+        if self.url is None and not from_env:
+            raise ValueError(
+                "set `urlSecretRef` (a Secret holding the URL), or `url` for a URL without a token"
+            )
+        return self
+
+    @property
+    def url_variable(self) -> str:
+        """The environment variable the worker reads the URL from (unless `url` is set)."""
+        return self.url_env or NOTIFY_URL_ENV
+
+
+class Approvals(_Model):
+    """How calls that need a person's approval wait."""
+
+    timeout: Duration = Field(default="1h", description="How long a call waits for a decision.")
+    on_timeout: Literal["deny", "approve"] = Field(
+        default="deny", description="deny: report a denied call to the model; approve: run it."
+    )
+    notify: ApprovalNotify | None = Field(
+        default=None,
+        description="Announce parked calls: a signed POST to a URL kept in a Secret "
+        "(urlSecretRef).",
+    )
+
+
+class Subagents(_Model):
+    """Sub-agents started by the spawn tool."""
+
+    max_depth: int = Field(default=2, ge=0, le=8, description="How deep sub-agents may nest.")
+    max_concurrent: int = Field(default=3, gt=0, description="Children running at once per call.")
+
+
+class EnvVar(_Model):
+    """An environment variable of the worker container (plain values only; secrets come from
+    the referenced Secrets)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
+    value: str = Field(default="", description="Value.")
+
+
+class Resources(_Model):
+    """Compute resources of the worker container (Kubernetes quantities)."""
+
+    requests: dict[str, str] = Field(default_factory=dict, description="e.g. {cpu: 100m}.")
+    limits: dict[str, str] = Field(default_factory=dict, description="e.g. {memory: 512Mi}.")
+
+
+class WorkerSpec(_Model):
+    """The worker pods of each version."""
+
+    image: str | None = Field(default=None, description="Worker image (default: operator's).")
+    replicas: int = Field(default=1, ge=0, le=100, description="Worker pods per version.")
+    resources: Resources = Field(
+        default_factory=Resources, description="Requests and limits of the worker container."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+
+
+class WebhookSpec(_Model):
+    """The secret that signs approval links and authenticates webhook resolutions."""
+
+    secret_ref: SecretKeyRef = Field(description="Secret holding the webhook HMAC key.")
+    previous_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="During a rotation: the key being replaced, still accepted (never used to "
+        "sign). Remove it once every sender signs with the new key.",
+    )
+
+
+class DrainSpec(_Model):
+    """How an old version is retired after a change."""
+
+    delay: Duration = Field(default="5m", description="Wait at least this long before removal.")
+    timeout: Duration = Field(
+        default="24h", description="Remove the version after this long even with runs pinned."
+    )
+
+
+class DurableAgentSpec(_Model):
+    """The agent: model, prompt, tools, limits and how it is deployed."""
+
+    model: ModelSpec = Field(description="Which model answers, and how to reach it.")
+    system: str | None = Field(default=None, description="System prompt.")
+    tools: list[ToolSpecEntry] = Field(default_factory=list, description="Tools the agent has.")
+    approvals: Approvals = Field(
+        default_factory=Approvals, description="How calls that need approval wait."
+    )
+    subagents: Subagents | None = Field(
+        default=None, description="Enables the spawn tool for sub-agents."
+    )
+    limits: Limits = Field(default_factory=Limits, description="When a run stops on its own.")
+    behavior: BehaviorSpec = Field(
+        default_factory=BehaviorSpec, description="How the agent loop behaves."
+    )
+    worker: WorkerSpec = Field(
+        default_factory=WorkerSpec, description="The worker pods of each version."
+    )
+    webhook: WebhookSpec | None = Field(default=None, description="Webhook signing secret.")
+    drain: DrainSpec = Field(
+        default_factory=DrainSpec, description="How an old version is retired after a change."
+    )
+
+    @model_validator(mode="after")
+    def _unique_tool_names(self) -> DurableAgentSpec:
+        names = [t.name for t in self.tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+
+ConditionType = Literal["Ready", "Registered", "Progressing", "Draining"]
+
+
+class Condition(_Model):
+    """A Kubernetes status condition."""
+
+    type: str = Field(description="Ready, Registered, Progressing or Draining.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="What happened, for people.")
+    last_transition_time: str = Field(description="RFC 3339 time of the last status change.")
+    observed_generation: int | None = Field(default=None, description="Generation it refers to.")
+
+
+class VersionStatus(_Model):
+    """One deployed version of the agent."""
+
+    hash: str = Field(description="Hash of the agent spec and pod template.")
+    state: Literal["Pending", "Active", "Draining", "Removed"] = Field(
+        description="Pending: deployed, not registered yet; Active: takes new runs; Draining: "
+        "serves only the runs pinned to it; Removed: unregistered and deleted."
+    )
+    restate_deployment_id: str | None = Field(default=None, description="Restate deployment.")
+    in_flight: int = Field(default=0, ge=0, description="Invocations still pinned to it.")
+    created_at: str | None = Field(default=None, description="When the version was created.")
+    draining_since: str | None = Field(
+        default=None, description="When the version stopped taking new runs (RFC 3339)."
+    )
+    url: str | None = Field(default=None, description="The URL Restate reaches the version at.")
+
+
+class DurableAgentStatus(_Model):
+    """What the operator observed and did."""
+
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "Deleting"] = Field(
+        default="Pending",
+        description="Pending, Progressing (a new version rolls out), Ready, Degraded (see the "
+        "conditions) or Deleting (draining before removal).",
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation the status describes."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Registered, Progressing and Draining."
+    )
+    versions: list[VersionStatus] = Field(
+        default_factory=list, description="The deployed versions, newest first."
+    )
+    active_version: str | None = Field(
+        default=None, description="Hash of the version that takes new runs."
+    )
+    ready_versions: str | None = Field(
+        default=None, description="Registered versions with available pods, of all versions."
+    )
+    endpoint: str | None = Field(default=None, description="Ingress path that starts runs.")
+    webhook_url: str | None = Field(default=None, description="Base URL of the approval hooks.")
+    parked_calls: int = Field(default=0, ge=0, description="Calls waiting for a person.")
+
+
+class Metadata(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    namespace: str | None = None
+
+
+class RestateServices(NamedTuple):
+    """The Restate services an agent's worker serves; Restate's service names are shared by all
+    namespaces, so the operator checks that no other agent serves any of them."""
+
+    agent: str
+    """The agent's object: one session per key."""
+    inbox: str
+    """Messages for its running sessions (`tether.programs.worker.inbox`)."""
+    parked: str
+    """The index of its parked calls, read by its sidecars
+    (`tether.programs.worker.parked_index`)."""
+
+
+def restate_services(agent: str) -> RestateServices:
+    return RestateServices(agent, f"{agent}-inbox", f"{agent}-parked")
+
+
+class DurableAgent(BaseModel):
+    """A `DurableAgent` manifest."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+    api_version: Literal["tether.dev/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["DurableAgent"]
+    metadata: Metadata
+    spec: DurableAgentSpec
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _explain(error: ValidationError) -> str:
+    lines = []
+    for problem in error.errors():
+        loc = tuple(p for p in problem["loc"] if not re.fullmatch(r"function-after\[.*\]", str(p)))
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown field; check its spelling against the DurableAgent reference"
+        lines.append(f"{_location(loc) or 'manifest'}: {message}")
+    return "\n".join(lines)
+
+
+def parse_agent(document: Any) -> DurableAgent:
+    """Validate a manifest (already parsed from YAML or JSON)."""
+    try:
+        return DurableAgent.model_validate(document)
+    except ValidationError as error:
+        raise SpecError(_explain(error)) from None
+
+
+def load_agent(path: str | Path) -> DurableAgent:
+    """Read and validate a `DurableAgent` manifest file."""
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise SpecError(f"{path}: cannot read the manifest: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise SpecError(f"{path}: not valid YAML: {error}") from None
+    try:
+        return parse_agent(document)
+    except SpecError as error:
+        raise SpecError(f"{path}: invalid DurableAgent\n{error}") from None

@@ -1,0 +1,198 @@
+"""Turn a `DurableAgentSpec` into the parts of an agent: provider, tools, behavior."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from ..agent.behavior import Behavior
+from ..providers.base import Pricing, Provider
+from ..providers.scripted import scripted
+from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
+from ..tools.builtin import BUILTINS, Workspace
+from ..tools.decorator import build_tool
+from ..tools.human import Wait, approval_gate, ask_human_tool
+from . import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
+
+DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+def behavior_from_spec(spec: DurableAgentSpec) -> Behavior:
+    return Behavior(
+        max_turns=spec.limits.max_turns,
+        max_tokens=spec.limits.max_tokens,
+        max_cost_usd=spec.limits.max_cost_usd,
+        cache=spec.behavior.cache,
+        compact_strategy=spec.behavior.compact_strategy,
+        max_concurrent_tools=spec.behavior.max_concurrent_tools,
+        thinking_budget=spec.behavior.thinking_budget,
+        max_output_tokens=spec.model.max_tokens,
+    )
+
+
+def _pricing(spec: DurableAgentSpec) -> Pricing | None:
+    p = spec.model.pricing
+    if p is None:
+        return None
+    return Pricing(
+        input_per_mtok=p.input_per_m_tok,
+        output_per_mtok=p.output_per_m_tok,
+        cache_read_per_mtok=p.cache_read_per_m_tok,
+        cache_write_per_mtok=p.cache_write_per_m_tok,
+    )
+
+
+def provider_from_spec(spec: DurableAgentSpec, api_key: str) -> Provider:
+    """The spec's provider with `api_key` (anthropic or openai)."""
+    model = spec.model
+    if model.provider == "anthropic":
+        from ..providers import anthropic
+
+        return anthropic(
+            model.name, api_key=api_key, base_url=model.base_url, pricing=_pricing(spec)
+        )
+    if model.provider == "openai":
+        from ..providers import openai
+
+        return openai(model.name, api_key=api_key, base_url=model.base_url, pricing=_pricing(spec))
+    assert model.script is not None
+    return scripted(model.script, model=model.name, pricing=_pricing(spec))
+
+
+def api_key_for(spec: DurableAgentSpec, env: dict[str, str]) -> str | None:
+    model = spec.model
+    if model.provider == "scripted":
+        return None
+    return env.get(model.api_key_env or DEFAULT_KEY_ENV[model.provider]) or None
+
+
+def require_api_key(spec: DurableAgentSpec, env: dict[str, str]) -> str:
+    """The model's API key from `env` ("" for the scripted model); a clear error without it."""
+    key = api_key_for(spec, env)
+    if spec.model.provider != "scripted" and not key:
+        variable = spec.model.api_key_env or DEFAULT_KEY_ENV[spec.model.provider]
+        raise SpecError(f"{variable} is not set: the worker needs the model's API key")
+    return key or ""
+
+
+def load_script(path: str | Path) -> tuple[list[dict[str, Any]], float]:
+    """A scripted model file: `responses` (a list) and an optional per-call `delay` (seconds)."""
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise SpecError(f"{path}: cannot read the script: {error}") from None
+    responses = document.get("responses") if isinstance(document, dict) else None
+    if not isinstance(responses, list) or not responses:
+        raise SpecError(f"{path}: a script needs `responses`, a non-empty list")
+    return responses, float(document.get("delay", 0))
+
+
+def _import_tool(entry: ToolSpecEntry) -> ToolDef:
+    assert entry.python is not None
+    module_name, _, attribute = entry.python.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise SpecError(
+            f"tools[{entry.name}].python: cannot import {entry.python!r} ({error}); install the "
+            "package in the worker image or fix the path"
+        ) from None
+    if isinstance(target, ToolDef):
+        return target
+    if callable(target):
+        return build_tool(target)
+    raise SpecError(f"tools[{entry.name}].python: {entry.python!r} is not a tool or a function")
+
+
+def with_timeout(tool: ToolDef, seconds: float) -> ToolDef:
+    """`tool`, failing with a tool error when its body runs longer than `seconds`."""
+    inner = tool.execute
+
+    async def execute(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        try:
+            return await asyncio.wait_for(inner(arguments, ctx), seconds)
+        except TimeoutError:
+            raise ToolError(f"timed out after {seconds:g} s") from None
+
+    return dataclasses.replace(tool, execute=execute)
+
+
+SPAWN_TOOL = "spawn"
+"""The name of the sub-agent tool that `spec.subagents` adds."""
+
+
+def check_subagents(spec: DurableAgentSpec) -> None:
+    """With sub-agents, the name `spawn` belongs to the sub-agent tool."""
+    if spec.subagents is None:
+        return
+    for index, entry in enumerate(spec.tools):
+        if entry.name == SPAWN_TOOL:
+            raise SpecError(
+                f"spec.tools[{index}].name: {SPAWN_TOOL!r} is the sub-agent tool of "
+                "`spec.subagents`; rename this tool"
+            )
+
+
+ParkingTool = Callable[[ToolSpecEntry, ToolDef | None], ToolDef]
+"""Builds the tool for an entry that waits for a person: `ask_human` (no inner tool) or an
+approval gate around the inner tool."""
+
+
+def parking_with(wait: Wait, on_timeout: Literal["deny", "approve"]) -> ParkingTool:
+    """The `ParkingTool` of a runtime that waits for people through `wait`."""
+
+    def parking(entry: ToolSpecEntry, inner: ToolDef | None) -> ToolDef:
+        if inner is None:
+            return ask_human_tool(entry.name, wait)
+        return approval_gate(inner, wait, on_timeout)
+
+    return parking
+
+
+def tools_from_spec(
+    spec: DurableAgentSpec, workspace: str | Path, parking: ParkingTool | None = None
+) -> list[ToolDef]:
+    """The spec's tools; built-in file tools are confined to `workspace`. Entries that wait for
+    a person (`requireApproval`, `ask_human`) are built by `parking`, which knows how the
+    runtime waits (`tether worker`: Restate awakeables; `tether run`: the embedded answers)."""
+    root = Workspace(workspace)
+    tools = []
+    for entry in spec.tools:
+        if (entry.require_approval or entry.builtin == "ask_human") and parking is None:
+            raise SpecError(
+                f"tools[{entry.name}]: approvals and ask_human wait for a person; build the "
+                "tools with a `parking` function for the runtime"
+            )
+        if entry.builtin == "ask_human":
+            assert parking is not None
+            tools.append(parking(entry, None))
+            continue
+        if entry.builtin is not None:
+            try:
+                tool = BUILTINS[entry.builtin](entry.name, entry.config, root)
+            except ValueError as error:  # pydantic's ValidationError included
+                raise SpecError(f"tools[{entry.name}].config: {error}") from None
+        else:
+            tool = _import_tool(entry)
+        spec_ = ToolSpec(
+            name=entry.name,
+            description=entry.description or tool.spec.description,
+            input_schema=tool.spec.input_schema,
+        )
+        changes: dict[str, Any] = {"spec": spec_}
+        if entry.replay is not None:
+            changes["replay"] = entry.replay
+        tool = dataclasses.replace(tool, **changes)
+        if entry.timeout:
+            tool = with_timeout(tool, parse_duration(entry.timeout))
+        if entry.require_approval:
+            assert parking is not None
+            tool = parking(entry, tool)
+        tools.append(tool)
+    return tools

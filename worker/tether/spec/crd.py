@@ -1,0 +1,347 @@
+"""The `DurableAgent` CustomResourceDefinition, generated from the pydantic models in `spec`.
+
+`durableagent_crd()` turns the JSON Schema pydantic emits into the structural OpenAPI v3 schema
+Kubernetes wants: references inlined, no `title`, `Optional[X]` collapsed into `X` (the API
+server prunes an explicit `null` and applies the default, so `image: null` means "the default"),
+`exclusiveMinimum` in the OpenAPI 3.0 boolean form, free-form maps marked
+`x-kubernetes-preserve-unknown-fields`. Rules a schema cannot state are CEL
+`x-kubernetes-validations` whose messages name the field. `crds/durableagent.yaml` is this
+function's output (`tether crd`); a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from . import (
+    API_VERSION,
+    KIND,
+    TOKEN_WEBHOOK,
+    URL_QUERY,
+    URL_USERINFO,
+    URL_WITH_TOKEN,
+    DurableAgentSpec,
+    DurableAgentStatus,
+)
+
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL = "durableagents"
+SINGULAR = "durableagent"
+SHORT_NAMES = ["da"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+#: Bounds that keep the cost of the CEL rules below the API server's budget.
+MAX_TOOLS = 64
+MAX_NAME_LENGTH = 52
+"""An agent name leaves room for `-<10-character version hash>` in a 63-character Service name."""
+
+_DROP = {"title", "$defs", "additionalProperties", "discriminator"}
+
+Schema = dict[str, Any]
+
+
+# ------------------------------------------------------------------------------------------
+# JSON Schema (pydantic) -> structural OpenAPI v3 (Kubernetes)
+
+
+def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
+    """Inline a `$ref` (and a single-element `allOf`), keeping the referring node's keywords."""
+    if "allOf" in node and len(node["allOf"]) == 1:
+        rest = {k: v for k, v in node.items() if k != "allOf"}
+        return _resolve({**node["allOf"][0], **rest}, defs)
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        # The field's own description and default win over the model's docstring.
+        return _resolve({**target, **rest}, defs)
+    return node
+
+
+def _without_null(node: Schema, defs: dict[str, Schema]) -> Schema:
+    """`anyOf: [X, {type: null}]` (pydantic's `X | None`) -> `X`."""
+    options = node.get("anyOf")
+    if not options:
+        return node
+    kept = [o for o in options if o.get("type") != "null"]
+    if len(kept) != 1:
+        raise ValueError(f"cannot express a union of {len(kept)} types in a structural schema")
+    rest = {k: v for k, v in node.items() if k != "anyOf"}
+    merged = {**_resolve(kept[0], defs), **rest}
+    if merged.get("default", 0) is None:
+        del merged["default"]
+    return merged
+
+
+def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
+    node = _without_null(_resolve(node, defs), defs)
+    out: Schema = {k: v for k, v in node.items() if k not in _DROP}
+    if "const" in out:
+        out["enum"] = [out.pop("const")]
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    for bound, keyword in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in out and not isinstance(out[bound], bool):
+            out[keyword] = out[bound]
+            out[bound] = True
+
+    kind = out.get("type")
+    if kind == "object":
+        properties = node.get("properties")
+        extra = node.get("additionalProperties")
+        if properties:
+            out["properties"] = {
+                name: _structural(child, defs) for name, child in properties.items()
+            }
+            required = [r for r in node.get("required", []) if "default" not in properties[r]]
+            if required:
+                out["required"] = required
+            else:
+                out.pop("required", None)
+        elif isinstance(extra, dict) and extra:
+            out["additionalProperties"] = _structural(extra, defs)
+        else:
+            out["x-kubernetes-preserve-unknown-fields"] = True
+    elif kind == "array":
+        out["items"] = _structural(node["items"], defs)
+    elif kind is None and "enum" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "description" in out:
+        out["description"] = " ".join(out["description"].split())
+    return _ordered(out)
+
+
+def _ordered(node: Schema) -> Schema:
+    """`type` and `description` first, so the YAML reads like a reference."""
+    first = [k for k in ("type", "description") if k in node]
+    return {**{k: node[k] for k in first}, **{k: v for k, v in node.items() if k not in first}}
+
+
+def _openapi(model: type[DurableAgentSpec] | type[DurableAgentStatus]) -> Schema:
+    document = model.model_json_schema(by_alias=True, ref_template="#/$defs/{model}")
+    return _structural(document, document.get("$defs", {}))
+
+
+# ------------------------------------------------------------------------------------------
+# What the schema cannot say
+
+
+def _rule(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def _cel_string(text: str) -> str:
+    """`text` as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _add_rules(node: Schema, *rules: dict[str, str]) -> None:
+    node.setdefault("x-kubernetes-validations", []).extend(rules)
+
+
+def _spec_schema() -> Schema:
+    spec = _openapi(DurableAgentSpec)
+    props = spec["properties"]
+
+    model = props["model"]
+    _add_rules(
+        model,
+        _rule(
+            "self.provider == 'scripted' || has(self.apiKeySecretRef)",
+            "spec.model.apiKeySecretRef is required for provider anthropic or openai: name the "
+            "Secret and key that hold the API key",
+            ".apiKeySecretRef",
+        ),
+        _rule(
+            "!has(self.script) || self.provider == 'scripted'",
+            "spec.model.script is only for provider scripted",
+            ".script",
+        ),
+        _rule(
+            "self.provider != 'scripted' || (has(self.script) && size(self.script) > 0)",
+            "spec.model.script is required for provider scripted: a list of responses",
+            ".script",
+        ),
+    )
+
+    tools = props["tools"]
+    tools["maxItems"] = MAX_TOOLS
+    tool = tools["items"]
+    tool["properties"]["name"]["maxLength"] = 64
+    tool["properties"]["python"]["maxLength"] = 256
+    _add_rules(
+        tools,
+        _rule(
+            "self.all(t, self.filter(u, u.name == t.name).size() == 1)",
+            "spec.tools: tool names must be unique",
+        ),
+    )
+    _add_rules(
+        tool,
+        _rule(
+            "has(self.builtin) != has(self.python)",
+            "spec.tools[]: set exactly one of builtin or python",
+        ),
+    )
+    _add_rules(
+        tool["properties"]["timeout"],
+        _rule("duration(self) > duration('0s')", "spec.tools[].timeout must be longer than 0s"),
+    )
+    _add_rules(
+        props["approvals"]["properties"]["timeout"],
+        _rule("duration(self) > duration('0s')", "spec.approvals.timeout must be longer than 0s"),
+    )
+    notify = props["approvals"]["properties"]["notify"]
+    _add_rules(
+        notify,
+        _rule(
+            "has(self.url) ? !has(self.urlSecretRef) && !has(self.urlEnv) : has(self.urlSecretRef)",
+            "spec.approvals.notify: set urlSecretRef (a Secret holding the URL; optionally "
+            "urlEnv), or url alone for a URL without a token",
+        ),
+    )
+    # Refused at admission, so a URL with a token is never stored in the object.
+    token_free = " && ".join(
+        f"!self.matches({_cel_string(pattern)})"
+        for pattern in (URL_USERINFO, URL_QUERY, f"(?i){TOKEN_WEBHOOK}")
+    )
+    _add_rules(
+        notify["properties"]["url"],
+        _rule(token_free, f"spec.approvals.notify.url {URL_WITH_TOKEN}"),
+    )
+    drain = props["drain"]
+    _add_rules(
+        drain,
+        _rule(
+            "duration(self.timeout) >= duration(self.delay)",
+            "spec.drain.timeout must not be shorter than spec.drain.delay",
+            ".timeout",
+        ),
+    )
+
+    # Blocks with defaults of their own: an absent block gets them (validated like user input).
+    defaults = DurableAgentSpec.model_fields
+    for name in ("approvals", "limits", "behavior", "worker", "drain"):
+        factory = defaults[name].default_factory
+        assert factory is not None
+        value = factory()  # type: ignore[call-arg]
+        props[name]["default"] = value.model_dump(by_alias=True, exclude_none=True)
+    return spec
+
+
+def _status_schema() -> Schema:
+    status = _openapi(DurableAgentStatus)
+    props = status["properties"]
+    props["conditions"]["x-kubernetes-list-type"] = "map"
+    props["conditions"]["x-kubernetes-list-map-keys"] = ["type"]
+    props["versions"]["x-kubernetes-list-type"] = "map"
+    props["versions"]["x-kubernetes-list-map-keys"] = ["hash"]
+    return status
+
+
+def _root_schema() -> Schema:
+    return {
+        "type": "object",
+        "description": "An AI agent whose runs survive crashes: each change of the spec is a "
+        "new version of worker pods registered with Restate; old versions drain before they go.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "tether.dev/v1alpha1"},
+            "kind": {"type": "string", "description": KIND},
+            # Kubernetes allows no more than this for metadata (name rules are CEL below).
+            "metadata": {"type": "object"},
+            "spec": _spec_schema(),
+            "status": _status_schema(),
+        },
+        "x-kubernetes-validations": [
+            _rule(
+                f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+                f"metadata.name must be at most {MAX_NAME_LENGTH} characters (the version hash "
+                "is appended to it in Service names)",
+            ),
+            _rule(
+                "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                "metadata.name must start with a letter and contain only lowercase letters, "
+                "digits and '-' (it names Services and the Restate service)",
+            ),
+        ],
+    }
+
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": ".status.readyVersions",
+        "description": "Registered versions with available pods, of all versions.",
+    },
+    {
+        "name": "Parked",
+        "type": "integer",
+        "jsonPath": ".status.parkedCalls",
+        "description": "Calls waiting for a person.",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Active",
+        "type": "string",
+        "jsonPath": ".status.activeVersion",
+        "priority": 1,
+        "description": "Hash of the version that takes new runs.",
+    },
+    {
+        "name": "Model",
+        "type": "string",
+        "jsonPath": ".spec.model.name",
+        "priority": 1,
+    },
+]
+
+
+def durableagent_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition of `DurableAgent` as a manifest (a plain dict)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/part-of": "tether"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "shortNames": SHORT_NAMES,
+                "categories": ["tether"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": _root_schema()},
+                }
+            ],
+        },
+    }
+
+
+def durableagent_crd_yaml() -> str:
+    """`durableagent_crd()` as the YAML document checked in at `crds/durableagent.yaml`."""
+    header = (
+        "# Generated from tether.spec by `tether crd` (tether.spec.crd.durableagent_crd_yaml); "
+        "do not edit.\n"
+    )
+    body = yaml.safe_dump(durableagent_crd(), sort_keys=False, width=100, allow_unicode=True)
+    return header + body
