@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "operator")]
+sys.path.insert(0, str(REPO))  # a script: the repository's test harness, as `tests`
 
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client import ApiClient  # noqa: E402
-from op_harness import Cluster, StandinWorker, start_operator, wait_for  # noqa: E402
 
-from kube.controlplane import KubeCluster  # noqa: E402
+from tests.kube.controlplane import KubeCluster  # noqa: E402
+from tests.operator.op_harness import Cluster, StandinWorker, start_operator, wait_for  # noqa: E402
 from tether.programs.restate_server import RestateServer  # noqa: E402
 from tether.spec.crd import CRD_NAME, durableagent_crd  # noqa: E402
 

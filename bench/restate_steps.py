@@ -23,70 +23,27 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tether.programs.restate_server import DEFAULT_RESTATE_VERSION, RestateServer, free_port
+from tether.programs.local_http import Response
+from tether.programs.local_http import request_json as http
+from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
+from tether.programs.restate_server import RestateServer
+from tether.testing import HypercornWorker, wait_until
 
 T = TypeVar("T")
 
 SERVICE = Path(__file__).resolve().parent / "restate_bench_service.py"
 DEADLINE = 300.0
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-_HYPERCORN_CONFIG = """\
-bind = ["127.0.0.1:{port}"]
-workers = 1
-h2_max_concurrent_streams = 2147483647
-keep_alive_max_requests = 2147483647
-keep_alive_timeout = 2147483647
-graceful_timeout = 5
-"""
 
 
 # HTTP -----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def http(
-    method: str,
-    url: str,
-    payload: Any = None,
-    *,
-    headers: dict[str, str] | None = None,
-    timeout: float = DEADLINE,
-) -> Response:
-    body = None if payload is None else json.dumps(payload).encode()
-    headers = {"accept": "application/json", **(headers or {})}
-    if body is not None:
-        headers["content-type"] = "application/json"
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            return Response(resp.status, resp.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return Response(err.code, err.read())
 
 
 def ok(resp: Response, *statuses: int) -> Response:
@@ -95,57 +52,14 @@ def ok(resp: Response, *statuses: int) -> Response:
     return resp
 
 
-def wait_until(predicate: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
-
-
 # The worker -----------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def hypercorn_worker(directory: Path) -> Iterator[str]:
     """`python -m hypercorn` serving the bench service (its own session, killed as a group)."""
-    port = free_port()
-    config = directory / "hypercorn.toml"
-    config.write_text(_HYPERCORN_CONFIG.format(port=port))
-    log_path = directory / "hypercorn.log"
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "hypercorn", "--config", str(config), f"{SERVICE}:app"],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-
-        def healthy() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hypercorn exited: {log_path.read_text()[-2000:]}")
-            with contextlib.suppress(OSError):
-                return http("GET", f"{url}/health", timeout=2.0).status == 200
-            return False
-
-        wait_until(healthy, "the worker to listen", timeout=60.0)
-        yield url
-    finally:
-        for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace)
-                break
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+    with HypercornWorker(f"{SERVICE}:app", log_dir=directory) as worker:
+        yield worker.url
 
 
 # Measurements ---------------------------------------------------------------------------------
@@ -186,13 +100,13 @@ def resume_seconds(
             return path.read_text().strip() or None
         return None
 
-    awakeable = wait_until(awakeable_id, f"{service} to park")
+    awakeable = wait_until(awakeable_id, what=f"{service} to park", timeout=DEADLINE, interval=0.02)
 
     def suspended() -> bool:
         rows = server.query(f"SELECT status FROM sys_invocation WHERE id = '{invocation_id}'")
         return bool(rows) and rows[0]["status"] == "suspended"
 
-    wait_until(suspended, f"{service} to suspend")
+    wait_until(suspended, what=f"{service} to suspend", timeout=DEADLINE, interval=0.02)
     started = time.perf_counter()
     resolve = f"{server.ingress_url}/restate/awakeables/{awakeable}/resolve"
     ok(http("POST", resolve, "go"), 200, 202)

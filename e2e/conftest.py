@@ -10,20 +10,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "e2e"))
+from tests.kube.controlplane import bin_dir
+from tests.kube.host import HostError
+from tests.kube.node import PACKAGES, KubeNode, check_host, install_packages
 
-from kube.controlplane import bin_dir  # noqa: E402
-from kube.host import HostError  # noqa: E402
-from kube.node import PACKAGES, KubeNode, check_host, install_packages  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

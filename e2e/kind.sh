@@ -44,5 +44,6 @@ printf '==> image %s\n' "$IMAGE"
 docker build -t "$IMAGE" "$ROOT"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
-"$ROOT/.venv/bin/python" "$ROOT/e2e/steps.py" --name kind --kubeconfig "$KUBECONFIG_FILE" \
+cd "$ROOT"
+.venv/bin/python -m e2e.steps --name kind --kubeconfig "$KUBECONFIG_FILE" \
   --image "$IMAGE" --prometheus-image "$PROMETHEUS_IMAGE"

@@ -40,9 +40,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cluster import (
+from e2e.cluster import (
     ROOT,
     Cluster,
     Kubectl,

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kube.controlplane import ControlPlane, wait_until
-from kube.host import differences, snapshot
-from kube.node import SYSCTLS, KubeNode
+from tests.kube.controlplane import ControlPlane
+from tests.kube.host import differences, snapshot
+from tests.kube.node import SYSCTLS, KubeNode
+from tether.testing import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,9 +85,9 @@ def test_a_stopped_node_leaves_the_host_as_it_was(images: dict[str, str]) -> Non
 
 HOLDER = """
 import json, sys, time
-sys.path[:0] = [{tests!r}, {e2e!r}]
-from kube.node import KubeNode
-from test_host import run_workload
+sys.path.insert(0, {root!r})
+from tests.kube.node import KubeNode
+from e2e.test_host import run_workload
 images = json.loads(sys.argv[1])
 plane = KubeNode(images).start()
 run_workload(plane, images["base"])
@@ -97,7 +98,7 @@ time.sleep(3600)
 
 def test_a_killed_run_leaves_nothing_the_next_one_does_not_undo(images: dict[str, str]) -> None:
     before = snapshot(SYSCTLS)
-    code = HOLDER.format(tests=str(ROOT / "tests"), e2e=str(ROOT / "e2e"))
+    code = HOLDER.format(root=str(ROOT))
     holder = subprocess.Popen(
         [sys.executable, "-c", code, json.dumps(images)], stdout=subprocess.PIPE, text=True
     )

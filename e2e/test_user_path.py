@@ -8,9 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from cluster import Cluster, Report
-from kube.node import KubeNode
-from steps import run_all
+from e2e.cluster import Cluster, Report
+from e2e.steps import run_all
+from tests.kube.node import KubeNode
 
 REPORT = Path(os.environ.get("TETHER_E2E_REPORT", "/tmp/tether-e2e-report.json"))
 LOGS = Path(os.environ.get("TETHER_E2E_LOGS", "/tmp/tether-e2e-logs"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
+from tests.fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
 from tether import create_agent, tool
 from tether.durable import sqlite_runtime
 from tether.providers import anthropic, openai

@@ -13,7 +13,7 @@ from unittest.mock import ANY
 import pytest
 import yaml
 
-from test_cli import runs_db, tether
+from tests.test_cli import runs_db, tether
 from tether.session import load_session, sqlite_store
 
 SHIP = {"name": "ship", "input": {"path": "shipped.txt", "content": "v1"}}

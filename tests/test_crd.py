@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client import ApiClient, ApiException
 
-from kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
-from kube.controlplane import ControlPlane, wait_until
+from tests.kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
+from tests.kube.controlplane import ControlPlane
 from tether.spec import SpecError, parse_agent
 from tether.spec.crd import (
     CRD_NAME,
@@ -24,6 +24,7 @@ from tether.spec.crd import (
     durableagent_crd,
     durableagent_crd_yaml,
 )
+from tether.testing import wait_until
 
 CHECKED_IN = Path(__file__).resolve().parent.parent / "crds" / "durableagent.yaml"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers import RecordingProvider, calls
+from tests.helpers import RecordingProvider, calls
 from tether import create_agent, tool
 from tether.agent import Agent, MemoryInbox
 from tether.durable import MemoryJournal, memory_runtime

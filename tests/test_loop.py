@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from helpers import BlockingProvider, FlakyProvider, RecordingProvider, calls, results_after
+from tests.helpers import BlockingProvider, FlakyProvider, RecordingProvider, calls, results_after
 from tether import Behavior, ToolContext, ToolDef, ToolSpec, create_agent, tool
 from tether.agent import AgentBusyError
 from tether.messages import tool_uses

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
+from tests.fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
 from tether.messages import ImageBlock, Message, text_block, tool_result, user_message
 from tether.providers.anthropic_provider import AnthropicProvider
 from tether.providers.anthropic_provider import default_pricing as claude_pricing

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from helpers import RecordingProvider, calls, results_after
+from tests.helpers import RecordingProvider, calls, results_after
 from tether import Behavior, create_agent, tool
 from tether.agent import Agent
 from tether.durable import JournalMismatchError, MemoryJournal, deterministic_uuid, memory_runtime

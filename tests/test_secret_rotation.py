@@ -11,7 +11,7 @@ import httpx2
 import pytest
 import yaml
 
-from test_sidecar import (
+from tests.test_sidecar import (
     AGENT,
     ID_A,
     SECRET,

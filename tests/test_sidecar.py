@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import calls
+from tests.helpers import calls
 from tether import create_agent, tool
 from tether.durable.memory import MemoryJournal, memory_runtime
 from tether.parked import ParkedCall

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import RecordingProvider, calls, results_after
+from tests.helpers import RecordingProvider, calls, results_after
 from tether import create_agent, tool
 from tether.agent import spawn_tool
 from tether.durable import MemoryJournal, memory_runtime

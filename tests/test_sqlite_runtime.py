@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RecordingProvider, calls
+from tests.helpers import RecordingProvider, calls
 from tether import create_agent, tool
 from tether.durable import JournalMismatchError, RunLeasedError, journal_steps, sqlite_runtime
 from tether.session import create_session, load_session, sqlite_store

@@ -1,5 +1,7 @@
 """Restate's admin API, as the operator uses it: register and unregister versions, list
-deployments, and SQL introspection for pinned invocations and parked calls."""
+deployments, and SQL introspection for pinned invocations and parked calls. The calls and what
+their answers mean are `tether.programs.restate_admin`'s, shared with `RestateServer`; this is
+their asynchronous transport, and what the operator asks of them (cached counts)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,16 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from tether.errors import TetherError
 from tether.parked import PARKED_STATE_KEY
+from tether.programs import restate_admin as admin
+from tether.programs.restate_admin import AdminCall, AdminRefused, parse_body, retry_delay
+
+T = TypeVar("T")
 
 PINNED_SQL = (
     "SELECT pinned_deployment_id AS id, COUNT(*) AS n FROM sys_invocation "
@@ -41,6 +47,8 @@ class RestateError(TetherError):
 
 
 class RestateAdmin:
+    """The admin calls of `tether.programs.restate_admin`, sent with aiohttp."""
+
     def __init__(self, base_url: str, timeout: float) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -55,67 +63,44 @@ class RestateAdmin:
         if self._session is not None:
             await self._session.close()
 
-    async def _call(self, method: str, path: str, payload: Any = None) -> tuple[int, Any]:
-        url = f"{self.base_url}{path}"
+    async def _send(self, call: AdminCall[T]) -> T:
+        """`call`'s value; a busy Restate is asked twice more, and anything else that goes
+        wrong is a `RestateError` whose reason the DurableAgent's conditions show."""
+        url = f"{self.base_url}{call.path}"
         for attempt in range(3):
             try:
                 async with self._client().request(
-                    method, url, json=payload, headers={"accept": "application/json"}
+                    call.method, url, json=call.payload, headers={"accept": "application/json"}
                 ) as response:
-                    text = await response.text()
-                    if response.status in (429, 503) and attempt < 2:
-                        retry_after = response.headers.get("retry-after", "")
-                        await asyncio.sleep(float(retry_after) if retry_after.isdigit() else 0.5)
+                    body = parse_body(await response.text())
+                    wait = retry_delay(response.status, response.headers, 0.5)
+                    if wait is not None and attempt < 2:
+                        await asyncio.sleep(wait)
                         continue
-                    try:
-                        body = json.loads(text) if text else None
-                    except ValueError:
-                        body = text
-                    return response.status, body
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
                 raise RestateError(
                     "RestateUnreachable",
                     f"Restate's admin API at {self.base_url} did not answer "
-                    f"{method} {path}: {error or type(error).__name__}",
+                    f"{call.method} {call.path}: {error or type(error).__name__}",
                 ) from None
+            try:
+                return call.answer(response.status, body)
+            except AdminRefused as refused:
+                raise RestateError(refused.failure, f"Restate refused: {refused}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def register(self, uri: str, metadata: dict[str, str]) -> str:
-        """`POST /deployments` with `force`: a URI registered before (a rollback) is discovered
-        again and becomes the latest deployment of its services."""
-        status, body = await self._call(
-            "POST", "/deployments", {"uri": uri, "force": True, "metadata": metadata}
-        )
-        if status not in (200, 201):
-            detail = body.get("message") if isinstance(body, dict) else body
-            raise RestateError(
-                "RegistrationFailed", f"Restate could not register {uri}: HTTP {status}: {detail}"
-            )
-        deployment_id: str = body["id"]
-        return deployment_id
+        """Register (or re-discover, for a rollback) the version at `uri`; its deployment id."""
+        return await self._send(admin.register(uri, metadata=metadata))
 
     async def unregister(self, deployment_id: str) -> None:
-        """`DELETE /deployments/{id}?force=true`; an unknown id is fine (already gone)."""
-        status, body = await self._call("DELETE", f"/deployments/{deployment_id}?force=true")
-        if status not in (200, 202, 404):
-            raise RestateError(
-                "UnregistrationFailed",
-                f"Restate could not remove deployment {deployment_id}: HTTP {status}: {body}",
-            )
+        await self._send(admin.unregister(deployment_id))
 
     async def deployments(self) -> list[dict[str, Any]]:
-        status, body = await self._call("GET", "/deployments")
-        if status != 200:
-            raise RestateError("RestateError", f"GET /deployments: HTTP {status}: {body}")
-        found: list[dict[str, Any]] = body.get("deployments", [])
-        return found
+        return await self._send(admin.deployments())
 
     async def query(self, sql: str) -> list[dict[str, Any]]:
-        status, body = await self._call("POST", "/query", {"query": sql})
-        if status != 200:
-            raise RestateError("QueryFailed", f"SQL introspection failed: HTTP {status}: {body}")
-        rows: list[dict[str, Any]] = body.get("rows", [])
-        return rows
+        return await self._send(admin.query(sql))
 
 
 @dataclass

@@ -1,7 +1,5 @@
 """Fixtures of the chart tests: the helm CLI (built from its Go module by scripts/build-helm.sh
 into the cache outside the repository) and the shared tier-2 control plane.
-
-There is no `__init__.py` here, as in tests/operator.
 """
 
 from __future__ import annotations
@@ -9,16 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-# `kube` lives in tests/, which pytest puts on sys.path only for test modules directly in it.
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kube.conftest import kube_cluster  # noqa: F401  (the shared tier-2 control plane)
+from tests.kube.conftest import kube_cluster  # noqa: F401  (the shared tier-2 control plane)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
 
+from tests.helm.chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
 from tether.programs.restate_identity import public_key_of
 from tether.spec.crd import CRD_NAME, durableagent_crd
 from tether_operator.names import version_labels

@@ -11,27 +11,20 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx2
-from chart import REPO, by_kind, env_of, one, render
 
-from kube.controlplane import ControlPlane
+from tests.helm.chart import REPO, by_kind, env_of, one, render
+from tests.kube.controlplane import ControlPlane
 from tether.programs.process_group import stop_group
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV, PRIVATE_KEY_ENV, public_key_of
-from tether.programs.restate_server import RestateServer, find_or_install_restate_server, free_port
+from tether.programs.restate_install import find_or_install_restate_server
+from tether.programs.restate_server import RestateServer, free_port
+from tether.testing import wait_until
 from tether_operator.settings import IDENTITY_KEY_FILE_ENV
-
-
-def wait_until(check: Any, what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return value
 
 
 def mount_identity_key(objects: list[Any], settings: dict[str, str], name: str, at: Path) -> str:
@@ -58,7 +51,7 @@ def test_restate_starts_with_the_charts_settings(helm_bin: Path, tmp_path: Path)
         assert lines and all(isinstance(json.loads(line), dict) for line in lines)
         # It signs with the chart's key (the one the operator hands the workers).
         loaded = lambda: f'"kid":"{key}"' in server.log_tail(50_000).replace(" ", "")  # noqa: E731
-        wait_until(loaded, "Restate to load the chart's request identity key")
+        wait_until(loaded, what="Restate to load the chart's request identity key")
 
 
 def test_the_operator_starts_with_the_charts_settings(
@@ -109,7 +102,7 @@ def test_the_operator_starts_with_the_charts_settings(
             except httpx2.HTTPError:
                 return False
 
-        wait_until(healthy, "the operator's liveness endpoint")
+        wait_until(healthy, what="the operator's liveness endpoint")
         kube.kubectl("-n", namespace, "apply", "-f", str(REPO / "e2e" / "agent.yaml"))
 
         def version_deployment() -> dict[str, Any] | None:
@@ -120,7 +113,7 @@ def test_the_operator_starts_with_the_charts_settings(
             items = json.loads(listed.stdout)["items"]
             return items[0] if items else None
 
-        deployment = wait_until(version_deployment, "the agent's version Deployment")
+        deployment = wait_until(version_deployment, what="the agent's version Deployment")
         pod = deployment["spec"]["template"]["spec"]
         images = {c["image"] for c in pod["containers"]}
         assert images == {settings["TETHER_WORKER_IMAGE"]}
@@ -133,7 +126,7 @@ def test_the_operator_starts_with_the_charts_settings(
             conditions = json.loads(got.stdout).get("status", {}).get("conditions", [])
             return any(c.get("reason") == "RestateUnreachable" for c in conditions)
 
-        wait_until(unreachable, "Registered=False RestateUnreachable")
+        wait_until(unreachable, what="Registered=False RestateUnreachable")
         kube.kubectl("-n", namespace, "delete", "durableagent", "e2e-clerk", "--wait=false")
     finally:
         stop_group(operator, grace=10)

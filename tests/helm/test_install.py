@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chart import CHART, REPO, helm, render
 
-from kube.controlplane import ControlPlane
+from tests.helm.chart import CHART, REPO, helm, render
+from tests.kube.controlplane import ControlPlane
 from tether.spec.crd import CRD_NAME
 
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"

@@ -32,14 +32,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tether.programs.process_group import stop_group
+from tether.programs.process_group import GroupProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-control-plane.sh"
@@ -299,46 +299,23 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-class _Process:
-    """A child in its own process group, its output in a log file."""
+class _Process(GroupProcess):
+    """A component of the control plane: a child in its own process group, its output in
+    `<log_dir>/<name>.log`."""
 
     def __init__(
         self, name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None
     ) -> None:
         self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log: IO[bytes] = self.log_path.open("wb")
-        try:
-            self.popen = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=self._log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-            )
-        except BaseException:
-            self._log.close()
-            raise
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        super().__init__(argv, log=log_dir / f"{name}.log", env=env)
 
     def check_alive(self) -> None:
         code = self.popen.poll()
         if code is not None:
             raise ControlPlaneError(
-                f"{self.name} exited with code {code}; the end of {self.log_path}:\n"
-                f"{self.log_tail()}"
+                f"{self.name} exited with code {code}; the end of {self.log}:\n"
+                f"{self.log_tail(3000)}"
             )
-
-    def stop(self, grace: float) -> None:
-        stop_group(self.popen, grace=grace)
-        self._log.close()
 
 
 class _Http:
@@ -395,7 +372,7 @@ def _wait_for(
         if condition():
             return
         if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p.log_path}:\n{p.log_tail(10)}" for p in watch)
+            tails = "\n".join(f"--- {p.log}:\n{p.log_tail(1500)}" for p in watch)
             raise ControlPlaneError(f"timed out waiting for {what}\n{tails}")
         time.sleep(POLL_INTERVAL)
 
@@ -789,17 +766,6 @@ def _node_ready(api: _Http, name: str) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def wait_until(
-    condition: Callable[[], bool], *, timeout: float, what: str, interval: float = POLL_INTERVAL
-) -> None:
-    """Poll ``condition`` until it is true or raise ``TimeoutError`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
-
-
 __all__ = [
     "BIN_DIR_ENV",
     "BUILD_SCRIPT",
@@ -811,5 +777,4 @@ __all__ = [
     "KubeAPIServer",
     "KubeCluster",
     "bin_dir",
-    "wait_until",
 ]

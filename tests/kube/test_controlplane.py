@@ -12,7 +12,9 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client import ApiClient, ApiException
 
-from .controlplane import FAKE_NODE, ControlPlane, KubeAPIServer, wait_until
+from tether.testing import wait_until
+
+from .controlplane import FAKE_NODE, ControlPlane, KubeAPIServer
 
 APPLY = "application/apply-patch+yaml"
 FIELD_MANAGER = "tether-tests"

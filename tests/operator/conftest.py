@@ -2,8 +2,7 @@
 kwok), the CRD, one real restate-server and one stand-in worker for the session, a namespace and
 an operator process per test.
 
-There is deliberately no `__init__.py` here: a package named `operator` would shadow Python's
-standard library module.
+A package of `tests` (`tests.operator`), so it shadows nothing of the standard library.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-# `kube` lives in tests/, which pytest puts on sys.path only for test modules directly in it.
-if str(Path(__file__).resolve().parents[1]) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from kubernetes import client, config
 from kubernetes.client import ApiClient
-from op_harness import (
+
+from tests.kube.conftest import kube_cluster  # noqa: F401  (the shared tier-2 control plane)
+from tests.kube.controlplane import ControlPlane
+from tests.operator.op_harness import (
     Cluster,
     OperatorFactory,
     OperatorProcess,
@@ -31,10 +28,8 @@ from op_harness import (
     start_operator,
     wait_for,
 )
-
-from kube.conftest import kube_cluster  # noqa: F401  (the shared tier-2 control plane)
-from kube.controlplane import ControlPlane
-from tether.programs.restate_server import RestateServer, find_or_install_restate_server
+from tether.programs.restate_install import find_or_install_restate_server
+from tether.programs.restate_server import RestateServer
 from tether.spec.crd import CRD_NAME, durableagent_crd
 
 #: Retries of a failed attempt at most 2 s apart, so a worker that starts late is picked up soon.

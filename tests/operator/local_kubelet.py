@@ -19,7 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from op_harness import Cluster, Process
+from tests.operator.op_harness import Cluster
+from tether.programs.process_group import GroupProcess
 
 SPEC_PATH = "/etc/tether/agent.yaml"
 
@@ -28,7 +29,7 @@ class LocalKubelet:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.dir = Path(tempfile.mkdtemp(prefix="tether-kubelet-"))
-        self.workers: dict[str, Process] = {}
+        self.workers: dict[str, GroupProcess] = {}
         self.started: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="local-kubelet", daemon=True)
@@ -59,7 +60,7 @@ class LocalKubelet:
         secret = self.cluster.core.read_namespaced_secret(ref.name, self.cluster.namespace)
         return base64.b64decode((secret.data or {})[ref.key]).decode()
 
-    def _start(self, name: str, deployment: Any) -> Process | None:
+    def _start(self, name: str, deployment: Any) -> GroupProcess | None:
         ns = self.cluster.namespace
         service = self.cluster.core.read_namespaced_service(name, ns)
         config_map = self.cluster.core.read_namespaced_config_map(name, ns)
@@ -94,11 +95,12 @@ class LocalKubelet:
         argv[argv.index("--port") + 1] = str(ports[0].node_port)
         argv += ["--host", "127.0.0.1"]
         self.started.append(name)
-        return Process(argv, env, home / "worker.log", home)
+        return GroupProcess(argv, env=env, log=home / "worker.log", cwd=home)
 
     def logs(self) -> str:
         return "\n".join(
-            f"----- worker {name} -----\n{process.tail()}" for name, process in self.workers.items()
+            f"----- worker {name} -----\n{process.log_tail()}"
+            for name, process in self.workers.items()
         )
 
     def close(self) -> None:

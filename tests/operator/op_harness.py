@@ -6,14 +6,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,97 +18,34 @@ from kubernetes import client
 from kubernetes.client import ApiClient, ApiException
 
 from tether.parked import PARKED_STATE_KEY
-from tether.programs.process_group import signal_group, stop_group
+from tether.programs.local_http import request_json
+from tether.programs.process_group import GroupProcess
+from tether.programs.restate_admin import parse_body
 from tether.programs.restate_server import RestateServer, free_port
 from tether.spec.crd import GROUP, PLURAL, VERSION
+from tether.testing import wait_until
 
 T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def wait_for(
-    predicate: Callable[[], T | bool | None],
-    *,
-    timeout: float,
-    what: str,
-    interval: float = 0.1,
+    predicate: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.1
 ) -> T:
-    """Poll until `predicate` returns something truthy (returned); fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            value = predicate()
-            if value:
-                return value  # type: ignore[return-value]
-            last = value
-        except (OSError, ApiException, KeyError, ValueError) as error:
-            last = error
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})"
-            )
-        time.sleep(interval)
+    """`tether.testing.wait_until`, with the API server's errors as "not yet" too."""
+    retrying = (OSError, ApiException, KeyError, ValueError)
+    return wait_until(predicate, timeout=timeout, what=what, interval=interval, retrying=retrying)
 
 
 def http(method: str, url: str, payload: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
-    body = None if payload is None else json.dumps(payload).encode()
-    headers = {"accept": "application/json"}
-    if body is not None:
-        headers["content-type"] = "application/json"
-    request = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            raw = response.read()
-            status = response.status
-    except urllib.error.HTTPError as error:
-        with error:
-            raw, status = error.read(), error.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw.decode(errors="replace")
+    """The status and the JSON body (or text) of one request."""
+    response = request_json(method, url, payload, timeout=timeout)
+    return response.status, parse_body(response.body)
 
 
 # ------------------------------------------------------------------------------------------
 # Processes
-
-
-class Process:
-    """A child in its own session (so its whole group can be signalled), output to a file."""
-
-    def __init__(self, argv: list[str], env: Mapping[str, str], log: Path, cwd: Path) -> None:
-        self.log = log
-        with open(log, "ab") as out:
-            self.popen = subprocess.Popen(
-                argv,
-                env=dict(env),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        signal_group(self.popen, sig)
-
-    def stop(self, grace: float = 10.0) -> None:
-        stop_group(self.popen, grace=grace)
-
-    def kill(self) -> None:
-        stop_group(self.popen, grace=0, sig=signal.SIGKILL)
-
-    def tail(self, chars: int = 6000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
 
 _HYPERCORN = """\
@@ -136,12 +68,12 @@ class StandinWorker:
         config.write_text(_HYPERCORN.format(port=self.port))
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         argv = [sys.executable, "-m", "hypercorn", "--config", str(config), "standin_worker:app"]
-        self.process = Process(argv, env, self.dir / "standin.log", HERE)
+        self.process = GroupProcess(argv, env=env, log=self.dir / "standin.log", cwd=HERE)
         wait_for(self._listening, timeout=30, what="the stand-in worker to listen")
 
     def _listening(self) -> bool:
         if not self.process.alive():
-            raise RuntimeError(f"the stand-in worker exited:\n{self.process.tail()}")
+            raise RuntimeError(f"the stand-in worker exited:\n{self.process.log_tail()}")
         with socket.socket() as sock:
             return sock.connect_ex(("127.0.0.1", self.port)) == 0
 
@@ -157,7 +89,7 @@ class StandinWorker:
 class OperatorProcess:
     """`kopf run -m tether_operator` watching one namespace, as a real process."""
 
-    process: Process
+    process: GroupProcess
     liveness: str
 
     def healthy(self) -> bool:
@@ -195,11 +127,11 @@ def start_operator(
     else:
         argv = [sys.executable, "-m", "kopf", "run", "-m", "tether_operator", "--standalone"]
         argv += ["-n", namespace, f"--liveness={liveness}"]
-    operator = OperatorProcess(Process(argv, full_env, log, REPO), liveness)
+    operator = OperatorProcess(GroupProcess(argv, env=full_env, log=log, cwd=REPO), liveness)
 
     def up() -> bool:
         if not operator.process.alive():
-            raise RuntimeError(f"the operator exited:\n{operator.process.tail()}")
+            raise RuntimeError(f"the operator exited:\n{operator.process.log_tail()}")
         return operator.healthy()
 
     wait_for(up, timeout=60, what="the operator's liveness endpoint")

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from op_harness import Cluster, OperatorFactory, Restate, wait_for
 
+from tests.operator.op_harness import Cluster, OperatorFactory, Restate, wait_for
 from tether.spec import parse_agent
 
 AGENT = "triage"

@@ -7,8 +7,8 @@ import os
 import random
 import time
 
-from op_harness import Cluster, OperatorFactory, Restate, wait_for
-from test_children import AGENT, manifest, registered, with_secrets
+from tests.operator.op_harness import Cluster, OperatorFactory, Restate, wait_for
+from tests.operator.test_children import AGENT, manifest, registered, with_secrets
 
 KILLS = 10
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from kubernetes import client
-from op_harness import Cluster, OperatorFactory, Restate, free_port, wait_for
-from test_children import (
+
+from tests.operator.op_harness import Cluster, OperatorFactory, Restate, free_port, wait_for
+from tests.operator.test_children import (
     AGENT,
     NOTIFY,
     SLACK_TOKEN,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
-from op_harness import REPO, Cluster, OperatorFactory, Restate, wait_for
-from test_children import AGENT, manifest, registered, with_secrets
 
-from kube.controlplane import ControlPlane
+from tests.kube.controlplane import ControlPlane
+from tests.operator.op_harness import REPO, Cluster, OperatorFactory, Restate, wait_for
+from tests.operator.test_children import AGENT, manifest, registered, with_secrets
 
 RBAC = REPO / "operator" / "rbac"
 
@@ -88,5 +88,5 @@ def run_with_service_account(
     assert any(e["reason"] == "Retired" for e in cluster.events(AGENT))
     cluster.delete_agent(AGENT)
     wait_for(lambda: cluster.agent(AGENT) is None, timeout=60, what="the agent deleted")
-    log = operator.process.tail(200_000)
+    log = operator.process.log_tail(200_000)
     assert "Forbidden" not in log and " 403" not in log, log[-4000:]

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from local_kubelet import LocalKubelet
-from op_harness import Cluster, OperatorFactory, Restate, dumped_on_failure, wait_for
+
+from tests.operator.local_kubelet import LocalKubelet
+from tests.operator.op_harness import Cluster, OperatorFactory, Restate, dumped_on_failure, wait_for
 
 AGENT = "clerk"
 ASK = {"text": "asking", "tool_calls": [{"name": "ask", "input": {"question": "Ship it?"}}]}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from op_harness import Cluster, OperatorFactory, Restate, wait_for
-from test_children import AGENT, manifest, registered, with_secrets
+from tests.operator.op_harness import Cluster, OperatorFactory, Restate, wait_for
+from tests.operator.test_children import AGENT, manifest, registered, with_secrets
 
 
 def active(cluster: Cluster) -> str | None:

@@ -7,9 +7,16 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
-from support import ALWAYS_SUSPEND_ENV, FAST_RETRY_ENV, HypercornWorker, ServedApp, service_app
 
-from tether.programs.restate_server import RestateServer, find_or_install_restate_server
+from tests.restate.support import (
+    ALWAYS_SUSPEND_ENV,
+    FAST_RETRY_ENV,
+    HypercornWorker,
+    ServedApp,
+    service_app,
+)
+from tether.programs.restate_install import find_or_install_restate_server
+from tether.programs.restate_server import RestateServer
 
 
 @pytest.hookimpl(wrapper=True)

@@ -7,19 +7,17 @@ The hypercorn worker, ``wait_until``, ``group_alive`` and the server settings ar
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
+from tether.programs.local_http import Response
+from tether.programs.local_http import request_json as http
 from tether.programs.restate_server import RestateServer, free_port
 from tether.programs.worker.deadline import descendants
 from tether.testing import (
@@ -52,48 +50,10 @@ __all__ = [
     "without_capabilities",
 ]
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
 
 # --------------------------------------------------------------------------------------------
 # HTTP
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def text(self) -> str:
-        return self.body.decode(errors="replace")
-
-
-def http(
-    method: str,
-    url: str,
-    payload: Any = None,
-    *,
-    raw: bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    timeout: float = 60.0,
-) -> Response:
-    """One HTTP/1.1 request; non-2xx statuses are returned, not raised."""
-    body = raw if raw is not None else (None if payload is None else json.dumps(payload).encode())
-    hdrs = {"accept": "application/json", **(headers or {})}
-    if body is not None:
-        hdrs.setdefault("content-type", "application/json")
-    req = urllib.request.Request(url, data=body, method=method, headers=hdrs)
-    try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            return Response(resp.status, resp.read())
-    except urllib.error.HTTPError as err:
-        with err:
-            return Response(err.code, err.read())
 
 
 # --------------------------------------------------------------------------------------------

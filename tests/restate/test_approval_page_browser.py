@@ -23,8 +23,8 @@ from unittest.mock import ANY
 import httpx2
 import pytest
 import yaml
-from support import wait_until
 
+from tests.restate.support import wait_until
 from tether.programs.dev import DevStack
 from tether.programs.webhooks import sign_request, signed_link
 

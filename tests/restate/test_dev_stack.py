@@ -16,7 +16,8 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
-from support import (
+
+from tests.restate.support import (
     PROC_PROBE,
     decide_by_link,
     descendants,
@@ -24,7 +25,6 @@ from support import (
     wait_until,
     without_capabilities,
 )
-
 from tether.programs.dev import DevStack
 from tether.programs.webhooks import sign_request, signed_link
 

@@ -45,7 +45,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import pytest
-from support import (
+
+from tests.restate.support import (
     FAST_RETRY_ENV,
     HypercornWorker,
     ServedApp,
@@ -55,7 +56,6 @@ from support import (
     service_app,
     wait_until,
 )
-
 from tether.programs.restate_server import RestateServer
 from tether.session.session import INTERRUPTED_RESULT
 

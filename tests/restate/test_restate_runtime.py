@@ -7,8 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from support import ServedApp, http
-
+from tests.restate.support import ServedApp, http
 from tether.programs.restate_server import RestateServer
 
 ALL_CALLS = [f"call_{t}_{i}" for t, n in enumerate([1, 1, 3, 1, 2, 1, 1]) for i in range(n)]

@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ServedApp, count, http, read_lines, wait_until
 
-from tether.programs.restate_server import (
-    DEFAULT_RESTATE_VERSION,
-    RestateServer,
-    find_or_install_restate_server,
-)
+from tests.restate.support import ServedApp, count, http, read_lines, wait_until
+from tether.programs.restate_install import DEFAULT_RESTATE_VERSION, find_or_install_restate_server
+from tether.programs.restate_server import RestateServer
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 20

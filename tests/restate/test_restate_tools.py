@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ServedApp, count, http, read_lines, wait_until
 
+from tests.restate.support import ServedApp, count, http, read_lines, wait_until
 from tether import ToolContext
 from tether.agent.stats import AgentStats
 from tether.durable.memory import memory_runtime

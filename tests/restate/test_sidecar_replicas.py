@@ -26,8 +26,8 @@ from typing import Any
 import httpx2
 import pytest
 import yaml
-from support import wait_until
 
+from tests.restate.support import wait_until
 from tether.programs.dev import DevStack, Process, wait_for
 from tether.programs.restate_server import free_port
 from tether.programs.webhooks import sign_request

@@ -34,7 +34,8 @@ from unittest.mock import ANY
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import (
+
+from tests.restate.support import (
     HypercornWorker,
     Response,
     decide_by_link,
@@ -45,7 +46,6 @@ from support import (
     service_app,
     wait_until,
 )
-
 from tether.programs.restate_server import RestateServer
 from tether.programs.sidecar.link_form import form_token
 from tether.programs.webhooks import TOLERANCE_SECONDS, link_signature, sign_request, signed_link

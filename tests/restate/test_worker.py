@@ -20,8 +20,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
-from support import PROC_PROBE, HypercornWorker, http, wait_until, without_capabilities
 
+from tests.restate.support import (
+    PROC_PROBE,
+    HypercornWorker,
+    http,
+    wait_until,
+    without_capabilities,
+)
 from tether.parked import PARKED_STATE_KEY
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV, new_private_key_pem, public_key_of
 from tether.programs.restate_server import IDENTITY_KEY_FILE, RestateServer, free_port

@@ -15,8 +15,8 @@ import httpx2
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from support import decide_by_link, group_alive, wait_until
 
+from tests.restate.support import decide_by_link, group_alive, wait_until
 from tether.programs.dev import DevStack, wait_for
 from tether.programs.webhooks import sign_request, signed_link
 

@@ -50,7 +50,6 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self, TypeVar, cast
 from urllib.parse import quote
 
@@ -59,8 +58,10 @@ import yaml
 from .errors import TetherError
 from .parked import ParkedCall
 from .programs.dev import DevStack
+from .programs.lifecycle import Lifecycle
+from .programs.local_http import Response, request
 from .programs.process_group import signal_group
-from .programs.restate_server import RestateServer, _request, _Response, free_port
+from .programs.restate_server import RestateServer, free_port
 from .programs.webhooks import sign_request
 from .session.types import SessionRecord
 
@@ -107,8 +108,10 @@ def wait_until(
     timeout: float = 60.0,
     interval: float = 0.05,
     what: str = "condition",
+    retrying: tuple[type[BaseException], ...] = (OSError, ValueError, KeyError),
 ) -> T:
-    """Poll ``predicate`` until it returns a truthy value (returned) or ``timeout`` passes."""
+    """Poll ``predicate`` until it returns a truthy value (returned) or ``timeout`` passes. An
+    error of ``retrying`` (a server not up yet) counts as "not yet", and is named on timeout."""
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
     while True:
@@ -116,7 +119,7 @@ def wait_until(
             value = predicate()
             if value:
                 return value
-        except (OSError, ValueError, KeyError) as err:
+        except retrying as err:
             last_error = err
         if time.monotonic() > deadline:
             suffix = f" (last error: {last_error!r})" if last_error else ""
@@ -124,20 +127,20 @@ def wait_until(
         time.sleep(interval)
 
 
-def _json(response: _Response, what: str, *expected: int) -> Any:
+def _json(response: Response, what: str, *expected: int) -> Any:
     if response.status not in expected:
         raise HarnessError(what, response.status, response.body)
     return response.json() if response.body else None
 
 
-def _post_json(url: str, payload: Any, headers: Mapping[str, str], timeout: float) -> _Response:
+def _post_json(url: str, payload: Any, headers: Mapping[str, str], timeout: float) -> Response:
     """POST ``payload`` as JSON (None: no body, for a handler without input)."""
     all_headers = {"accept": "application/json", **headers}
     body = None
     if payload is not None:
         body = json.dumps(payload).encode()
         all_headers["content-type"] = "application/json"
-    return _request("POST", url, body=body, headers=all_headers, timeout=timeout)
+    return request("POST", url, body=body, headers=all_headers, timeout=timeout)
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,7 +186,7 @@ graceful_timeout = 5
 """
 
 
-class HypercornWorker:
+class HypercornWorker(Lifecycle):
     """``python -m hypercorn <app>`` on 127.0.0.1:<port> (h2c and HTTP/1.1 on one port).
 
     ``app`` is ``module:attr`` or ``/path/to/file.py:attr`` of a Restate app (ready once it
@@ -270,7 +273,7 @@ class HypercornWorker:
                 )
             # The SDK app answers GET /health once the worker child has imported the module.
             with contextlib.suppress(OSError):
-                if _request("GET", f"{self.url}/health", timeout=2.0).status == 200:
+                if request("GET", f"{self.url}/health", timeout=2.0).status == 200:
                     return
             if time.monotonic() > deadline:
                 raise TimeoutError(
@@ -312,22 +315,6 @@ class HypercornWorker:
         self.stop()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class _ThreadServer:
@@ -439,7 +426,7 @@ def _sql(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-class RestateHarness:
+class RestateHarness(Lifecycle):
     """A real restate-server on loopback and the apps it serves for a test.
 
     >>> with RestateHarness() as restate:                        # doctest: +SKIP
@@ -491,21 +478,6 @@ class RestateHarness:
             self.server.close()
         if errors:
             raise errors[0]
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- serving -----------------------------------------------------------------------------
 
@@ -563,7 +535,7 @@ class RestateHarness:
     def result(self, invocation_id: str, *, timeout: float = 120.0) -> Any:
         """Wait for the result of an invocation (``/restate/invocation/<id>/attach``)."""
         url = f"{self.ingress_url}/restate/invocation/{quote(invocation_id)}/attach"
-        response = _request("GET", url, headers={"accept": "application/json"}, timeout=timeout)
+        response = request("GET", url, headers={"accept": "application/json"}, timeout=timeout)
         return _json(response, f"the result of {invocation_id}", 200)
 
     def resolve_awakeable(self, awakeable_id: str, value: Any = None) -> None:
@@ -575,7 +547,7 @@ class RestateHarness:
         """Fail an awakeable with ``reason`` through Restate's ingress."""
         url = f"{self.ingress_url}/restate/awakeables/{quote(awakeable_id)}/reject"
         headers = {"content-type": "text/plain"}
-        response = _request("POST", url, body=reason.encode(), headers=headers, timeout=30.0)
+        response = request("POST", url, body=reason.encode(), headers=headers, timeout=30.0)
         _json(response, f"rejecting {awakeable_id}", 200, 202)
 
     # -- state -------------------------------------------------------------------------------
@@ -602,7 +574,7 @@ class RestateHarness:
 # --------------------------------------------------------------------------------------------
 
 
-class AgentHarness:
+class AgentHarness(Lifecycle):
     """A ``DurableAgent`` manifest served as ``tether worker`` serves it, with its sidecar, on a
     real restate-server (``tether.programs.dev.DevStack`` on loopback).
 
@@ -666,21 +638,6 @@ class AgentHarness:
         finally:
             self._remove_temp()
 
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     # -- runs --------------------------------------------------------------------------------
 
     def _target(self, session: str, handler: str) -> str:
@@ -715,13 +672,13 @@ class AgentHarness:
 
     # -- parked calls, through the sidecar ----------------------------------------------------
 
-    def _signed(self, method: str, path: str, payload: Any = None) -> _Response:
+    def _signed(self, method: str, path: str, payload: Any = None) -> Response:
         body = b"" if payload is None else json.dumps(payload).encode()
         headers = sign_request(self.secret.encode(), body, path=path)
         if payload is not None:
             headers["content-type"] = "application/json"
         url = f"{self.sidecar_url}{path}"
-        return _request(method, url, body=body or None, headers=headers, timeout=30.0)
+        return request(method, url, body=body or None, headers=headers, timeout=30.0)
 
     def parked(self, at_least: int = 0, *, timeout: float = 60.0) -> list[ParkedCall]:
         """The calls parked for a person (approvals, ``ask_human``), as the sidecar lists them

@@ -22,16 +22,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import httpx2
 
 from ..spec import load_agent
 from .hardening import refuse_state_in_workspace, state_dir
+from .lifecycle import Lifecycle
 from .process_group import signal_group, stop_group
 from .restate_identity import IDENTITY_KEYS_ENV
-from .restate_server import RestatePorts, RestateServer, find_or_install_restate_server, free_port
+from .restate_install import find_or_install_restate_server
+from .restate_server import RestatePorts, RestateServer, free_port
 
 SECRET_FILE = "webhook-secret"
 
@@ -109,7 +110,7 @@ def wait_for(url: str, what: str, process: Process, timeout: float = 60) -> None
     )
 
 
-class DevStack:
+class DevStack(Lifecycle):
     """restate-server + `tether worker` + `tether sidecar` for one DurableAgent manifest."""
 
     def __init__(
@@ -203,20 +204,7 @@ class DevStack:
         self.worker.kill(signal.SIGTERM)
         self.server.close()
 
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    close = stop
 
     def describe(self) -> str:
         return "\n".join(

@@ -1,224 +1,50 @@
-"""Install and run a local ``restate-server`` (the npm build of the Restate server).
+"""Run a local ``restate-server`` on loopback, and ask its admin API things.
 
-Used by the integration tests and by ``tether dev``: the server binary comes from the npm package
-``@restatedev/restate-server`` (its per-platform optional dependency carries a static binary),
-installed once into ``${TETHER_CACHE:-~/.cache/tether}/restate/<version>/`` and started on
-loopback with random ports, a private data directory and telemetry off.
-
-Only the standard library is used, so this module imports without the ``restate`` extra.
+Used by ``tether dev``, ``tether.testing`` and the tests: the server (found or installed by
+``restate_install``) starts with random ports, a private data directory, telemetry off and a
+request-identity key of its own; ``register``, ``unregister``, ``deployments`` and ``query``
+send the admin calls of ``restate_admin`` with the standard library (retrying a busy server), so
+this module imports without the ``restate`` extra.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import platform
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, TypeVar
 
 from ..errors import TetherError
+from . import restate_admin
+from .lifecycle import Lifecycle
+from .local_http import request
 from .process_group import stop_group
+from .restate_admin import AdminCall, AdminRefused, parse_body, retry_delay
 from .restate_identity import PRIVATE_KEY_ENV, public_key_of, write_private_key
+from .restate_install import DEFAULT_RESTATE_VERSION, find_or_install_restate_server
 
-__all__ = [
-    "DEFAULT_RESTATE_VERSION",
-    "RestatePorts",
-    "RestateServer",
-    "RestateServerError",
-    "find_or_install_restate_server",
-    "restate_cache_dir",
-]
+__all__ = ["RestatePorts", "RestateServer", "RestateServerError", "free_port"]
 
-#: The pinned server version. Keep in sync with ``scripts/install-restate.sh``. restate-sdk 1.2
-#: supports servers 1.3 to 1.7 (service protocol v5..v7).
-DEFAULT_RESTATE_VERSION = "1.7.12"
-
-#: Environment variable naming a ``restate-server`` binary to use instead of the npm install.
-BINARY_ENV = "TETHER_RESTATE_SERVER"
 IDENTITY_KEY_FILE = "request-identity.pem"
 """In the data directory: the private key the server signs its requests to deployments with."""
 
-_NPM_PACKAGE = "@restatedev/restate-server"
 _SERVER_ENV_PREFIXES = ("RESTATE_",)
 _SERVER_ENV_DROP = ("RUST_LOG", "RESTATE_CONFIG")
 _READY_QUERY = "SELECT id FROM sys_invocation LIMIT 1"
 
 
+T = TypeVar("T")
+
+
 class RestateServerError(TetherError, RuntimeError):
-    """The server could not be installed, started, stopped or asked something."""
-
-
-# --------------------------------------------------------------------------------------------
-# Installation
-# --------------------------------------------------------------------------------------------
-
-
-def restate_cache_dir() -> Path:
-    """``${TETHER_CACHE:-$HOME/.cache/tether}/restate``."""
-    root = os.environ.get("TETHER_CACHE") or str(Path.home() / ".cache" / "tether")
-    return Path(root).expanduser() / "restate"
-
-
-def _platform_package() -> str:
-    system = platform.system().lower()
-    machine = platform.machine().lower()
-    os_name = {"linux": "linux", "darwin": "darwin"}.get(system)
-    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine)
-    if os_name is None or arch is None:
-        raise RestateServerError(
-            f"the npm package {_NPM_PACKAGE} has no binary for {system}/{machine}; "
-            f"install restate-server yourself and set {BINARY_ENV} to its path"
-        )
-    return f"{_NPM_PACKAGE}-{os_name}-{arch}"
-
-
-def _binary_in(prefix: Path) -> Path:
-    return prefix / "node_modules" / _platform_package() / "bin" / "restate-server"
-
-
-def _usable(binary: Path) -> bool:
-    return binary.is_file() and os.access(binary, os.X_OK)
-
-
-def _npm_install(npm: str, prefix: Path, spec: str) -> None:
-    env = dict(os.environ)
-    # The wrapper depends on @scarf/scarf, an install-analytics package. --ignore-scripts already
-    # keeps its script from running; these make sure nothing else reports either.
-    env.update({"SCARF_ANALYTICS": "false", "DO_NOT_TRACK": "1"})
-    cmd = [
-        npm,
-        "install",
-        "--ignore-scripts",
-        "--no-audit",
-        "--no-fund",
-        "--loglevel=error",
-        "--prefix",
-        str(prefix),
-        spec,
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RestateServerError(
-            f"`{' '.join(cmd)}` failed with exit code {proc.returncode}:\n"
-            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
-        )
-
-
-def find_or_install_restate_server(
-    version: str = DEFAULT_RESTATE_VERSION,
-    *,
-    cache_dir: Path | None = None,
-    npm: str | None = None,
-) -> Path:
-    """Return the path of a ``restate-server`` binary of ``version``, installing it if needed.
-
-    Order: ``$TETHER_RESTATE_SERVER`` if set; else the cached install under
-    ``<cache_dir>/<version>/`` (``cache_dir`` defaults to :func:`restate_cache_dir`); else
-    ``npm install --ignore-scripts`` of ``@restatedev/restate-server@<version>`` into that
-    directory. The install goes to a temporary sibling directory that is renamed into place, under
-    a file lock, so concurrent callers neither race nor see a half-installed tree.
-    """
-    override = os.environ.get(BINARY_ENV)
-    if override:
-        path = Path(override).expanduser()
-        if not _usable(path):
-            raise RestateServerError(f"{BINARY_ENV}={override} is not an executable file")
-        return path
-
-    root = cache_dir if cache_dir is not None else restate_cache_dir()
-    target = root / version
-    binary = _binary_in(target)
-    if _usable(binary):
-        return binary
-
-    npm_cmd = npm or shutil.which("npm")
-    if npm_cmd is None:
-        raise RestateServerError(
-            "npm was not found on PATH: install Node.js (with npm) to fetch restate-server, "
-            f"or set {BINARY_ENV} to an existing restate-server binary"
-        )
-
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{version}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if _usable(binary):  # installed by a concurrent caller while we waited for the lock
-            return binary
-        staging = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=root))
-        staging.chmod(0o755)
-        try:
-            _npm_install(npm_cmd, staging, f"{_NPM_PACKAGE}@{version}")
-            staged = _binary_in(staging)
-            if not staged.is_file():
-                # npm skips optional dependencies when configured to omit them; the platform
-                # package carries the binary, so ask for it by name.
-                _npm_install(npm_cmd, staging, f"{_platform_package()}@{version}")
-            if not staged.is_file():
-                raise RestateServerError(
-                    f"npm installed {_NPM_PACKAGE}@{version} but {staged} is missing"
-                )
-            staged.chmod(staged.stat().st_mode | 0o111)
-            out = subprocess.run(
-                [str(staged), "--version"], capture_output=True, text=True, check=False
-            )
-            if out.returncode != 0 or version not in out.stdout:
-                raise RestateServerError(
-                    f"{staged} --version printed {out.stdout.strip()!r} (exit {out.returncode}), "
-                    f"expected version {version}"
-                )
-            if target.exists():
-                shutil.rmtree(target)
-            staging.rename(target)
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
-    if not _usable(binary):
-        raise RestateServerError(f"restate-server was installed but {binary} is not executable")
-    return binary
-
-
-# --------------------------------------------------------------------------------------------
-# HTTP helpers (stdlib; loopback only, proxies ignored)
-# --------------------------------------------------------------------------------------------
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-@dataclass(frozen=True)
-class _Response:
-    status: int
-    body: bytes
-    headers: Mapping[str, str]
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def _request(
-    method: str,
-    url: str,
-    *,
-    body: bytes | None = None,
-    headers: Mapping[str, str] | None = None,
-    timeout: float = 10.0,
-) -> _Response:
-    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
-    try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            return _Response(resp.status, resp.read(), dict(resp.headers.items()))
-    except urllib.error.HTTPError as err:
-        with err:
-            return _Response(err.code, err.read(), dict(err.headers.items()))
+    """The server could not be started or stopped, or did not answer the admin API."""
 
 
 def free_port() -> int:
@@ -251,7 +77,7 @@ class RestatePorts:
         return cls(ingress=ingress, admin=admin, node=node)
 
 
-class RestateServer:
+class RestateServer(Lifecycle):
     """A single-node ``restate-server`` on 127.0.0.1.
 
     >>> with RestateServer() as server:          # doctest: +SKIP
@@ -448,11 +274,11 @@ class RestateServer:
                     f"{self.log_tail()}"
                 )
             try:
-                if all(_request("GET", url, timeout=2.0).status == 200 for url in checks):
+                if all(request("GET", url, timeout=2.0).status == 200 for url in checks):
                     # Health turns green before the partition processor has a leader; until then
                     # queries fail with "node lookup for partition 0 failed". A query that
                     # succeeds means the partition is up and invocations can be processed.
-                    probe = _request(
+                    probe = request(
                         "POST",
                         f"{self.admin_url}/query",
                         body=json.dumps({"query": _READY_QUERY}).encode(),
@@ -513,110 +339,65 @@ class RestateServer:
             shutil.rmtree(self._base_dir, ignore_errors=True)
             self._base_dir = None
 
-    def __enter__(self) -> Self:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     # -- admin API ---------------------------------------------------------------------------
 
-    def _admin(
-        self,
-        method: str,
-        path: str,
-        payload: Any = None,
-        *,
-        timeout: float = 60.0,
-        accept: str = "application/json",
-    ) -> _Response:
-        """Call the admin API, retrying 429/503 and refused connections until ``timeout``."""
-        body = None if payload is None else json.dumps(payload).encode()
-        headers = {"accept": accept}
+    def _admin(self, call: AdminCall[T], *, timeout: float = 60.0) -> T:
+        """Send `call`, retrying a busy server (429, 503) and refused connections until
+        ``timeout``; its value, or `AdminRefused`."""
+        body = None if call.payload is None else json.dumps(call.payload).encode()
+        headers = {"accept": "application/json"}
         if body is not None:
             headers["content-type"] = "application/json"
+        url = f"{self.admin_url}{call.path}"
         deadline = time.monotonic() + timeout
         delay = 0.1
         while True:
             try:
-                resp = _request(
-                    method, f"{self.admin_url}{path}", body=body, headers=headers, timeout=timeout
-                )
-                if resp.status not in (429, 503):
-                    return resp
-                retry_after = resp.headers.get("retry-after") or resp.headers.get("Retry-After")
-                wait = float(retry_after) if retry_after and retry_after.isdigit() else delay
+                resp = request(call.method, url, body=body, headers=headers, timeout=timeout)
+                wait = retry_delay(resp.status, resp.headers, delay)
+                if wait is None:
+                    return call.answer(resp.status, parse_body(resp.body))
                 problem = f"HTTP {resp.status}: {resp.body[:500]!r}"
             except OSError as err:
                 wait, problem = delay, repr(err)
             if time.monotonic() + wait > deadline:
-                raise RestateServerError(f"admin {method} {path} failed: {problem}")
+                raise RestateServerError(f"{call.what} failed: {problem}")
             time.sleep(wait)
             delay = min(delay * 2, 2.0)
 
-    def register(self, uri: str, force: bool = True, *, timeout: float = 60.0) -> str:
-        """Register the service endpoint at ``uri`` (``POST /deployments``); return its id.
+    def register(self, uri: str, *, timeout: float = 60.0) -> str:
+        """Register the service endpoint at ``uri``; return its deployment id.
 
         The server discovers the endpoint over HTTP/2 with prior knowledge (h2c), so ``uri`` must
         be served by an HTTP/2-capable server such as hypercorn (an HTTP/1.1-only server fails
-        with META0014). ``force`` (the default here) re-discovers an already registered ``uri``
-        and makes it the latest deployment. While the endpoint refuses connections (META0003:
-        still starting) registration is retried until ``timeout``.
+        with META0014). A ``uri`` registered before is discovered again and becomes the latest
+        deployment. While the endpoint refuses connections (META0003: still starting)
+        registration is retried until ``timeout``.
         """
         deadline = time.monotonic() + timeout
         while True:
             remaining = max(deadline - time.monotonic(), 1.0)
             try:
-                resp = self._admin(
-                    "POST", "/deployments", {"uri": uri, "force": force}, timeout=remaining
-                )
+                return self._admin(restate_admin.register(uri), timeout=remaining)
+            except AdminRefused as refused:
+                if refused.code != restate_admin.STILL_STARTING or time.monotonic() > deadline:
+                    raise
             except RestateServerError as err:
                 # The server retries discovery itself, so a dead endpoint can outlast `timeout`.
                 raise RestateServerError(
                     f"registering {uri} failed within {timeout:.0f}s (is it listening, over "
                     f"HTTP/2?): {err}"
                 ) from err
-            if resp.status in (200, 201):
-                deployment_id: str = resp.json()["id"]
-                return deployment_id
-            text = resp.body.decode(errors="replace")
-            if "META0003" not in text or time.monotonic() > deadline:
-                raise RestateServerError(
-                    f"registering {uri} failed: HTTP {resp.status}: {text[:2000]}"
-                )
             time.sleep(0.2)
 
     def unregister(self, deployment_id: str) -> None:
-        """Force-delete a deployment (``DELETE /deployments/{id}?force=true``)."""
-        resp = self._admin("DELETE", f"/deployments/{deployment_id}?force=true")
-        if resp.status not in (200, 202, 404):
-            raise RestateServerError(
-                f"deleting deployment {deployment_id} failed: HTTP {resp.status}: "
-                f"{resp.body.decode(errors='replace')[:2000]}"
-            )
+        """Force-delete a deployment (an unknown one is already gone)."""
+        self._admin(restate_admin.unregister(deployment_id))
+
+    def deployments(self) -> list[dict[str, Any]]:
+        """Every registered deployment, with its services."""
+        return self._admin(restate_admin.deployments())
 
     def query(self, sql: str, *, timeout: float = 60.0) -> list[dict[str, Any]]:
         """Run an introspection query (``POST /query``), e.g. on ``sys_invocation``."""
-        resp = self._admin("POST", "/query", {"query": sql}, timeout=timeout)
-        if resp.status != 200:
-            raise RestateServerError(
-                f"query failed: HTTP {resp.status}: {resp.body.decode(errors='replace')[:2000]}"
-            )
-        rows: list[dict[str, Any]] = resp.json()["rows"]
-        return rows
-
-    def iter_deployments(self) -> Iterator[dict[str, Any]]:
-        resp = self._admin("GET", "/deployments")
-        if resp.status != 200:
-            raise RestateServerError(f"listing deployments failed: HTTP {resp.status}")
-        yield from resp.json()["deployments"]
+        return self._admin(restate_admin.query(sql), timeout=timeout)

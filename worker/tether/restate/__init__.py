@@ -15,11 +15,13 @@ with extra_imports("tether.restate", "restate", "restate"):
     from ..durable.replay import ReplayDoneHooks, ReplayTracker
     from .awakeable import awakeable_with_timeout, race_with_timeout
     from .awakeable_tool import AwakeableDriftError, restate_awakeable_tool
+    from .child import run_child
+    from .child_results import MERGED_CHILDREN_EXTRA
     from .errors import is_restate_cancellation, is_restate_control_error, restate_control_error
     from .replay import create_replay_tracker, replay_aware_abort
     from .runtime import RestateRuntime, restate_runtime
     from .session import RestateSessionStore, restate_session_store
-    from .spawn import MERGED_CHILDREN_EXTRA, restate_spawn_tool, run_child
+    from .spawn import restate_spawn_tool
     from .tool import restate_tool
     from .tool_state import DEFAULT_TOOL_STATE_KEY, RestateToolStateStore, restate_tool_state_store
     from .types import (
