@@ -1,8 +1,9 @@
 """The Restate services of `bench/restate_steps.py` (served with the hypercorn CLI).
 
 - `BenchRaw/<key>/steps` (`n`): the floor, `n` bare `ctx.run_typed` steps with the raw SDK.
-- `BenchAgent/<key>/run` (`{"turns": t}`): ours, a scripted agent on `restate_runtime` whose
-  every turn calls one tool: a decision, a model and a tool step per turn (3 t journaled steps).
+- `BenchAgent/<key>/run` (`{"turns": t, "unsafe": false}`): ours, a scripted agent on
+  `restate_runtime` whose every turn but the last calls one tool: a model and a tool step per
+  turn (and the tool's intent when `unsafe`), the final answer's model step, `run:end`.
 - `BenchRaw/<key>/park` and `BenchAgent/<key>/park`: the same work, then an awakeable. Its id is
   written to the file named in the request (by one journaled step); the handler waits on it.
   Both park handlers have a 1 s inactivity timeout, so the invocation suspends soon after it
@@ -31,9 +32,15 @@ async def lookup(key: str) -> str:
     return f"value of {key}"
 
 
-def script(turns: int) -> list[dict[str, Any]]:
+@tool
+async def record(key: str) -> str:
+    """Records a key (replay="unsafe": journaled behind an intent)."""
+    return f"recorded {key}"
+
+
+def script(turns: int, tool_name: str = "lookup") -> list[dict[str, Any]]:
     calls = [
-        {"text": f"step {i}", "tool_calls": [{"name": "lookup", "input": {"key": f"k{i}"}}]}
+        {"text": f"step {i}", "tool_calls": [{"name": tool_name, "input": {"key": f"k{i}"}}]}
         for i in range(turns - 1)
     ]
     return [*calls, {"text": "done"}]
@@ -92,7 +99,9 @@ async def raw_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str,
 agent_object = restate.VirtualObject("BenchAgent")
 
 
-async def agent_steps(ctx: restate.ObjectContext, turns: int) -> dict[str, Any]:
+async def agent_steps(
+    ctx: restate.ObjectContext, turns: int, unsafe: bool = False
+) -> dict[str, Any]:
     durable = restate_runtime(ctx, id_seed=ctx.key())
     store = durable.stores.session
     assert store is not None
@@ -100,8 +109,8 @@ async def agent_steps(ctx: restate.ObjectContext, turns: int) -> dict[str, Any]:
         id=ctx.key(), store=store
     )
     agent = create_agent(
-        provider=scripted(script(turns)),
-        tools=[lookup],
+        provider=scripted(script(turns, "record" if unsafe else "lookup")),
+        tools=[lookup, record],
         durable=durable,
         session=session,
         behavior={"max_turns": turns + 1},
@@ -117,7 +126,7 @@ async def agent_steps(ctx: restate.ObjectContext, turns: int) -> dict[str, Any]:
 
 @agent_object.handler()
 async def run(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
-    return await agent_steps(ctx, int(req["turns"]))
+    return await agent_steps(ctx, int(req["turns"]), bool(req.get("unsafe")))
 
 
 @agent_object.handler(name="park", inactivity_timeout=PARK_INACTIVITY)

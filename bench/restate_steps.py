@@ -118,7 +118,7 @@ def resume_seconds(
 
 
 def measure_steps(server: RestateServer, steps: int, repeat: int) -> dict[str, Any]:
-    turns = max(2, round(steps / 3))
+    turns = max(2, round(steps / 2))
     # Warm-up (not counted): first calls pay imports and connection set-up.
     _, warm = timed_call(server, f"BenchAgent/{key('warm')}/run", {"turns": turns})
     n = int(warm["steps"])
@@ -156,8 +156,9 @@ def measure_steps(server: RestateServer, steps: int, repeat: int) -> dict[str, A
 def measure_resume(
     server: RestateServer, steps: int, repeat: int, directory: Path
 ) -> dict[str, Any]:
-    turns = max(2, round(steps / 3))
-    n = 3 * turns  # a decision, a model and a tool step per turn (the last: decision, model, end)
+    turns = max(2, round(steps / 2))
+    _, warm = timed_call(server, f"BenchAgent/{key('warm')}/run", {"turns": turns})
+    n = int(warm["steps"])  # a model and a tool step per turn; the last: model, end
     ours, raw, ratios = [], [], []
     for i in range(repeat):
         order = ["ours", "raw"] if i % 2 == 0 else ["raw", "ours"]
@@ -183,10 +184,48 @@ def measure_resume(
     }
 
 
+def measure_tool_turns(
+    server: RestateServer, tool_turns: int, repeat: int, *, unsafe: bool
+) -> dict[str, Any]:
+    """An agent's run of `tool_turns` tool turns and a final answer, against the floor: raw
+    steps, as many as the guarantees need (per tool turn the model step and the tool body, and
+    the intent before an unsafe one; the final answer's model step)."""
+    payload = {"turns": tool_turns + 1, "unsafe": unsafe}
+    floor = (3 if unsafe else 2) * tool_turns + 1
+    timed_call(server, f"BenchAgent/{key('warm')}/run", payload)
+    ratios, ours_times, raw_times = [], [], []
+    ours_key = raw_key = ""
+    for i in range(repeat):
+        order = ["ours", "raw"] if i % 2 == 0 else ["raw", "ours"]
+        seconds: dict[str, float] = {}
+        for side in order:
+            if side == "ours":
+                ours_key = key("ours")
+                seconds[side], _ = timed_call(server, f"BenchAgent/{ours_key}/run", payload)
+            else:
+                raw_key = key("raw")
+                seconds[side], _ = timed_call(server, f"BenchRaw/{raw_key}/steps", floor)
+        ours_times.append(seconds["ours"])
+        raw_times.append(seconds["raw"])
+        ratios.append(seconds["ours"] / seconds["raw"])
+    ours_entries = journal_entries(server, f"BenchAgent/{ours_key}/run")
+    raw_entries = journal_entries(server, f"BenchRaw/{raw_key}/steps")
+    return {
+        "floor": floor,
+        "ours": statistics.median(ours_times),
+        "raw": statistics.median(raw_times),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "ours_entries": ours_entries,
+        "raw_entries": raw_entries,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="journaled steps per run in (a)")
     parser.add_argument("--resume-steps", type=int, default=1000, help="steps replayed in (b)")
+    parser.add_argument("--tool-turns", type=int, default=100, help="tool turns per run in (c)")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     if args.repeat < 1:
@@ -217,6 +256,20 @@ def main() -> None:
                 f"ratio {b['ratio']:.2f} (goal <= 1.5)"
             )
             print(f"      ratios {', '.join(f'{r:.2f}' for r in b['ratios'])}")
+            for unsafe in (True, False):
+                c = measure_tool_turns(server, args.tool_turns, args.repeat, unsafe=unsafe)
+                kind = "unsafe" if unsafe else "safe"
+                per_turn = c["ours_entries"] / (args.tool_turns + 1)
+                print(
+                    f"  (c) {args.tool_turns} {kind} tool turns and an answer: ours "
+                    f"{c['ours'] * 1000:7.1f} ms, the floor ({c['floor']} raw steps) "
+                    f"{c['raw'] * 1000:7.1f} ms, ratio {c['ratio']:.2f} (goal <= 1.25)"
+                )
+                print(
+                    f"      ratios {', '.join(f'{r:.2f}' for r in c['ratios'])}; journal entries "
+                    f"per run: ours {c['ours_entries']} ({per_turn:.1f} per turn), floor "
+                    f"{c['raw_entries']}"
+                )
 
 
 if __name__ == "__main__":

@@ -217,8 +217,32 @@ async def test_a_changed_program_fails_with_a_journal_mismatch_naming_the_step()
     await changed.durable.now()
     with pytest.raises(JournalMismatchError) as caught:
         await changed.run("go")
-    assert caught.value.expected == "clock:2" and caught.value.found == "turn:0"
+    assert caught.value.expected == "clock:2" and caught.value.found == "model:0:0"
     assert "journal mismatch" in str(caught.value) and "step 1" in str(caught.value)
+
+
+@pytest.mark.parametrize(("first", "second"), [(1, 10), (10, 1)])
+async def test_a_replay_stops_where_the_run_stopped_whatever_the_budget_says_now(
+    first: int, second: int
+) -> None:
+    """Whether a turn happens is journaled with the turn's model step: a replay under other
+    budgets (a new version of the code) takes the path the run took, and calls nothing."""
+
+    @tool
+    async def noop() -> str:
+        """Noop."""
+        return ""
+
+    script = [calls("noop"), calls("noop"), {"text": "done"}]
+    journal = MemoryJournal()
+    original = make_agent(journal, RecordingProvider(script), [noop], behavior={"max_turns": first})
+    ran = await original.run("go")
+    provider = RecordingProvider(script)
+    replay = make_agent(journal, provider, [noop], behavior={"max_turns": second})
+    replayed = await replay.run("go")
+    assert ran.status == ("max_turns" if first == 1 else "completed")
+    assert replayed.to_json() == ran.to_json() and provider.requests == []
+    assert replay.durable.counters.live.total() == 0
 
 
 def test_deterministic_uuid_is_a_pure_v4_shaped_uuid() -> None:

@@ -184,14 +184,14 @@ def kill_and_restart_worker(stack: DevStack) -> None:
 
 def steps_before(script: list[dict[str, Any]], responses: int) -> Counter[str]:
     """The steps (by kind) a run of `script` has journaled once it is inside the tool calls of
-    response `responses - 1`: per response a `turn:N` decision and a `model:N:0` step; per call
+    response `responses - 1`: per response a `model:N:0` step (which decides whether the turn
+    happens before it calls the model); per call
     of an earlier response its tool step, or for a self-journaled tool its `tool-check`
     decision (plus one `spawn:complete` decision per spawn call); the tool calls of the last
     response have journaled their `tool-check` when the call parks. The clock reads of the run
     are `ctx.time()` entries, not runtime steps."""
     steps: Counter[str] = Counter()
     for index, response in enumerate(script[:responses]):
-        steps["decision"] += 1  # turn:N
         steps["model"] += 1  # model:N:0
         for call in response.get("tool_calls") or []:
             if call["name"] in SELF_JOURNALED:
@@ -305,7 +305,7 @@ def test_a_fan_out_that_parks_and_survives_a_kill_is_counted_exactly_once(
     # the ones journaled before the kill.
     assert value(after, "tether_replays_total") == 1
     replayed = steps_before(PARENT, PARKED_AT + 1)
-    assert replayed == {"decision": 5, "model": 2}
+    assert replayed == {"decision": 3, "model": 2}
     assert series(after, "tether_replayed_steps_total") == {
         labels(kind=kind): n for kind, n in replayed.items()
     }

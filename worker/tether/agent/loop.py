@@ -1,8 +1,9 @@
 """One run of the agent loop.
 
-Per turn: a decision step (continue, or stop: aborted, max turns, budget), a model step, then
-the tool calls as tool steps. Everything that is not a pure function of the journal goes
-through the durable runtime, so a replay takes the same path and calls nothing twice.
+Per turn: a model step, which first decides whether the turn happens at all (a stop, aborted,
+max turns or budget, is journaled in place of the model's answer), then the tool calls as tool
+steps. Everything that is not a pure function of the journal goes through the durable runtime,
+so a replay takes the same path and calls nothing twice.
 """
 
 from __future__ import annotations
@@ -100,12 +101,9 @@ class AgentRun:
     async def _turns(self) -> tuple[AgentStatus, str | None]:
         turn = 0
         while True:
-            decision: dict[str, Any] = await self.durable.step(
-                "decision", f"turn:{turn}", lambda: self._value({"action": self._decide()})
-            )
-            if decision["action"] != "continue":
-                return decision["action"], None
             response = await self._model_call(turn)
+            if "decision" in response:  # the run stops before this turn's model call
+                return response["decision"], None
             if "error" in response:
                 return "error", response["error"]
             if response.get("aborted"):
@@ -173,6 +171,12 @@ class AgentRun:
 
     def _model_fn(self, turn: int, attempt: int) -> Callable[[], Awaitable[JSON]]:
         async def call() -> JSON:
+            # Whether the turn happens at all is decided in its model step, not a step of its
+            # own: a stop (aborted, max turns, budget) is journaled in place of the model's
+            # answer, so a replay takes the same path even if the budgets in the code changed.
+            decision = self._decide() if attempt == 0 else "continue"
+            if decision != "continue":
+                return {"decision": decision, "at": now_ms()}
             if self.abort.is_set():
                 return {"aborted": True, "at": now_ms()}
             request = await self._request(turn)
