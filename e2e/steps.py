@@ -596,6 +596,28 @@ def _probe(
         )
 
 
+def agents_egress(p: Platform) -> None:
+    """A pod of an agent (its tools run there) reaches the cluster's DNS and Restate's ingress,
+    and nothing else of the cluster: not another pod, not the API server, not a Service of
+    another namespace (the operator's egress policy; the chart's default rules)."""
+    labels = {
+        "app.kubernetes.io/name": "tether-agent",
+        "app.kubernetes.io/managed-by": "tether-operator",
+        "tether.dev/agent": CLERK,
+    }
+    expected = {
+        "dns": ("kube-dns.kube-system.svc:53", True),
+        "ingress": (f"{RESTATE}.{SYSTEM_NS}.svc:8080", True),
+        "a sidecar": (f"{CLERK}-sidecar.{AGENTS_NS}.svc:8000", False),
+        "the API server": ("kubernetes.default.svc:443", False),
+        "Prometheus": (f"prometheus.{MONITORING_NS}.svc:9090", False),
+    }
+    _probe(p, AGENTS_NS, "egress-probe", labels, expected)
+    p.report.fact(
+        "agents' egress", "DNS and Restate's ingress; no other pod, the API server or Prometheus"
+    )
+
+
 def only_restate_invokes_workers(p: Platform) -> None:
     """A pod that reaches a worker (here an agent-labelled one, which shares what a tool of an
     agent reaches) is refused: only requests Restate signed with the chart's key are taken."""
@@ -634,12 +656,13 @@ def network_policy(p: Platform) -> None:
         {},
         {"dns": dns, "ingress": (ingress, False), "admin": (admin, False)},
     )
+    sidecar = (f"{CLERK}-sidecar.{AGENTS_NS}.svc:8000", True)  # no egress policy selects it
     _probe(
         p,
         AGENTS_NS,
         "probe",
         {},
-        {"dns": dns, "ingress": (ingress, False), "admin": (admin, False)},
+        {"dns": dns, "sidecar": sidecar, "ingress": (ingress, False), "admin": (admin, False)},
     )
     # The agents' pods reach the ingress (their sidecars start runs and answer calls through
     # it), not the admin API (their tools share their network).
@@ -733,6 +756,7 @@ def steps() -> list[Step]:
         ("Restate's pod killed mid-run", kill_restate),
         ("a run fans out to sub-agents", fan_out),
         ("NetworkPolicy in front of Restate's admin API", network_policy),
+        ("an agent's pods reach DNS and Restate only", agents_egress),
         ("only Restate invokes the workers", only_restate_invokes_workers),
         ("a rollout while the operator is killed", lambda p: rollout_with_operator_killed(p, run)),
         ("no pod phoned home", no_phone_home),

@@ -84,9 +84,13 @@ async def apply_version(
     objects = render.version_objects(agent, namespace, settings)
     sidecar = render.sidecar_service(agent.metadata.name, namespace, settings)
     manifests = [objects.config_map, objects.service, objects.deployment, sidecar]
+    egress = render.egress_policy(agent.metadata.name, namespace, settings)
+    if egress is not None:  # before the pods it confines start
+        manifests.insert(0, egress)
     kopf.adopt(manifests, owner=body)
     applied = [await kube.apply(manifest) for manifest in manifests]
-    return objects.hash, url_of(settings, applied[1], agent.metadata.name, objects.hash)
+    service = applied[manifests.index(objects.service)]
+    return objects.hash, url_of(settings, service, agent.metadata.name, objects.hash)
 
 
 async def version_url(

@@ -24,6 +24,7 @@ _PLURALS = {
     ("v1", "Service"): "services",
     ("v1", "Secret"): "secrets",
     ("apps/v1", "Deployment"): "deployments",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (f"{GROUP}/{VERSION}", "DurableAgent"): PLURAL,
 }
 

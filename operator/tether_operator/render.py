@@ -333,5 +333,37 @@ def sidecar_service(agent: str, namespace: str, settings: OperatorSettings) -> M
     }
 
 
+DNS_RULE: Manifest = {
+    "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+    # A policy sees the port the DNS pod listens on: 53, or the port kubeadm's CoreDNS names
+    # `dns`/`dns-tcp` wherever it listens (on an unprivileged port, say).
+    "ports": [
+        {"protocol": "UDP", "port": 53},
+        {"protocol": "TCP", "port": 53},
+        {"protocol": "UDP", "port": "dns"},
+        {"protocol": "TCP", "port": "dns-tcp"},
+    ],
+}
+
+
+def egress_policy(agent: str, namespace: str, settings: OperatorSettings) -> Manifest | None:
+    """What the agent's pods may connect to: the cluster's DNS, and the operator's rules (by
+    default Restate's ingress and the internet outside private ranges). Its tools run in these
+    pods, so this is what a tool can reach; nothing else in the cluster (other pods, the API
+    server, cloud metadata). None when the operator renders no egress policy."""
+    if settings.agent_egress is None:
+        return None
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(f"{agent}-egress", namespace, agent_labels(agent), settings),
+        "spec": {
+            "podSelector": {"matchLabels": selector(agent)},
+            "policyTypes": ["Egress"],
+            "egress": [DNS_RULE, *settings.agent_egress],
+        },
+    }
+
+
 def version_of(labels: dict[str, str]) -> str | None:
     return labels.get(VERSION_LABEL)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tether.errors import ConfigError
 from tether.programs.restate_identity import identity_keys_from_env, public_key_of
@@ -48,6 +50,10 @@ class OperatorSettings:
     """Seconds a parked-calls count from Restate is reused before it is asked again."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Extra labels on every child (`TETHER_EXTRA_LABELS`, k=v,k=v)."""
+    agent_egress: tuple[dict[str, Any], ...] | None = None
+    """The egress rules of the NetworkPolicy each agent's pods get (besides DNS), as the chart
+    renders them (`TETHER_AGENT_EGRESS`, a JSON list of NetworkPolicyEgressRule): Restate's
+    ingress and the internet outside private ranges by default. None: no egress policy."""
     restate_identity_keys: tuple[str, ...] = ()
     """Restate's request-identity public keys, which the workers accept requests signed with:
     derived from its private key (`TETHER_RESTATE_IDENTITY_KEY_FILE`, the chart's Secret), or
@@ -97,6 +103,19 @@ def _labels(raw: str) -> dict[str, str]:
     return labels
 
 
+def _egress(env: Mapping[str, str]) -> tuple[dict[str, Any], ...] | None:
+    raw = env.get("TETHER_AGENT_EGRESS")
+    if not raw:
+        return None
+    try:
+        rules = json.loads(raw)
+    except ValueError as error:
+        raise SettingsError(f"TETHER_AGENT_EGRESS is not JSON: {error}") from None
+    if not isinstance(rules, list) or not all(isinstance(rule, dict) for rule in rules):
+        raise SettingsError("TETHER_AGENT_EGRESS must be a JSON list of NetworkPolicy egress rules")
+    return tuple(rules)
+
+
 def _identity_keys(env: Mapping[str, str]) -> tuple[str, ...]:
     keys = identity_keys_from_env(env)
     path = env.get(IDENTITY_KEY_FILE_ENV)
@@ -144,5 +163,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
         restate_timeout=_number(env, "TETHER_RESTATE_TIMEOUT", 30.0),
         parked_refresh=_number(env, "TETHER_PARKED_REFRESH", 5.0),
         labels=_labels(env.get("TETHER_EXTRA_LABELS", "")),
+        agent_egress=_egress(env),
         restate_identity_keys=_identity_keys(env),
     )

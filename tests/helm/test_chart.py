@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -271,3 +273,37 @@ def test_bad_values_are_refused_naming_the_value(helm_bin: Path, case: str) -> N
     result = helm(helm_bin, *args, check=False)
     assert result.returncode != 0
     assert named in result.stderr, result.stderr
+
+
+def test_the_agents_egress_is_dns_restate_and_the_internet_outside_private_ranges(
+    helm_bin: Path,
+) -> None:
+    """The operator gives each agent's pods these egress rules (after DNS): what its tools reach."""
+
+    def rules(*values: str) -> list[dict[str, Any]] | None:
+        env = env_of(
+            one(render(helm_bin, *values), "Deployment")["spec"]["template"]["spec"]["containers"][
+                0
+            ]
+        )
+        raw = env.get("TETHER_AGENT_EGRESS")
+        return None if raw is None else json.loads(raw)
+
+    restate, internet = rules() or []
+    [peer] = restate["to"]
+    assert peer["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "tether-system"}
+    }
+    assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "restate"
+    assert restate["ports"] == [{"protocol": "TCP", "port": 8080}]
+    [block] = internet["to"]
+    assert block["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert {"10.0.0.0/8", "169.254.0.0/16"} <= set(block["ipBlock"]["except"])
+    assert internet["ports"] == [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 80}]
+    # A Restate of your own is one of your extra rules; and the policy can be left out.
+    gateway = {"to": [{"podSelector": {"matchLabels": {"app": "gateway"}}}]}
+    external = rules(
+        *EXTERNAL, "agents.egress.extraRules[0].to[0].podSelector.matchLabels.app=gateway"
+    )
+    assert external is not None and external[-1] == gateway and len(external) == 2
+    assert rules("agents.egress.enabled=false") is None

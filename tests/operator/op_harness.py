@@ -101,6 +101,15 @@ OperatorFactory = Callable[..., OperatorProcess]
 """The `run_operator` fixture: start the operator for the test's namespace, settings as kwargs."""
 
 
+EGRESS_RULES = [
+    {
+        "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}],
+        "ports": [{"port": 443, "protocol": "TCP"}],
+    }
+]
+"""The agents' egress rules the operator is started with (the chart renders its own)."""
+
+
 def start_operator(
     kubeconfig: Path,
     namespace: str,
@@ -120,6 +129,7 @@ def start_operator(
         "TETHER_WORKER_IMAGE": "ghcr.io/example/tether:test",
         "TETHER_NAMESPACES": namespace,
         "TETHER_LIVENESS_URL": liveness,
+        "TETHER_AGENT_EGRESS": json.dumps(EGRESS_RULES),
         **env,
     }
     if entry == "module":

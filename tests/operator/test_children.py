@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
-from tests.operator.op_harness import Cluster, OperatorFactory, Restate, wait_for
+from tests.operator.op_harness import EGRESS_RULES, Cluster, OperatorFactory, Restate, wait_for
 from tether.spec import parse_agent
 
 AGENT = "triage"
@@ -81,6 +82,17 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
     assert parse_agent(document).spec.system == "You triage."
     assert "sk-test" not in config_map.data["agent.yaml"]
     assert "hmac-key" not in config_map.data["agent.yaml"]
+
+    # What the agent's pods (and so its tools) may connect to: DNS and the operator's rules.
+    policies = client.NetworkingV1Api(cluster.api)
+    egress = policies.read_namespaced_network_policy(f"{AGENT}-egress", cluster.namespace)
+    assert egress.metadata is not None and egress.spec is not None
+    assert egress.spec.pod_selector.match_labels == {"tether.dev/agent": AGENT}
+    assert egress.spec.policy_types == ["Egress"] and egress.spec.ingress is None
+    dns, *rules = cluster.api.sanitize_for_serialization(egress.spec)["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53, "dns", "dns-tcp"} and rules == EGRESS_RULES
+    [owner] = egress.metadata.owner_references or []
+    assert (owner.kind, owner.name) == ("DurableAgent", AGENT)
 
     deployment = cluster.apps.read_namespaced_deployment(name, cluster.namespace)
     assert deployment.metadata is not None and deployment.spec is not None

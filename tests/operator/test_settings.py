@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from tether.spec import parse_agent
-from tether_operator.render import version_hash, version_objects
+from tether_operator.render import egress_policy, version_hash, version_objects
 from tether_operator.settings import SettingsError, settings_from_env
 
 ENV = {
@@ -53,6 +54,8 @@ def test_defaults_and_parsing() -> None:
         ("TETHER_WORKER_SERVICE_TYPE", "LoadBalancer", "ClusterIP or NodePort"),
         ("TETHER_RECONCILE_INTERVAL", "soon", "not a number"),
         ("TETHER_EXTRA_LABELS", "novalue", "not key=value"),
+        ("TETHER_AGENT_EGRESS", "[{", "TETHER_AGENT_EGRESS is not JSON"),
+        ("TETHER_AGENT_EGRESS", '{"to": []}', "a JSON list of NetworkPolicy egress rules"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(name: str, value: str, message: str) -> None:
@@ -88,3 +91,15 @@ def test_the_command_stops_with_a_clear_message_without_settings() -> None:
     )
     assert done.returncode == 2
     assert "TETHER_RESTATE_ADMIN_URL" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_agent_gets_an_egress_policy_only_when_the_operator_has_rules() -> None:
+    assert egress_policy("triage", "ns", settings_from_env(ENV)) is None
+    rule = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}], "ports": [{"port": 443}]}
+    settings = settings_from_env({**ENV, "TETHER_AGENT_EGRESS": json.dumps([rule])})
+    policy = egress_policy("triage", "ns", settings)
+    assert policy is not None and policy["metadata"]["name"] == "triage-egress"
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"tether.dev/agent": "triage"}}
+    dns, extra = policy["spec"]["egress"]
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert extra == rule

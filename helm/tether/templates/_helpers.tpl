@@ -83,3 +83,26 @@ podSelector:
     app.kubernetes.io/name: tether-agent
     app.kubernetes.io/managed-by: tether-operator
 {{- end -}}
+
+{{/* The egress rules every agent's pods get besides DNS (agents.egress), as the operator's
+TETHER_AGENT_EGRESS: JSON NetworkPolicyEgressRules. */}}
+{{- define "tether.agentEgressRules" -}}
+{{- $egress := .Values.agents.egress -}}
+{{- $rules := list -}}
+{{- if not (include "tether.restateExternal" .) -}}
+{{- $restatePods := dict "app.kubernetes.io/instance" .Release.Name "app.kubernetes.io/name" "restate" -}}
+{{- $namespace := dict "kubernetes.io/metadata.name" .Release.Namespace -}}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" $namespace) "podSelector" (dict "matchLabels" $restatePods) -}}
+{{- $rules = append $rules (dict "to" (list $peer) "ports" (list (dict "protocol" "TCP" "port" 8080))) -}}
+{{- end -}}
+{{- $ports := list -}}
+{{- range $egress.ports -}}
+{{- $ports = append $ports (dict "protocol" "TCP" "port" .) -}}
+{{- end -}}
+{{- $internet := dict "ipBlock" (dict "cidr" "0.0.0.0/0" "except" $egress.privateCidrs) -}}
+{{- $rules = append $rules (dict "to" (list $internet) "ports" $ports) -}}
+{{- range $egress.extraRules -}}
+{{- $rules = append $rules . -}}
+{{- end -}}
+{{- toJson $rules -}}
+{{- end -}}
