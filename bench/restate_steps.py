@@ -27,9 +27,9 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from tether.programs.local_http import Response
 from tether.programs.local_http import request_json as http
@@ -37,7 +37,6 @@ from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
 from tether.programs.restate_server import RestateServer
 from tether.testing import HypercornWorker, wait_until
 
-T = TypeVar("T")
 
 SERVICE = Path(__file__).resolve().parent / "restate_bench_service.py"
 DEADLINE = 300.0
@@ -117,39 +116,52 @@ def resume_seconds(
     return seconds, result
 
 
+def side_by_side(
+    repeat: int, ours: Callable[[], float], raw: Callable[[], float]
+) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of each side per repetition (the order alternates, so neither always goes first),
+    and their ratios."""
+    ours_seconds: list[float] = []
+    raw_seconds: list[float] = []
+    for i in range(repeat):
+        if i % 2 == 0:
+            ours_seconds.append(ours())
+            raw_seconds.append(raw())
+        else:
+            raw_seconds.append(raw())
+            ours_seconds.append(ours())
+    ratios = [o / r for o, r in zip(ours_seconds, raw_seconds, strict=True)]
+    return ours_seconds, raw_seconds, ratios
+
+
 def measure_steps(server: RestateServer, steps: int, repeat: int) -> dict[str, Any]:
     turns = max(2, round(steps / 2))
     # Warm-up (not counted): first calls pay imports and connection set-up.
     _, warm = timed_call(server, f"BenchAgent/{key('warm')}/run", {"turns": turns})
     n = int(warm["steps"])
     timed_call(server, f"BenchRaw/{key('warm')}/steps", n)
-    ours_rates, raw_rates, ratios = [], [], []
-    ours_key = raw_key = ""
-    for i in range(repeat):
-        order = ["ours", "raw"] if i % 2 == 0 else ["raw", "ours"]
-        seconds: dict[str, float] = {}
-        for side in order:
-            if side == "ours":
-                ours_key = key("ours")
-                seconds[side], result = timed_call(
-                    server, f"BenchAgent/{ours_key}/run", {"turns": turns}
-                )
-                assert int(result["steps"]) == n and int(result["replayed"]) == 0, result
-            else:
-                raw_key = key("raw")
-                seconds[side], _ = timed_call(server, f"BenchRaw/{raw_key}/steps", n)
-        ours_rates.append(n / seconds["ours"])
-        raw_rates.append(n / seconds["raw"])
-        ratios.append(seconds["ours"] / seconds["raw"])
+    keys = {"ours": "", "raw": ""}
+
+    def ours() -> float:
+        keys["ours"] = key("ours")
+        seconds, result = timed_call(server, f"BenchAgent/{keys['ours']}/run", {"turns": turns})
+        assert int(result["steps"]) == n and int(result["replayed"]) == 0, result
+        return seconds
+
+    def raw() -> float:
+        keys["raw"] = key("raw")
+        return timed_call(server, f"BenchRaw/{keys['raw']}/steps", n)[0]
+
+    ours_seconds, raw_seconds, ratios = side_by_side(repeat, ours, raw)
     return {
         "steps": n,
         "turns": turns,
-        "ours": statistics.median(ours_rates),
-        "raw": statistics.median(raw_rates),
+        "ours": statistics.median(n / s for s in ours_seconds),
+        "raw": statistics.median(n / s for s in raw_seconds),
         "ratio": statistics.median(ratios),
         "ratios": ratios,
-        "ours_entries": journal_entries(server, f"BenchAgent/{ours_key}/run"),
-        "raw_entries": journal_entries(server, f"BenchRaw/{raw_key}/steps"),
+        "ours_entries": journal_entries(server, f"BenchAgent/{keys['ours']}/run"),
+        "raw_entries": journal_entries(server, f"BenchRaw/{keys['raw']}/steps"),
     }
 
 
@@ -159,26 +171,21 @@ def measure_resume(
     turns = max(2, round(steps / 2))
     _, warm = timed_call(server, f"BenchAgent/{key('warm')}/run", {"turns": turns})
     n = int(warm["steps"])  # a model and a tool step per turn; the last: model, end
-    ours, raw, ratios = [], [], []
-    for i in range(repeat):
-        order = ["ours", "raw"] if i % 2 == 0 else ["raw", "ours"]
-        seconds: dict[str, float] = {}
-        for side in order:
-            if side == "ours":
-                seconds[side], result = resume_seconds(
-                    server, "BenchAgent", {"turns": turns}, directory
-                )
-                # The resumed attempt replayed every step of the run, ran none live.
-                assert result["replayed"] == n and result["live"] == 0, result
-            else:
-                seconds[side], _ = resume_seconds(server, "BenchRaw", {"steps": n}, directory)
-        ours.append(seconds["ours"])
-        raw.append(seconds["raw"])
-        ratios.append(seconds["ours"] / seconds["raw"])
+
+    def ours() -> float:
+        seconds, result = resume_seconds(server, "BenchAgent", {"turns": turns}, directory)
+        # The resumed attempt replayed every step of the run, ran none live.
+        assert result["replayed"] == n and result["live"] == 0, result
+        return seconds
+
+    def raw() -> float:
+        return resume_seconds(server, "BenchRaw", {"steps": n}, directory)[0]
+
+    ours_seconds, raw_seconds, ratios = side_by_side(repeat, ours, raw)
     return {
         "steps": n,
-        "ours": statistics.median(ours),
-        "raw": statistics.median(raw),
+        "ours": statistics.median(ours_seconds),
+        "raw": statistics.median(raw_seconds),
         "ratio": statistics.median(ratios),
         "ratios": ratios,
     }
@@ -193,31 +200,25 @@ def measure_tool_turns(
     payload = {"turns": tool_turns + 1, "unsafe": unsafe}
     floor = (3 if unsafe else 2) * tool_turns + 1
     timed_call(server, f"BenchAgent/{key('warm')}/run", payload)
-    ratios, ours_times, raw_times = [], [], []
-    ours_key = raw_key = ""
-    for i in range(repeat):
-        order = ["ours", "raw"] if i % 2 == 0 else ["raw", "ours"]
-        seconds: dict[str, float] = {}
-        for side in order:
-            if side == "ours":
-                ours_key = key("ours")
-                seconds[side], _ = timed_call(server, f"BenchAgent/{ours_key}/run", payload)
-            else:
-                raw_key = key("raw")
-                seconds[side], _ = timed_call(server, f"BenchRaw/{raw_key}/steps", floor)
-        ours_times.append(seconds["ours"])
-        raw_times.append(seconds["raw"])
-        ratios.append(seconds["ours"] / seconds["raw"])
-    ours_entries = journal_entries(server, f"BenchAgent/{ours_key}/run")
-    raw_entries = journal_entries(server, f"BenchRaw/{raw_key}/steps")
+    keys = {"ours": "", "raw": ""}
+
+    def ours() -> float:
+        keys["ours"] = key("ours")
+        return timed_call(server, f"BenchAgent/{keys['ours']}/run", payload)[0]
+
+    def raw() -> float:
+        keys["raw"] = key("raw")
+        return timed_call(server, f"BenchRaw/{keys['raw']}/steps", floor)[0]
+
+    ours_seconds, raw_seconds, ratios = side_by_side(repeat, ours, raw)
     return {
         "floor": floor,
-        "ours": statistics.median(ours_times),
-        "raw": statistics.median(raw_times),
+        "ours": statistics.median(ours_seconds),
+        "raw": statistics.median(raw_seconds),
         "ratio": statistics.median(ratios),
         "ratios": ratios,
-        "ours_entries": ours_entries,
-        "raw_entries": raw_entries,
+        "ours_entries": journal_entries(server, f"BenchAgent/{keys['ours']}/run"),
+        "raw_entries": journal_entries(server, f"BenchRaw/{keys['raw']}/steps"),
     }
 
 
