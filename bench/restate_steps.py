@@ -37,7 +37,6 @@ from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
 from tether.programs.restate_server import RestateServer
 from tether.testing import HypercornWorker, wait_until
 
-
 SERVICE = Path(__file__).resolve().parent / "restate_bench_service.py"
 DEADLINE = 300.0
 
