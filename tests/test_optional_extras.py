@@ -1,8 +1,9 @@
 """`pip install tether` without extras: the library works (SQLite runtime, scripted model, tools,
 `tether run`), stays light, and every part that needs an extra says which one to install.
 
-Each check runs in a fresh process through `programs/no_extras.py`, which makes every package
-an extra brings unimportable (a `sys.meta_path` finder), as if it had never been installed.
+Each check runs in a fresh process through `programs/no_extras.py`, which makes every package of
+`OPTIONAL` (what the extras bring) unimportable (a `sys.meta_path` finder), as if it had never
+been installed.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def sentence(part: str, extra: str, distribution: str) -> str:
     )
 
 
+def without_extras(*args: str) -> list[str]:
+    """`programs/no_extras.py` refusing every package of `OPTIONAL`, then `args`."""
+    return [str(NO_EXTRAS), f"--block={','.join(OPTIONAL)}", *args]
+
+
 def python(
     *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -74,14 +80,14 @@ def test_import_tether_imports_no_optional_package() -> None:
 
 def test_an_agent_with_a_tool_runs_on_sqlite_without_any_extra(tmp_path: Path) -> None:
     db = str(tmp_path / "runs.db")
-    first = python(str(NO_EXTRAS), str(PROGRAMS / "tiny_agent.py"), db)
+    first = python(*without_extras(str(PROGRAMS / "tiny_agent.py"), db))
     assert first.returncode == 0, first.stderr
     result = json.loads(first.stdout)
     assert result["status"] == "completed"
     assert result["text"] == "Lisbon is sunny: walk to Belem."
     assert result["tool_calls"] == 1 and result["live"]["tool"] == 1
     # Run again: the finished run replays from its journal, nothing runs live.
-    again = python(str(NO_EXTRAS), str(PROGRAMS / "tiny_agent.py"), db)
+    again = python(*without_extras(str(PROGRAMS / "tiny_agent.py"), db))
     assert again.returncode == 0, again.stderr
     replay = json.loads(again.stdout)
     assert replay["live"] == {} and replay["replayed"] == result["live"]
@@ -125,7 +131,7 @@ print(json.dumps(errors))
 def test_each_optional_part_names_its_extra(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    done = python(str(NO_EXTRAS), str(probe), *PARTS)
+    done = python(*without_extras(str(probe), *PARTS))
     assert done.returncode == 0, done.stderr
     errors = json.loads(done.stdout)
     expected = {
@@ -147,7 +153,7 @@ def test_tether_run_works_without_any_extra(tmp_path: Path) -> None:
     (tmp_path / "CHANGELOG.md").write_text("# 1.4.0\n")
     state = {"XDG_STATE_HOME": str(tmp_path.with_name(f"{tmp_path.name}-state"))}
     args = ["run", str(CLERK), "--run-id", "t", "--prompt", "ship it", "--json"]
-    done = python(str(NO_EXTRAS), "-m", "tether", *args, cwd=tmp_path, env=state)
+    done = python(*without_extras("-m", "tether", *args), cwd=tmp_path, env=state)
     assert done.returncode == 0, done.stderr
     assert "model: scripted" in done.stdout
     assert json.loads(done.stdout.splitlines()[-1])["stats"]["status"] == "completed"
@@ -155,7 +161,7 @@ def test_tether_run_works_without_any_extra(tmp_path: Path) -> None:
     # With a key for the manifest's provider, the run needs its SDK: one sentence, no traceback.
     args = ["run", str(CLERK), "--run-id", "t2", "--prompt", "ship it"]
     keyed = {**state, "ANTHROPIC_API_KEY": "sk-test"}
-    refused = python(str(NO_EXTRAS), "-m", "tether", *args, cwd=tmp_path, env=keyed)
+    refused = python(*without_extras("-m", "tether", *args), cwd=tmp_path, env=keyed)
     assert refused.returncode == 2
     assert "Traceback" not in refused.stderr
     expected = PARTS["tether.providers.anthropic_provider"]
@@ -174,7 +180,7 @@ def test_the_server_commands_name_their_extra(
     tmp_path: Path, command: list[str], expected: str
 ) -> None:
     env = {"TETHER_WEBHOOK_SECRET": "s", "ANTHROPIC_API_KEY": "sk-test"}
-    done = python(str(NO_EXTRAS), "-m", "tether", *command, cwd=tmp_path, env=env)
+    done = python(*without_extras("-m", "tether", *command), cwd=tmp_path, env=env)
     assert done.returncode == 2
     assert done.stderr.strip() == f"tether: {expected}"
 

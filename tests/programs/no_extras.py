@@ -1,9 +1,9 @@
-"""Run a script or a module as if Tether had been installed without any extra: every package
-that an extra brings is unimportable (a `sys.meta_path` finder refuses it).
+"""Run a script or a module as if some packages were not installed: the top-level modules named
+by `--block` are unimportable (a `sys.meta_path` finder refuses them). The list of what the extras
+bring is the test's (`tests/test_optional_extras.py`).
 
-    python no_extras.py tiny_agent.py <args>       # a script
-    python no_extras.py -m tether run <args>       # a module, as `python -m` would
-    python no_extras.py --block=anthropic -m ...   # only these top-level modules are refused
+    python no_extras.py --block=restate,fastapi tiny_agent.py <args>   # a script
+    python no_extras.py --block=anthropic -m tether run <args>         # a module, as `python -m`
 """
 
 from __future__ import annotations
@@ -14,23 +14,6 @@ import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-
-BLOCKED = frozenset(
-    {
-        "restate",
-        "hypercorn",
-        "fastapi",
-        "starlette",
-        "uvicorn",
-        "prometheus_client",
-        "aiohttp",
-        "kopf",
-        "anthropic",
-        "openai",
-        "kubernetes",
-    }
-)
-"""The top-level modules of the extras' packages (and the tests' own kubernetes client)."""
 
 
 class NoExtras(importlib.abc.MetaPathFinder):
@@ -46,9 +29,9 @@ class NoExtras(importlib.abc.MetaPathFinder):
 
 
 def main() -> None:
-    blocked = BLOCKED
-    if sys.argv[1].startswith("--block="):
-        blocked = frozenset(sys.argv.pop(1).removeprefix("--block=").split(","))
+    if not sys.argv[1].startswith("--block="):
+        sys.exit("usage: no_extras.py --block=<module>,... (-m module | script) [args...]")
+    blocked = frozenset(sys.argv.pop(1).removeprefix("--block=").split(","))
     loaded = sorted(name for name in sys.modules if name.partition(".")[0] in blocked)
     assert not loaded, f"imported before the finder was installed: {loaded}"
     sys.meta_path.insert(0, NoExtras(blocked))
