@@ -20,8 +20,6 @@ from tether.restate import RestateAwakeableToolOptions, restate_awakeable_tool, 
 from tether.session import create_session, load_session
 from tether.testing import AgentHarness, RestateHarness, group_alive, wait_until
 
-pytest_plugins = ["tether.testing"]
-
 # --------------------------------------------------------------------------------------------
 # A DurableAgent manifest, through the `tether_agent` fixture
 # --------------------------------------------------------------------------------------------

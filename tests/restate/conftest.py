@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,34 +18,13 @@ from tests.restate.support import (
 )
 from tether.programs.restate_install import find_or_install_restate_server
 from tether.programs.restate_server import RestateServer
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report = yield
-    if report.when == "call":
-        item.stash[_FAILED] = report.failed
-    return report
-
-
-_FAILED = pytest.StashKey[bool]()
-
-
-def _failed(request: pytest.FixtureRequest) -> bool:
-    failed: bool = request.node.stash.get(_FAILED, False)
-    return failed
+from tether.testing import dump_logs_if_failed
 
 
 @pytest.fixture(scope="session")
 def restate_binary() -> Path:
     """The pinned ``restate-server``, installed into the user cache on first use."""
     return find_or_install_restate_server()
-
-
-def _dump(title: str, text: str) -> None:
-    sys.stderr.write(f"\n----- {title} -----\n{text}\n")
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +58,8 @@ def new_restate_server(
 
     yield make
     for server in servers:
-        if _failed(request):
-            _dump(f"restate-server log ({server.base_dir})", server.log_tail(8000))
+        title = f"restate-server log ({server.base_dir})"
+        dump_logs_if_failed(request, {title: functools.partial(server.log_tail, 8000)})
         server.close()
 
 
@@ -106,11 +86,11 @@ def serve_app(
 
     yield serve
     for app in served:
-        if _failed(request):
-            _dump(f"worker log ({app.worker.url})", app.worker.log_tail(8000))
+        title = f"worker log ({app.worker.url})"
+        dump_logs_if_failed(request, {title: functools.partial(app.worker.log_tail, 8000)})
         app.worker.close()
         if app.server.is_running():
             try:
                 app.server.unregister(app.deployment_id)
             except Exception as err:  # cleanup only; the server may be in a bad state
-                _dump("unregister failed", repr(err))
+                sys.stderr.write(f"\n----- unregister failed -----\n{err!r}\n")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -737,10 +738,14 @@ if pytest is not None:
             item.stash[_FAILED] = report.failed
         return report
 
-    def _dump_logs_if_failed(request: pytest.FixtureRequest, logs: dict[str, str]) -> None:
+    def dump_logs_if_failed(
+        request: pytest.FixtureRequest, logs: Mapping[str, Callable[[], str]]
+    ) -> None:
+        """In a fixture's teardown: if the test failed, print each log (title, and a function
+        that reads it; read only then) to stderr, where pytest shows it with the failure."""
         if request.node.stash.get(_FAILED, False):
-            for title, text in logs.items():
-                sys.stderr.write(f"\n----- {title} -----\n{text}\n")
+            for title, read in logs.items():
+                sys.stderr.write(f"\n----- {title} -----\n{read()}\n")
 
     def _tail(path: Path, max_chars: int = 8000) -> str:
         try:
@@ -762,11 +767,11 @@ if pytest is not None:
         and unregistered after it."""
         with RestateHarness(tether_restate_server) as harness:
             yield harness
-            logs = {"restate-server log": tether_restate_server.log_tail(8000)}
+            logs = {"restate-server log": lambda: tether_restate_server.log_tail(8000)}
             for app in harness.served:
                 if app.worker is not None:
-                    logs[f"{app.worker.app} log"] = app.worker.log_tail(8000)
-            _dump_logs_if_failed(request, logs)
+                    logs[f"{app.worker.app} log"] = functools.partial(app.worker.log_tail, 8000)
+            dump_logs_if_failed(request, logs)
 
     @pytest.fixture
     def tether_agent(
@@ -786,8 +791,10 @@ if pytest is not None:
         yield start
         for harness in started:
             stack = harness.stack
-            logs = {f"{stack.agent}: restate-server log": stack.server.log_tail(8000)}
+            logs = {
+                f"{stack.agent}: restate-server log": functools.partial(stack.server.log_tail, 8000)
+            }
             for process in (stack.worker, stack.sidecar):
-                logs[f"{stack.agent}: {process.name} log"] = _tail(process.log)
-            _dump_logs_if_failed(request, logs)
+                logs[f"{stack.agent}: {process.name} log"] = functools.partial(_tail, process.log)
+            dump_logs_if_failed(request, logs)
             harness.close()
