@@ -14,7 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
+
+import yaml
 
 from tether.programs.local_http import Response
 from tether.programs.local_http import request_json as http
@@ -36,6 +39,7 @@ __all__ = [
     "LinkPage",
     "Response",
     "ServedApp",
+    "approval_manifest",
     "count",
     "decide_by_link",
     "descendants",
@@ -157,6 +161,22 @@ class ServedApp:
 # --------------------------------------------------------------------------------------------
 
 SERVICES_DIR = Path(__file__).resolve().parent / "services"
+
+
+def approval_manifest(directory: Path, name: str, script: list[Any]) -> Path:
+    """`<directory>/<name>.yaml`: a scripted agent whose `write_file` waits for an approval."""
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": script},
+            "tools": [{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
+        },
+    }
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
 
 
 def service_app(module: str, attr: str = "app") -> str:

@@ -22,9 +22,8 @@ from unittest.mock import ANY
 
 import httpx2
 import pytest
-import yaml
 
-from tests.restate.support import wait_until
+from tests.restate.support import approval_manifest, wait_until
 from tether.programs.dev import DevStack
 from tether.programs.webhooks import sign_request, signed_link
 
@@ -56,27 +55,12 @@ INPUT = {"path": "out.txt", "content": "yes <script>alert(1)</script>"}
 SCRIPT = [{"tool_calls": [{"name": "write_file", "input": INPUT}]}, {"text": "done"}]
 
 
-def write_manifest(directory: Path) -> Path:
-    document = {
-        "apiVersion": "tether.dev/v1alpha1",
-        "kind": "DurableAgent",
-        "metadata": {"name": AGENT},
-        "spec": {
-            "model": {"provider": "scripted", "name": "s", "script": SCRIPT},
-            "tools": [{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
-        },
-    }
-    path = directory / f"{AGENT}.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
-
-
 @pytest.fixture
 def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DevStack]:
     (tmp_path / "workspace").mkdir()
     monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path / "workspace"))
     monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
-    with DevStack(write_manifest(tmp_path), tmp_path / "dev") as running:
+    with DevStack(approval_manifest(tmp_path, AGENT, SCRIPT), tmp_path / "dev") as running:
         yield running
 
 

@@ -19,6 +19,7 @@ import yaml
 
 from tests.restate.support import (
     PROC_PROBE,
+    approval_manifest,
     decide_by_link,
     descendants,
     kill_tree,
@@ -34,19 +35,15 @@ SCRIPT = [
 ]
 
 
-def write_manifest(directory: Path, name: str) -> Path:
-    document = {
-        "apiVersion": "tether.dev/v1alpha1",
-        "kind": "DurableAgent",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"provider": "scripted", "name": "s", "script": SCRIPT},
-            "tools": [{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
-        },
-    }
-    path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
+def read_until_up(process: subprocess.Popen[str]) -> str:
+    """What `tether dev` printed until it said it is up (its last line names `tether resolve`)."""
+    assert process.stdout is not None
+    lines: list[str] = []
+    while not any("resolve:" in line for line in lines):
+        line = process.stdout.readline()
+        assert line, "tether dev exited: " + "".join(lines)
+        lines.append(line)
+    return "".join(lines)
 
 
 def approvals(stack: DevStack) -> list[dict[str, Any]]:
@@ -89,7 +86,7 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
     monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
     data_dir = tmp_path.with_name(f"{tmp_path.name}-dev")  # outside the workspace
-    with DevStack(write_manifest(tmp_path, "dev-clerk"), data_dir) as running:
+    with DevStack(approval_manifest(tmp_path, "dev-clerk", SCRIPT), data_dir) as running:
         yield running
 
 
@@ -135,7 +132,7 @@ def test_approve_by_signed_link_and_reject_by_tether_resolve(
 
 
 def test_the_tether_dev_command_prints_its_urls_and_stops_everything(tmp_path: Path) -> None:
-    spec = write_manifest(tmp_path, "dev-cli")
+    spec = approval_manifest(tmp_path, "dev-cli", SCRIPT)
     process = subprocess.Popen(
         [
             sys.executable,
@@ -153,13 +150,7 @@ def test_the_tether_dev_command_prints_its_urls_and_stops_everything(tmp_path: P
         start_new_session=True,
     )
     try:
-        assert process.stdout is not None
-        lines: list[str] = []
-        while not any("resolve:" in line for line in lines):
-            line = process.stdout.readline()
-            assert line, "tether dev exited: " + "".join(lines)
-            lines.append(line)
-        text = "".join(lines)
+        text = read_until_up(process)
         ingress = re.search(r"ingress:\s+(\S+)", text)
         metrics = re.search(r"metrics:\s+(\S+)", text)
         assert ingress and metrics
@@ -318,7 +309,7 @@ def test_a_data_dir_inside_the_workspace_is_refused(
 ) -> None:
     monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
     monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
-    spec = write_manifest(tmp_path, "dev-refused")
+    spec = approval_manifest(tmp_path, "dev-refused", SCRIPT)
     with pytest.raises(ValueError, match="is inside the workspace"):
         DevStack(spec, tmp_path / "dev")
     command = [sys.executable, "-m", "tether", "dev", "--spec", str(spec)]
@@ -339,7 +330,7 @@ def test_no_process_of_the_dev_stack_lets_the_same_user_read_its_secret(tmp_path
     finds them in no `/proc/<pid>/environ` and no Python process's memory."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    spec = write_manifest(tmp_path, "dev-probed")
+    spec = approval_manifest(tmp_path, "dev-probed", SCRIPT)
     data_dir = tmp_path / "dev"
     hidden = ("TETHER_WEBHOOK_SECRET", "TETHER_WORKSPACE")
     key = secrets.token_hex(16)  # a model key in the user's environment
@@ -356,12 +347,7 @@ def test_no_process_of_the_dev_stack_lets_the_same_user_read_its_secret(tmp_path
         start_new_session=True,
     )
     try:
-        assert process.stdout is not None
-        lines: list[str] = []
-        while not any("resolve:" in line for line in lines):
-            line = process.stdout.readline()
-            assert line, "tether dev exited: " + "".join(lines)
-            lines.append(line)
+        read_until_up(process)
         secret = (data_dir / "webhook-secret").read_text().strip()
         pids = [process.pid, *descendants(process.pid)]
         probe = [*without_capabilities(), sys.executable, str(PROC_PROBE), "--pids"]

@@ -20,14 +20,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
-import yaml
 
-from tests.restate.support import wait_until
+from tests.restate.support import approval_manifest, wait_until
 from tether.programs.dev import DevStack, Process, wait_for
 from tether.programs.restate_server import free_port
 from tether.programs.webhooks import sign_request
@@ -40,21 +38,6 @@ SCRIPT = [
 ]
 JSON = "application/json"
 TIMEOUT = 120.0  # generous: other suites share the two cores
-
-
-def write_manifest(directory: Path) -> Path:
-    document = {
-        "apiVersion": "tether.dev/v1alpha1",
-        "kind": "DurableAgent",
-        "metadata": {"name": AGENT},
-        "spec": {
-            "model": {"provider": "scripted", "name": "s", "script": SCRIPT},
-            "tools": [{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
-        },
-    }
-    path = directory / "agent.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 @dataclass(frozen=True)
@@ -169,7 +152,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
         workspace.mkdir()
         env.setenv("TETHER_WORKSPACE", str(workspace))
         env.delenv("TETHER_WEBHOOK_SECRET", raising=False)
-        with DevStack(write_manifest(base), base / "dev") as stack:
+        with DevStack(approval_manifest(base, AGENT, SCRIPT), base / "dev") as stack:
             port = free_port()
             command = [sys.executable, "-m", "tether", "sidecar", "--host", "127.0.0.1"]
             second = Process(
