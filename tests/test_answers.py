@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.test_cli import runs_db, tether
+from tests.test_cli import tool_results as cli_tool_results
 from tether.session import load_session, sqlite_store
 
 SHIP = {"name": "ship", "input": {"path": "shipped.txt", "content": "v1"}}
@@ -44,17 +45,7 @@ def run(directory: Path, *extra: str) -> Any:
 
 
 def tool_results(directory: Path) -> list[str]:
-    async def read() -> list[str]:
-        session = await load_session(sqlite_store(runs_db(directory)), "r1")
-        assert session is not None
-        return [
-            str(block["content"])
-            for turn in session.turns
-            for block in turn.content
-            if block["type"] == "tool_result"
-        ]
-
-    return asyncio.run(read())
+    return cli_tool_results(runs_db(directory), "r1")
 
 
 def decisions(directory: Path) -> list[dict[str, Any]]:
