@@ -501,18 +501,25 @@ def connects(address, timeout):
 
 expected = json.loads(sys.argv[1])
 reached = {}
-# A policy implementation learns of a new pod a moment after it starts: the addresses that
-# should answer are tried until they do, and only then the ones that should not, three times.
-deadline = time.monotonic() + 30
+# A policy implementation learns of a new pod a moment after it starts (a policy on the pod's
+# own egress: it is unconfined until then). The addresses that should answer are tried until
+# they do; each that should not, until it is refused (how long that took is reported), and then
+# three times more: reached if any of those got through, or if it was never refused.
+started = time.monotonic()
+deadline = started + 30
 for name, (address, should) in expected.items():
     if should:
         while not (reached.setdefault(name, connects(address, 2)) or time.monotonic() > deadline):
             time.sleep(0.5)
             reached[name] = connects(address, 2)
+refused_after = 0.0
 for name, (address, should) in expected.items():
     if not should:
-        reached[name] = any(connects(address, 2) for _ in range(3))
-print(json.dumps(reached))
+        while connects(address, 2) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        refused_after = max(refused_after, time.monotonic() - started)
+        reached[name] = time.monotonic() >= deadline or any(connects(address, 2) for _ in range(3))
+print(json.dumps({"reached": reached, "refused_after": round(refused_after, 2)}))
 """
 
 
@@ -585,15 +592,19 @@ def _probe(
     name: str,
     labels: dict[str, str],
     expected: dict[str, tuple[str, bool]],
-) -> None:
+) -> float:
     """A restricted pod in `namespace` connects to each address; each must answer (True) or
-    not (False) as expected."""
-    reached = _run_in_pod(p, namespace, name, labels, PROBE, expected)
+    not (False) as expected. Returns the seconds from the pod's start until the last address
+    that must not answer was refused."""
+    result = _run_in_pod(p, namespace, name, labels, PROBE, expected)
+    reached = result["reached"]
     wanted = {key: should for key, (_, should) in expected.items()}
     if reached != wanted:
         raise StepFailed(
             f"from a pod in {namespace} with labels {labels}: expected {wanted}, got {reached}"
         )
+    refused_after: float = result["refused_after"]
+    return refused_after
 
 
 def agents_egress(p: Platform) -> None:
@@ -612,9 +623,11 @@ def agents_egress(p: Platform) -> None:
         "the API server": ("kubernetes.default.svc:443", False),
         "Prometheus": (f"prometheus.{MONITORING_NS}.svc:9090", False),
     }
-    _probe(p, AGENTS_NS, "egress-probe", labels, expected)
+    refused_after = _probe(p, AGENTS_NS, "egress-probe", labels, expected)
     p.report.fact(
-        "agents' egress", "DNS and Restate's ingress; no other pod, the API server or Prometheus"
+        "agents' egress",
+        "DNS and Restate's ingress; no other pod, the API server or Prometheus "
+        f"(enforced {refused_after:.2f} s after the probe started)",
     )
 
 
