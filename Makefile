@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin chromium clean
+.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin mcp-servers chromium clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,13 +41,18 @@ kube-bins:
 helm-bin:
 	bash scripts/build-helm.sh >/dev/null
 
+# Real MCP servers from PyPI (mcp-server-time, -git, -fetch) and mcp-proxy, pinned, each in a venv
+# of its own in ~/.cache/tether/mcp, for tests/mcp (about a minute once, then milliseconds).
+mcp-servers:
+	bash scripts/install-mcp-servers.sh >/dev/null
+
 # Debian's chromium for the browser test of the approval page (tests/restate), driven by the
 # playwright package, which never downloads a browser of its own. Needs root on Debian/Ubuntu.
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null
 
-unit: $(STAMP) restate-server kube-bins helm-bin chromium
+unit: $(STAMP) restate-server kube-bins helm-bin mcp-servers chromium
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

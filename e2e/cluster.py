@@ -39,6 +39,8 @@ class Cluster:
     tether_image: str
     prometheus_image: str
     restate_image: str | None = None
+    mcp_image: str | None = None
+    """The example MCP server (examples/kubernetes/mcp-clock.yaml); None skips its step."""
     kubectl_bin: str = "kubectl"
     helm_bin: str = "helm"
     outside_attempts: Callable[[], list[str]] | None = None

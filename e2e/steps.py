@@ -17,6 +17,8 @@ The steps, in order (each checks what a user would look at, and times what a use
  7. a worker pod killed mid-tool, on 1 and on 2 replicas: how long the run stands still;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
+    an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
+    through the egress rule the operator adds for it;
 10. NetworkPolicy: only the operator reaches Restate's admin API; its ingress, the agents and a
     listed namespace;
 11. a spec change rolls out while the operator's pod is killed: it converges, the old version
@@ -59,6 +61,7 @@ MONITORING_NS = "tether-e2e-monitoring"
 RELEASE = "tether"
 RESTATE = f"{RELEASE}-restate"
 CLERK, RESUME, FANOUT = "e2e-clerk", "e2e-resume", "e2e-fanout"
+MCP_AGENT, MCP_SERVER = "clock-agent", "clock-mcp"  # examples/kubernetes/mcp-clock.yaml
 E2E = Path(__file__).resolve().parent
 TETHER = ROOT / ".venv" / "bin" / "tether"
 AGENT_LABEL = "tether.dev/agent"
@@ -488,6 +491,59 @@ def fan_out(p: Platform) -> None:
     p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
 
 
+def mcp_tools(p: Platform) -> None:
+    """The example agent and its MCP server: the agent's pods reach the server's pods only
+    through the rule the operator adds to their egress policy; the call is journaled, its
+    result lands in the session, and Prometheus counts it."""
+    image = p.cluster.mcp_image
+    if image is None:
+        print("    skipped: no MCP server image on the cluster (--mcp-image)", flush=True)
+        return
+    example = ROOT / "examples" / "kubernetes" / "mcp-clock.yaml"
+    server, service, agent = yaml.safe_load_all(
+        example.read_text().replace("MCP_SERVER_IMAGE", image)
+    )
+    server["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = "Never"
+    agent["spec"]["webhook"] = {"secretRef": {"name": "e2e-webhook", "key": "secret"}}
+    token = f"Bearer e2e-{secrets.token_hex(8)}"
+    p.kubectl(
+        "-n", AGENTS_NS, "create", "secret", "generic", MCP_SERVER,
+        f"--from-literal=authorization={token}",
+    )  # fmt: skip
+    started = time.monotonic()
+    p.kubectl.apply([server, service], AGENTS_NS)
+    wait_for(
+        "the MCP server Ready", lambda: p.kubectl.ready_pods(AGENTS_NS, f"app={MCP_SERVER}"), 180
+    )
+    p.kubectl.apply([agent], AGENTS_NS)
+    wait_for(f"{MCP_AGENT} Ready", lambda: p.ready(MCP_AGENT), 300)
+    policy = p.kubectl.json("-n", AGENTS_NS, "get", "networkpolicy", f"{MCP_AGENT}-egress")
+    to_server = [
+        rule
+        for rule in policy["spec"]["egress"]
+        for peer in rule.get("to", [])
+        if peer.get("podSelector", {}).get("matchLabels") == {"app": MCP_SERVER}
+    ]
+    if [rule["ports"] for rule in to_server] != [[{"protocol": "TCP", "port": 8080}]]:
+        raise StepFailed(f"expected one egress rule to the MCP server's pods on 8080: {policy}")
+    config_maps = p.kubectl("-n", AGENTS_NS, "get", "configmaps", "-o", "yaml")
+    if token in config_maps:
+        raise StepFailed("the MCP server's token is in a ConfigMap")
+
+    session = f"mcp-{secrets.token_hex(3)}"
+    result = p.result(p.start_run(MCP_AGENT, session, "When is noon UTC in Tokyo?"))
+    if result.get("status") != "completed" or result.get("tool_calls") != 1:
+        raise StepFailed(f"expected a completed run with one MCP call, got {result}")
+    turns = p.session(MCP_AGENT, session)["turns"]
+    [answer] = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
+    converted = json.loads(str(answer["content"])) if not answer.get("is_error") else {}
+    if not converted.get("target", {}).get("datetime", "").endswith("T21:00:00+09:00"):
+        raise StepFailed(f"the MCP call's result is not noon UTC in Tokyo: {answer}")
+    p.report.time("apply MCP server + agent -> MCP result", time.monotonic() - started)
+    labels = f'agent="{MCP_AGENT}",server="clock",tool="convert_time",outcome="ok"'
+    p.await_metric(f"sum(tether_mcp_calls_total{{{labels}}})", 1)
+
+
 PROBE = """
 import json, socket, sys, time
 
@@ -768,6 +824,7 @@ def steps() -> list[Step]:
         ("a worker killed mid-tool, 2 replicas", lambda p: kill_mid_tool(p, 2)),
         ("Restate's pod killed mid-run", kill_restate),
         ("a run fans out to sub-agents", fan_out),
+        ("an agent calls the MCP server next to it", mcp_tools),
         ("NetworkPolicy in front of Restate's admin API", network_policy),
         ("an agent's pods reach DNS and Restate only", agents_egress),
         ("only Restate invokes the workers", only_restate_invokes_workers),
@@ -799,6 +856,7 @@ def main() -> int:
     parser.add_argument("--image", required=True, help="the tether image, on the nodes already")
     parser.add_argument("--prometheus-image", required=True)
     parser.add_argument("--restate-image", help="default: the chart's")
+    parser.add_argument("--mcp-image", help="the example MCP server's; without it, no MCP step")
     parser.add_argument("--report", type=Path, help="write the timings here as JSON")
     args = parser.parse_args()
     cluster = Cluster(
@@ -807,6 +865,7 @@ def main() -> int:
         tether_image=args.image,
         prometheus_image=args.prometheus_image,
         restate_image=args.restate_image,
+        mcp_image=args.mcp_image,
     )
     try:
         report = run_all(cluster)

@@ -71,6 +71,7 @@ def test_the_user_path(node: KubeNode, images: dict[str, str], helm_path: Path) 
         tether_image=images["tether"],
         prometheus_image=images["prometheus"],
         restate_image=images["restate"],
+        mcp_image=images["mcp"],
         kubectl_bin=str(plane.bin_dir / "kubectl"),
         helm_bin=str(helm_path),
         outside_attempts=node.outside_attempts,

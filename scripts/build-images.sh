@@ -11,6 +11,7 @@
 #                                   local CA. Test infrastructure only: never a base users get.
 #   $TETHER_IMAGE (tether:e2e)      the project's Dockerfile, unchanged, FROM the stand-in
 #   tether-e2e/restate:<v>          the restate-server binary from npm, on the Debian base
+#   tether-e2e/mcp-server-time:<v>  the example MCP server (mcp-server-time behind mcp-proxy)
 #   tether-e2e/pause:<v>, tether-e2e/coredns:<v>, tether-e2e/prometheus:<v>
 #                                   one static binary each (scripts/build-node.sh), FROM scratch
 #
@@ -143,6 +144,28 @@ WORKDIR /
 ENTRYPOINT [\"/usr/local/bin/restate-server\"]
 " "$restate"
 
+# The example MCP server of examples/kubernetes/mcp-clock.yaml: mcp-server-time behind
+# mcp-proxy's streamable HTTP, each in a venv of its own (they need different majors of `mcp`),
+# pinned with their whole dependency closure by scripts/install-mcp-servers.sh.
+mcp_context=$(mktemp -d)
+for package in mcp-server-time mcp-proxy; do
+  bash "$ROOT/scripts/install-mcp-servers.sh" --pins "$package" >"$mcp_context/$package.txt"
+done
+mcp_time_version=$(bash "$ROOT/scripts/install-mcp-servers.sh" --pins mcp-server-time | head -1 | cut -d= -f3)
+mcp_image=tether-e2e/mcp-server-time:$mcp_time_version
+build "$mcp_image" "$(cat "$mcp_context"/*.txt <(label_of "$STANDIN") | sha256sum | cut -c1-64)" "
+FROM $STANDIN
+COPY mcp-server-time.txt mcp-proxy.txt /tmp/
+RUN /usr/local/bin/python -m venv /opt/server \
+ && /opt/server/bin/pip install --no-cache-dir -q -r /tmp/mcp-server-time.txt \
+ && /usr/local/bin/python -m venv /opt/proxy \
+ && /opt/proxy/bin/pip install --no-cache-dir -q -r /tmp/mcp-proxy.txt
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT [\"/opt/proxy/bin/mcp-proxy\", \"--host\", \"0.0.0.0\", \"--port\", \"8080\", \"--\", \"/opt/server/bin/mcp-server-time\", \"--local-timezone\", \"UTC\"]
+" "$mcp_context/mcp-server-time.txt" "$mcp_context/mcp-proxy.txt"
+rm -rf "$mcp_context"
+
 node_bin=$(bash "$ROOT/scripts/build-node.sh")
 for name in pause coredns prometheus; do
   [[ -x $node_bin/$name ]] || die "$node_bin/$name is missing after scripts/build-node.sh"
@@ -162,4 +185,5 @@ restate=tether-e2e/restate:$restate_version
 pause=$pause
 coredns=$coredns
 prometheus=$prometheus
+mcp=$mcp_image
 EOF

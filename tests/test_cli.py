@@ -113,7 +113,7 @@ INVALID = [
     ),
     (
         {"spec": {"model": {"provider": "anthropic", "name": "c"}, "tools": [{"name": "a"}]}},
-        "exactly one of `builtin` or `python`",
+        "exactly one of `builtin`, `python` or `mcp`",
     ),
     (
         {

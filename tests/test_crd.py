@@ -132,6 +132,22 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
             {"name": "fetch", "builtin": "http_request", "config": {"allowHosts": ["x.example"]}},
             {"name": "restart", "builtin": "shell", "requireApproval": True, "timeout": "30s"},
             {"name": "lookup", "python": "mypkg.tools:lookup", "replay": "safe"},
+            {
+                "name": "github",
+                "timeout": "20s",
+                "mcp": {
+                    "url": "http://github-mcp.tools:8080/mcp",
+                    "headers": [
+                        {"name": "Authorization", "secretRef": {"name": "gh", "key": "token"}},
+                        {"name": "X-Team", "value": "platform"},
+                    ],
+                    "include": ["get_*", "create_issue"],
+                    "exclude": ["get_secret"],
+                    "prefix": "gh_",
+                    "tools": {"create_issue": {"requireApproval": True, "replay": "unsafe"}},
+                },
+            },
+            {"name": "clock", "mcp": {"command": ["mcp-server-time"], "env": [{"name": "TZ"}]}},
         ],
         approvals={"timeout": "1h", "onTimeout": "deny", "notify": {"url": "https://h.example/x"}},
         subagents={"maxDepth": 2, "maxConcurrent": 3},
@@ -153,6 +169,8 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
     assert spec["model"]["maxTokens"] == 4096
     assert spec["tools"][0]["requireApproval"] is False
     assert spec["worker"]["env"] == [{"name": "A", "value": "b"}]
+    assert spec["tools"][3]["mcp"]["transport"] == "streamable-http"
+    assert spec["tools"][4]["mcp"]["env"] == [{"name": "TZ", "value": ""}]
 
     minimal = create(api, namespace, agent("minimal"), dry_run=False)["spec"]
     assert minimal["approvals"] == {"timeout": "1h", "onTimeout": "deny"}
@@ -241,6 +259,47 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {**_model(**KEY), "tools": [{"name": "a", "builtin": "shell", "timeout": "0s"}]},
         "spec.tools[0].timeout",
     ),
+    (
+        "mcp-with-python",
+        {**_model(**KEY), "tools": [{"name": "a", "python": "m:f", "mcp": {"url": "http://m"}}]},
+        "spec.tools[0]",
+    ),
+    (
+        "mcp-url-and-command",
+        {**_model(**KEY), "tools": [{"name": "a", "mcp": {"url": "http://m", "command": ["x"]}}]},
+        "spec.tools[0].mcp",
+    ),
+    (
+        "mcp-url-with-a-token",
+        {**_model(**KEY), "tools": [{"name": "a", "mcp": {"url": "http://m/mcp?key=k"}}]},
+        "spec.tools[0].mcp.url",
+    ),
+    (
+        "mcp-credential-in-plain-text",
+        {
+            **_model(**KEY),
+            "tools": [
+                {
+                    "name": "a",
+                    "mcp": {"url": "http://m", "headers": [{"name": "X-Api-Key", "value": "k"}]},
+                }
+            ],
+        },
+        "spec.tools[0].mcp.headers[0]",
+    ),
+    (
+        "mcp-header-without-value",
+        {
+            **_model(**KEY),
+            "tools": [{"name": "a", "mcp": {"url": "http://m", "headers": [{"name": "X"}]}}],
+        },
+        "spec.tools[0].mcp.headers[0]",
+    ),
+    (
+        "mcp-description",
+        {**_model(**KEY), "tools": [{"name": "a", "description": "d", "mcp": {"url": "http://m"}}]},
+        "spec.tools[0]",
+    ),
     ("zero-max-turns", {**_model(**KEY), "limits": {"maxTurns": 0}}, "spec.limits.maxTurns"),
     ("negative-budget", {**_model(**KEY), "limits": {"maxCostUsd": -1}}, "spec.limits.maxCostUsd"),
     ("zero-token-budget", {**_model(**KEY), "limits": {"maxTokens": 0}}, "spec.limits.maxTokens"),
@@ -280,6 +339,41 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "notify-url-with-a-token",
         {**_model(**KEY), "approvals": {"notify": {"url": "https://h.example/x?token=t0ken"}}},
         "spec.approvals.notify.url",
+    ),
+    (
+        "slack-signing-secret-for-json",
+        {
+            **_model(**KEY),
+            "approvals": {
+                "notify": {
+                    "urlSecretRef": {"name": "n", "key": "k"},
+                    "slackSigningSecretRef": {"name": "s", "key": "k"},
+                }
+            },
+        },
+        "spec.approvals.notify.slackSigningSecretRef",
+    ),
+    (
+        "slack-with-recipients",
+        {
+            **_model(**KEY),
+            "approvals": {
+                "notify": {
+                    "format": "slack",
+                    "urlSecretRef": {"name": "n", "key": "k"},
+                    "recipients": ["alice@example.com"],
+                }
+            },
+        },
+        "spec.approvals.notify.recipients",
+    ),
+    (
+        "unknown-notify-format",
+        {
+            **_model(**KEY),
+            "approvals": {"notify": {"format": "teams", "urlSecretRef": {"name": "n", "key": "k"}}},
+        },
+        "spec.approvals.notify.format",
     ),
     ("too-many-replicas", {**_model(**KEY), "worker": {"replicas": 101}}, "spec.worker.replicas"),
     (

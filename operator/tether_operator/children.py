@@ -12,9 +12,11 @@ from tether.spec import DurableAgent
 
 from . import render
 from .kube import Kube
+from .mcp_egress import mcp_egress_rules
 from .names import AGENT_LABEL, VERSION_LABEL, WORKER_PORT, version_name
 from .settings import OperatorSettings
 
+Manifest = dict[str, Any]
 KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
 
 
@@ -49,6 +51,11 @@ async def missing_secrets(kube: Kube, agent: DurableAgent, namespace: str) -> li
     notify = agent.spec.approvals.notify
     if notify is not None and notify.url_secret_ref is not None:
         refs.append(("spec.approvals.notify.urlSecretRef", notify.url_secret_ref))
+    if notify is not None and notify.slack_signing_secret_ref is not None:
+        refs.append(
+            ("spec.approvals.notify.slackSigningSecretRef", notify.slack_signing_secret_ref)
+        )
+    refs.extend((field, ref) for field, ref, _ in agent.spec.mcp_header_secrets())
     problems = []
     for field, ref in refs:
         secret = await kube.get("v1", "Secret", namespace, ref.name)
@@ -84,13 +91,41 @@ async def apply_version(
     objects = render.version_objects(agent, namespace, settings)
     sidecar = render.sidecar_service(agent.metadata.name, namespace, settings)
     manifests = [objects.config_map, objects.service, objects.deployment, sidecar]
-    egress = render.egress_policy(agent.metadata.name, namespace, settings)
+    egress = await egress_policy(kube, settings, agent, namespace)
     if egress is not None:  # before the pods it confines start
         manifests.insert(0, egress)
     kopf.adopt(manifests, owner=body)
     applied = [await kube.apply(manifest) for manifest in manifests]
     service = applied[manifests.index(objects.service)]
     return objects.hash, url_of(settings, service, agent.metadata.name, objects.hash)
+
+
+async def egress_policy(
+    kube: Kube, settings: OperatorSettings, agent: DurableAgent, namespace: str
+) -> Manifest | None:
+    """The agent's egress policy, with a rule per in-cluster MCP server it names."""
+    mcp_servers = await mcp_egress_rules(kube, agent, namespace)
+    return render.egress_policy(agent.metadata.name, namespace, settings, mcp_servers)
+
+
+async def refresh_egress(
+    kube: Kube,
+    settings: OperatorSettings,
+    body: kopf.Body,
+    agent: DurableAgent,
+    applied: list[Manifest] | None,
+) -> list[Manifest] | None:
+    """Apply the egress policy again if its rules changed since `applied` (an MCP server's
+    Service appeared, went or changed); the rules it has now."""
+    namespace = str(body["metadata"]["namespace"])
+    policy = await egress_policy(kube, settings, agent, namespace)
+    if policy is None:
+        return None
+    rules: list[Manifest] = policy["spec"]["egress"]
+    if rules != applied:
+        kopf.adopt(policy, owner=body)
+        await kube.apply(policy)
+    return rules
 
 
 async def version_url(

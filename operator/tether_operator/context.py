@@ -59,6 +59,10 @@ class AgentMemory:
     urls: dict[str, str] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     """Warning events already posted, so a retried failure is reported once."""
+    mcp_rules: list[dict[str, Any]] | None = None
+    """The egress rules to the agent's in-cluster MCP servers last applied, and when they were
+    last looked up: a Service created or changed after the agent is picked up."""
+    mcp_checked_at: float = 0.0
 
 
 @dataclass

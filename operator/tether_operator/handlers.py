@@ -33,6 +33,8 @@ from .settings import settings_from_env
 
 #: Seconds between supervision passes of one agent (read at import: kopf fixes timer intervals).
 RECONCILE_INTERVAL = float(os.environ.get("TETHER_RECONCILE_INTERVAL") or 1.0)
+MCP_EGRESS_REFRESH = float(os.environ.get("TETHER_MCP_EGRESS_REFRESH") or 30.0)
+"""Seconds between lookups of the Services of an agent's in-cluster MCP servers."""
 MAX_BACKOFF = 30.0
 
 
@@ -217,6 +219,29 @@ async def supervise(
     op.agents[(namespace or "", name)] = (mem, body)
     async with mem.lock:
         await supervisor.converge(op, body, mem, _deployments_of(kwargs, namespace, name))
+        await _refresh_mcp_egress(op, body, mem)
+
+
+async def _refresh_mcp_egress(op: Operator, body: kopf.Body, mem: AgentMemory) -> None:
+    """Every MCP_EGRESS_REFRESH seconds, the egress rules to the agent's in-cluster MCP servers
+    follow their Services (one created after the agent, a changed selector or port)."""
+    if mem.applied is None or time.monotonic() - mem.mcp_checked_at < MCP_EGRESS_REFRESH:
+        return
+    mem.mcp_checked_at = time.monotonic()
+    try:
+        agent = supervisor.parse(body)
+    except SpecError:
+        return
+    if not any(entry.mcp is not None and entry.mcp.url for entry in agent.spec.tools):
+        return
+    try:
+        mem.mcp_rules = await children.refresh_egress(
+            op.kube, op.settings, body, agent, mem.mcp_rules
+        )
+    except KubeError as error:
+        logging.getLogger(__name__).warning(
+            "refreshing the egress policy of %s failed: %s", agent.metadata.name, error
+        )
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -7,13 +7,21 @@ hash, same names: a rollback to an earlier spec maps onto the earlier version's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV
-from tether.spec import API_VERSION, KIND, PREVIOUS_SECRET_ENV, DurableAgent, DurableAgentSpec
+from tether.spec import (
+    API_VERSION,
+    KIND,
+    PREVIOUS_SECRET_ENV,
+    SLACK_SIGNING_SECRET_ENV,
+    DurableAgent,
+    DurableAgentSpec,
+)
 
 from .names import (
     COMPONENT_LABEL,
@@ -144,6 +152,8 @@ def _worker_container(
         # like the API key, never through the ConfigMap (which holds only the reference).
         secret = notify.url_secret_ref
         env.append(_secret_env(notify.url_variable, secret.name, secret.key))
+    for _, secret, variable in spec.mcp_header_secrets():  # credentials of MCP servers
+        env.append(_secret_env(variable, secret.name, secret.key))
     env.extend({"name": e.name, "value": e.value} for e in spec.worker.env)
     resources: Manifest = {}
     if spec.worker.resources.requests:
@@ -188,6 +198,11 @@ def _sidecar_container(
 ) -> Manifest:
     env = _shared_env(agent, namespace, settings)
     env.append({"name": "RESTATE_INGRESS_URL", "value": settings.restate_ingress_url})
+    notify = agent.spec.approvals.notify
+    if notify is not None and notify.slack_signing_secret_ref is not None:
+        # Only the sidecar verifies Slack's clicks: the worker never gets the signing secret.
+        secret = notify.slack_signing_secret_ref
+        env.append(_secret_env(SLACK_SIGNING_SECRET_ENV, secret.name, secret.key))
 
     return {
         "name": "sidecar",
@@ -346,11 +361,14 @@ DNS_RULE: Manifest = {
 }
 
 
-def egress_policy(agent: str, namespace: str, settings: OperatorSettings) -> Manifest | None:
-    """What the agent's pods may connect to: the cluster's DNS, and the operator's rules (by
-    default Restate's ingress and the internet outside private ranges). Its tools run in these
-    pods, so this is what a tool can reach; nothing else in the cluster (other pods, the API
-    server, cloud metadata). None when the operator renders no egress policy."""
+def egress_policy(
+    agent: str, namespace: str, settings: OperatorSettings, extra: Sequence[Manifest] = ()
+) -> Manifest | None:
+    """What the agent's pods may connect to: the cluster's DNS, the operator's rules (by
+    default Restate's ingress and the internet outside private ranges) and `extra` (the agent's
+    in-cluster MCP servers, `mcp_egress`). Its tools run in these pods, so this is what a tool
+    can reach; nothing else in the cluster (other pods, the API server, cloud metadata). None
+    when the operator renders no egress policy."""
     if settings.agent_egress is None:
         return None
     return {
@@ -360,7 +378,7 @@ def egress_policy(agent: str, namespace: str, settings: OperatorSettings) -> Man
         "spec": {
             "podSelector": {"matchLabels": selector(agent)},
             "policyTypes": ["Egress"],
-            "egress": [DNS_RULE, *settings.agent_egress],
+            "egress": [DNS_RULE, *settings.agent_egress, *extra],
         },
     }
 

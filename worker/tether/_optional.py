@@ -28,8 +28,16 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     # The worker counts its work in tether.programs.metrics (prometheus_client) and runs under
     # hypercorn.
     "restate": ("restate", "hypercorn", "prometheus_client"),
-    "sidecar": ("fastapi", "starlette", "uvicorn", "aiohttp", "prometheus_client"),
+    "sidecar": (
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "aiohttp",
+        "prometheus_client",
+        "standardwebhooks",
+    ),
     "operator": ("kopf", "aiohttp"),
+    "mcp": ("mcp",),
 }
 """What each extra of `pyproject.toml` makes importable (top-level import names)."""
 

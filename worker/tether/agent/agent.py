@@ -14,6 +14,7 @@ from ..providers.base import Provider
 from ..session.session import Session, create_session
 from ..session.store import memory_store
 from ..tools.base import ToolDef
+from ..tools.toolset import Toolset
 from .abort import AbortSignal
 from .behavior import Behavior
 from .hooks import Hooks, HooksInit
@@ -33,7 +34,7 @@ class Agent:
         self,
         *,
         provider: Provider,
-        tools: Sequence[ToolDef] = (),
+        tools: Sequence[ToolDef | Toolset] = (),
         system: str | None = None,
         durable: DurableRuntime | None = None,
         session: Session | None = None,
@@ -123,7 +124,7 @@ class Agent:
 def create_agent(
     *,
     provider: Provider,
-    tools: Sequence[ToolDef] = (),
+    tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
     durable: DurableRuntime | None = None,
     session: Session | None = None,
@@ -131,9 +132,10 @@ def create_agent(
     hooks: Hooks | HooksInit | None = None,
     inbox: Inbox | None = None,
 ) -> Agent:
-    """Build an agent. `durable=None` runs on the in-memory runtime; `session=None` keeps the
-    conversation in a session of the runtime's store; `inbox` lets messages reach it while it
-    runs (`tether.agent.inbox`)."""
+    """Build an agent. `tools` may hold toolsets (an MCP server's tools, `tether.tools.mcp`),
+    which each run lists in a journaled step when it starts. `durable=None` runs on the
+    in-memory runtime; `session=None` keeps the conversation in a session of the runtime's
+    store; `inbox` lets messages reach it while it runs (`tether.agent.inbox`)."""
     return Agent(
         provider=provider,
         tools=tools,

@@ -8,6 +8,7 @@ so a replay takes the same path and calls nothing twice.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,8 @@ from ..messages import JSON, Message, text_block, text_of, tool_uses
 from ..providers.base import ModelRequest, ProviderError
 from ..session.session import Session
 from ..session.types import SessionRun, SessionTurn
+from ..tools.base import ToolDef
+from ..tools.toolset import Toolset, ToolsetError
 from .abort import Aborted, AbortSignal
 from .compaction import compact_tail, estimate_tokens
 from .stats import AgentStats, AgentStatus
@@ -24,6 +27,8 @@ from .tool_calls import ToolCallExecutor, ToolRun
 if TYPE_CHECKING:
     from .agent import Agent
     from .behavior import Behavior
+
+logger = logging.getLogger(__name__)
 
 BACKOFF_BASE_MS = 1000.0
 BACKOFF_MAX_MS = 30_000.0
@@ -34,6 +39,16 @@ def backoff_ms(attempt: int, retry_after: float | None) -> float:
     if retry_after is not None:
         return max(0.0, retry_after * 1000)
     return float(min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2**attempt))
+
+
+def _lister(toolset: Toolset) -> Callable[[], Awaitable[JSON]]:
+    async def list_now() -> JSON:
+        try:
+            return {"listing": await toolset.list_tools()}
+        except ToolsetError as error:  # journaled: a replay fails the same way
+            return {"error": str(error)}
+
+    return list_now
 
 
 class AgentRun:
@@ -54,24 +69,19 @@ class AgentRun:
         self.stats = AgentStats()
         self.run_id = ""
         self.record: SessionRun | None = None
+        self.tool_defs: list[ToolDef] = []
 
     # The loop ------------------------------------------------------------------------------
 
     async def execute(self, prompt: str | None) -> AgentStats:
+        try:
+            return await self._execute(prompt)
+        finally:
+            await self._close_toolsets()
+
+    async def _execute(self, prompt: str | None) -> AgentStats:
         durable = self.durable
         self.run_id = self.stats.run_id = durable.uuid()
-        self.tools = ToolCallExecutor(
-            ToolRun(
-                agent=self.agent,
-                durable=durable,
-                behavior=self.behavior,
-                abort=self.abort,
-                stats=self.stats,
-                run_id=self.run_id,
-                session_id=self.session.id,
-                record_decision=self.record_decision,
-            )
-        )
         started = await durable.now()
         self.stats.started_at = started
         record = SessionRun(id=self.run_id, status="running", started_at=started, prompt=prompt)
@@ -79,7 +89,27 @@ class AgentRun:
         await self.session.save_run(record)
         if prompt is not None:
             await self._append("user", [text_block(prompt)], created_at=started)
-        status, error = await self._turns()
+        status: AgentStatus
+        error: str | None
+        try:
+            self.tool_defs = await self._list_tools()
+        except ToolsetError as failure:
+            status, error = "error", str(failure)
+        else:
+            self.tools = ToolCallExecutor(
+                ToolRun(
+                    agent=self.agent,
+                    tools=self.tool_defs,
+                    durable=durable,
+                    behavior=self.behavior,
+                    abort=self.abort,
+                    stats=self.stats,
+                    run_id=self.run_id,
+                    session_id=self.session.id,
+                    record_decision=self.record_decision,
+                )
+            )
+            status, error = await self._turns()
         self.stats.status = status
         self.stats.error = error
         ended: dict[str, Any] = await durable.step(
@@ -91,6 +121,35 @@ class AgentRun:
         record.stats = self.stats.to_json()
         await self.session.save_run(record)
         return self.stats
+
+    async def _list_tools(self) -> list[ToolDef]:
+        """The run's tools: the agent's own, and each toolset's from a listing journaled now,
+        so a replay has the tools the run started with."""
+        tools = [t for t in self.agent.tools if isinstance(t, ToolDef)]
+        for toolset in self._toolsets():
+            listing = await self.durable.step(
+                "decision", f"toolset:{toolset.name}", _lister(toolset)
+            )
+            if "error" in listing:
+                raise ToolsetError(listing["error"])
+            tools.extend(toolset.tools(listing["listing"]))
+        names = [t.name for t in tools]
+        if clashes := sorted({n for n in names if names.count(n) > 1}):
+            raise ToolsetError(
+                f"tool names listed twice: {', '.join(clashes)}; give a toolset a prefix or "
+                "exclude the tool from it"
+            )
+        return tools
+
+    def _toolsets(self) -> list[Toolset]:
+        return [t for t in self.agent.tools if not isinstance(t, ToolDef)]
+
+    async def _close_toolsets(self) -> None:
+        for toolset in self._toolsets():
+            try:
+                await toolset.aclose()
+            except Exception:  # a connection that fails to close must not fail the run
+                logger.warning("closing toolset %s failed", toolset.name, exc_info=True)
 
     async def record_decision(self, decision: dict[str, Any]) -> None:
         """Add a person's decision on one of the run's calls to its record in the session."""
@@ -234,14 +293,14 @@ class AgentRun:
                 agent.provider.context_window
                 - self.behavior.max_output_tokens
                 - estimate_tokens(agent.system or "")
-                - estimate_tokens([t.spec.input_schema for t in agent.tools])
+                - estimate_tokens([t.spec.input_schema for t in self.tool_defs])
             )
             messages = compact_tail(messages, budget)
         context = await agent.hooks.call("context:transform", {"messages": messages})
         request = ModelRequest(
             messages=context["messages"],
             system=agent.system,
-            tools=[t.spec for t in agent.tools],
+            tools=[t.spec for t in self.tool_defs],
             max_output_tokens=self.behavior.max_output_tokens,
             thinking_budget=self.behavior.thinking_budget,
             cache=self.behavior.cache,

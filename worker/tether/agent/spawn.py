@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
+from ..tools.toolset import Toolset
 
 if TYPE_CHECKING:
     from ..providers.base import Provider
@@ -32,7 +33,7 @@ def spawn_tool(
     *,
     name: str = "spawn",
     provider: Provider | None = None,
-    tools: Sequence[ToolDef] | None = None,
+    tools: Sequence[ToolDef | Toolset] | None = None,
     system: str | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
     max_depth: int = 2,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +86,9 @@ class ToolRun:
     """What executing a run's tool calls uses of the run (and no more: no back-reference)."""
 
     agent: Agent
-    """Its tools, hooks, depth and tool extras; a spawn tool builds a child from it."""
+    """Its hooks, depth and tool extras; a spawn tool builds a child from it."""
+    tools: Sequence[ToolDef]
+    """The run's tools: the agent's, and its toolsets' as listed when the run started."""
     durable: DurableRuntime
     behavior: Behavior
     abort: AbortSignal
@@ -101,8 +103,8 @@ class ToolCallExecutor:
 
     def __init__(self, run: ToolRun) -> None:
         self.run = run
-        self.tools = {t.name: t for t in run.agent.tools}
-        self.validators = {t.name: validator_for(t.spec.input_schema) for t in run.agent.tools}
+        self.tools = {t.name: t for t in run.tools}
+        self.validators = {t.name: validator_for(t.spec.input_schema) for t in run.tools}
 
     async def execute(
         self, calls: list[ToolUseBlock], turn_id: str

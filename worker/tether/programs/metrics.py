@@ -13,7 +13,7 @@ body runs outside any step) are counted only once the run has gone live (see `ag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._optional import extra_imports
@@ -78,6 +78,17 @@ INTERRUPTED_TOOL_CALLS = Counter(
     "Tool calls cut off by a crash and reported to the model as interrupted.",
     ["agent", "tool"],
 )
+MCP_CALLS = Counter(
+    "tether_mcp_calls_total",
+    "Calls to MCP servers' tools, by outcome (ok, error, timeout, unreachable).",
+    ["agent", "server", "tool", "outcome"],
+)
+MCP_CALL_DURATION = Histogram(
+    "tether_mcp_call_duration_seconds",
+    "How long calls to MCP servers' tools took.",
+    ["agent", "server", "tool"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+)
 WEBHOOK_REQUESTS = Counter(
     f"{WEBHOOK_REQUESTS_NAME}_total",
     "Requests to the sidecar's approval webhooks and links, by outcome.",
@@ -85,6 +96,16 @@ WEBHOOK_REQUESTS = Counter(
 )
 
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
+
+
+def mcp_observer(agent: str) -> Callable[[str, str, str, float], None]:
+    """Counts the live calls of the agent's MCP tools (a `tether.tools.mcp.CallObserver`)."""
+
+    def observe(server: str, tool: str, outcome: str, seconds: float) -> None:
+        MCP_CALLS.labels(agent, server, tool, outcome).inc()
+        MCP_CALL_DURATION.labels(agent, server, tool).observe(seconds)
+
+    return observe
 
 
 def multiprocess_enabled() -> bool:

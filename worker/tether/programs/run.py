@@ -41,6 +41,7 @@ from ..spec.assemble import (
     tools_from_spec,
 )
 from ..tools.base import ToolDef
+from ..tools.toolset import Toolset
 from .hardening import refuse_state_in_workspace
 
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
@@ -147,7 +148,8 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
         wait = embedded_wait(book, args.run_id, parse_duration(spec.approvals.timeout))
         # Built before the run is opened: a tool the spec gets wrong fails here, touching nothing.
         check_subagents(spec)
-        tools = tools_from_spec(spec, args.workspace, parking_with(wait, spec.approvals.on_timeout))
+        parking = parking_with(wait, spec.approvals.on_timeout)
+        tools = tools_from_spec(spec, args.workspace, parking, env=env)
         if spec.subagents is not None:  # in-process children, journaled in the run's scopes
             tools.append(spawn_tool(name=SPAWN_TOOL, max_depth=spec.subagents.max_depth))
         progress = Progress(not args.quiet)
@@ -162,7 +164,7 @@ async def _run(
     args: argparse.Namespace,
     spec: DurableAgentSpec,
     provider: Provider,
-    tools: list[ToolDef],
+    tools: list[ToolDef | Toolset],
     book: AnswerBook,
     progress: Progress,
 ) -> int:

@@ -11,6 +11,13 @@ key is 1-256 printable ASCII characters without spaces, and a path the sidecar a
 newline, so this message can never equal one without a key (nor one with another key):
 dropping or changing the header makes the signature fail.
 
+The sidecar also takes a resolution signed with the Standard Webhooks scheme
+(https://www.standardwebhooks.com; `webhook-id`, `webhook-timestamp` and `webhook-signature:
+v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`), for senders that implement it: the key
+is the same webhook secret, given to them as `standard_webhooks_secret(secret)`
+(`whsec_<base64 of the secret>`), and each `webhook-id` acts once
+(`tether.programs.sidecar.standard_webhooks`).
+
 Links: `/v1/awakeables/<id>/approve?exp=<unix seconds>&sig=<hex>` (or `/deny`), where
 `sig = HMAC-SHA256(secret, "<action>:<id>:<exp>")`, valid until `exp`. A link minted for one
 person also carries `to=<recipient>`, and then `sig` covers it too:
@@ -20,6 +27,7 @@ call; the sidecar acts on the POST of that page's form (`tether.programs.sidecar
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -83,6 +91,11 @@ def sign_request(
         headers[IDEMPOTENCY_KEY_HEADER] = idempotency_key
     signature = _digest(secret, _request_message(stamp, path, body, idempotency_key))
     return {TIMESTAMP_HEADER: str(stamp), SIGNATURE_HEADER: f"v1={signature}", **headers}
+
+
+def standard_webhooks_secret(secret: bytes) -> str:
+    """The webhook secret as a Standard Webhooks sender takes it: `whsec_<base64>`."""
+    return "whsec_" + base64.b64encode(secret).decode()
 
 
 def verify_request(

@@ -15,6 +15,7 @@ from ..agent.behavior import Behavior
 from ..agent.hooks import Hooks, HooksInit
 from ..session.store import memory_store
 from ..tools.base import ToolDef
+from ..tools.toolset import Toolset
 from .child_results import MERGED_CHILDREN_EXTRA, child_status, failed_result
 from .runtime import RestateRuntime, restate_runtime
 from .types import (
@@ -44,7 +45,7 @@ async def run_child(
     request: ChildRunRequest,
     *,
     provider: Provider,
-    tools: Sequence[ToolDef] = (),
+    tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
     max_depth: int = 2,

@@ -155,8 +155,156 @@ class ModelSpec(_Model):
         return self
 
 
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_URL_LENGTH = 2048
+NOTIFY_URL = r"^https?://"
+URL_USERINFO = r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@"
+URL_QUERY = r"[?#]"
+
+
+class EnvVar(_Model):
+    """An environment variable (plain values only; secrets come from the referenced Secrets)."""
+
+    name: str = Field(pattern=ENV_NAME, description="Variable name.")
+    value: str = Field(default="", description="Value.")
+
+
+HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
+CREDENTIAL_HEADER = re.compile(r"authorization|token|key|secret|cookie|password|credential", re.I)
+
+
+def mcp_header_variable(tool: str, header: str) -> str:
+    """The worker's environment variable of an MCP header kept in a Secret (by default)."""
+    return "TETHER_MCP_" + re.sub(r"[^A-Za-z0-9]", "_", f"{tool}_{header}").upper()
+
+
+class McpHeader(_Model):
+    """An HTTP header sent with every request to an MCP server. A credential (an
+    Authorization header, a token, a key) comes from a Secret (`secretRef`)."""
+
+    name: str = Field(pattern=HEADER_NAME, description="Header name, e.g. Authorization.")
+    value: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="A plain value, stored in the DurableAgent and its ConfigMap: never a "
+        "credential (refused for Authorization, cookies, tokens and keys).",
+    )
+    secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding the value; the operator maps it into the worker's "
+        "environment (`env`), never into the ConfigMap, the status or an event.",
+    )
+    env: str | None = Field(
+        default=None,
+        pattern=ENV_NAME,
+        description="Environment variable holding the value (default "
+        "TETHER_MCP_<TOOL>_<HEADER>): filled from secretRef on Kubernetes; `tether run` and "
+        "`tether worker` read it from their environment.",
+    )
+
+    def variable(self, tool: str) -> str:
+        """The environment variable the worker reads the value from (unless `value` is set)."""
+        return self.env or mcp_header_variable(tool, self.name)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> McpHeader:
+        from_env = self.secret_ref is not None or self.env is not None
+        if (self.value is not None) == from_env:
+            raise ValueError("set `value`, or `secretRef` (with an optional `env`), not both")
+        if self.value is not None and CREDENTIAL_HEADER.search(self.name):
+            raise ValueError(
+                f"{self.name} carries a credential, and `value` is stored in plain text in the "
+                "DurableAgent and its ConfigMap: put it in a Secret and name it in `secretRef`"
+            )
+        return self
+
+
+class McpToolOverride(_Model):
+    """Settings of one tool of an MCP server that win over the server's annotations and the
+    entry's settings."""
+
+    replay: Literal["safe", "unsafe"] | None = Field(
+        default=None, description="safe: may run again after a crash; unsafe: reported."
+    )
+    require_approval: bool | None = Field(
+        default=None, description="Park each call of this tool until a person decides."
+    )
+    description: str | None = Field(default=None, description="Override the description.")
+
+
+class McpSpec(_Model):
+    """The tools of an MCP server: over streamable HTTP (or SSE) at `url`, or a stdio server
+    started with `command` (for `tether run` and images that contain the server). The list is
+    fetched in a journaled step at the start of each run, so a replay sees the tools the run
+    started with. A tool the server marks readOnlyHint or idempotentHint runs again after a
+    crash; any other is reported as interrupted (override with `replay`)."""
+
+    url: str | None = Field(
+        default=None,
+        pattern=NOTIFY_URL,
+        max_length=MAX_URL_LENGTH,
+        description="The server's endpoint, e.g. http://github-mcp.tools:8080/mcp. Credentials "
+        "go in `headers` from a Secret: a URL with user information or a query is refused.",
+    )
+    transport: Literal["streamable-http", "sse"] = Field(
+        default="streamable-http",
+        description="streamable-http, or sse for a server that has only the older transport.",
+    )
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="argv of a stdio server. It starts with `env` and a safe minimum of the "
+        "worker's environment (PATH, HOME), never the worker's secrets.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Environment of a stdio server (plain values)."
+    )
+    headers: list[McpHeader] = Field(
+        default_factory=list, max_length=32, description="HTTP headers of every request."
+    )
+    include: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="Tool names to take (shell-style patterns such as get_*); default: all.",
+    )
+    exclude: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Tool names (patterns) to leave out."
+    )
+    prefix: str = Field(
+        default="",
+        pattern=r"^[A-Za-z0-9_-]{0,32}$",
+        description="Put before each tool's name (two servers with a tool of the same name).",
+    )
+    tools: dict[str, McpToolOverride] = Field(
+        default_factory=dict,
+        description="Per tool, by the server's name for it: replay, requireApproval, description.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _no_token(cls, value: str | None) -> str | None:
+        if value is not None and (re.search(URL_USERINFO, value) or re.search(URL_QUERY, value)):
+            raise ValueError(
+                "this URL carries user information or a query, stored in plain text in the "
+                "DurableAgent and its ConfigMap: send credentials as `headers` from a Secret"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_server(self) -> McpSpec:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("set `url` (streamable HTTP or SSE) or `command` (stdio), not both")
+        if self.command is not None and self.headers:
+            raise ValueError("`headers` are for a server at a `url`; a stdio server takes `env`")
+        if self.url is not None and self.env:
+            raise ValueError("`env` is for a stdio server (`command`); a `url` takes `headers`")
+        names = [h.name.lower() for h in self.headers]
+        if repeated := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"headers repeated: {', '.join(repeated)}")
+        return self
+
+
 class ToolSpecEntry(_Model):
-    """One tool: a built-in, or a Python function by import path."""
+    """One tool: a built-in, a Python function by import path, or an MCP server's tools."""
 
     name: str = Field(pattern=TOOL_NAME, description="Name the model calls the tool by.")
     builtin: BuiltinTool | None = Field(
@@ -173,6 +321,11 @@ class ToolSpecEntry(_Model):
         pattern=IMPORT_PATH,
         description="Import path of a ToolDef or @tool function: 'package.module:attribute'.",
     )
+    mcp: McpSpec | None = Field(
+        default=None,
+        description="The tools of an MCP server; `name` names the server (metrics, errors). "
+        "replay, requireApproval and timeout apply to each of its tools.",
+    )
     description: str | None = Field(default=None, description="Override the description.")
     config: dict[str, Any] = Field(default_factory=dict, description="Built-in tool settings.")
     replay: Literal["safe", "unsafe"] | None = Field(
@@ -182,12 +335,21 @@ class ToolSpecEntry(_Model):
     require_approval: bool = Field(
         default=False, description="Park each call until a person approves or denies it."
     )
-    timeout: Duration | None = Field(default=None, description="Time before the call fails.")
+    timeout: Duration | None = Field(
+        default=None,
+        description="Time before the call fails (an MCP server's: each call, and connecting "
+        "and listing; default 60s).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ToolSpecEntry:
-        if (self.builtin is None) == (self.python is None):
-            raise ValueError("set exactly one of `builtin` or `python`")
+        if [self.builtin, self.python, self.mcp].count(None) != 2:
+            raise ValueError("set exactly one of `builtin`, `python` or `mcp`")
+        if self.mcp is not None and (self.description is not None or self.config):
+            raise ValueError(
+                "an `mcp` entry's tools keep their server's descriptions and take no `config`; "
+                "override a tool's description in `mcp.tools.<tool>.description`"
+            )
         return self
 
     @field_validator("timeout")
@@ -223,11 +385,9 @@ NOTIFY_URL_ENV = "TETHER_NOTIFY_URL"
 PREVIOUS_SECRET_ENV = "TETHER_WEBHOOK_SECRET_PREVIOUS"
 """During a rotation of the webhook secret, the key being replaced: accepted, never signing."""
 """Where the worker reads the notify URL from by default (the operator maps the Secret there)."""
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-MAX_URL_LENGTH = 2048
-NOTIFY_URL = r"^https?://"
-URL_USERINFO = r"^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@"
-URL_QUERY = r"[?#]"
+SLACK_SIGNING_SECRET_ENV = "TETHER_SLACK_SIGNING_SECRET"
+"""Where the sidecar reads the Slack app's signing secret (the operator maps the Secret of
+`approvals.notify.slackSigningSecretRef` there, into the sidecar only)."""
 TOKEN_WEBHOOK = (
     r"^https?://(hooks\.slack\.com|([a-z0-9-]+\.)?discord(app)?\.com/api/webhooks"
     r"|[a-z0-9-]+\.webhook\.office\.com|outlook\.office(365)?\.com/webhook)([/:?#]|$)"
@@ -249,10 +409,14 @@ def url_token_problem(url: str) -> str | None:
     return None
 
 
+NotifyFormat = Literal["json", "slack"]
+
+
 class ApprovalNotify(_Model):
     """Where to announce a call that waits for approval: a signed POST per parked call, with
-    approve and deny links. A URL with a token in it (a Slack incoming webhook carries one in
-    its path) is a credential: keep it in a Secret and reference it with `urlSecretRef`."""
+    approve and deny links (`format: json`), or a Slack message with Approve and Deny buttons
+    (`format: slack`). A URL with a token in it (a Slack incoming webhook carries one in its
+    path) is a credential: keep it in a Secret and reference it with `urlSecretRef`."""
 
     url_secret_ref: SecretKeyRef | None = Field(
         default=None,
@@ -289,12 +453,41 @@ class ApprovalNotify(_Model):
         "recorded as the approver of a decision made with it.",
     )
 
+    # None is json: a default that is not None would enter every rendered spec, and so change
+    # the version hash of every agent with a notify block (a rollout on upgrade).
+    format: NotifyFormat | None = Field(
+        default=None,
+        description="json (the default): a signed JSON POST with approve/deny links (any "
+        "receiver); slack: the URL is a Slack incoming webhook, and each parked approval is a "
+        "Block Kit message with Approve and Deny buttons, whose clicks Slack sends to the "
+        "sidecar's /v1/slack/interactions (the Slack app's interactivity request URL), signed "
+        "with the app's signing secret (slackSigningSecretRef).",
+    )
+    slack_signing_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="format slack: Secret holding the Slack app's signing secret, which "
+        f"authenticates the button clicks; the operator maps it into the sidecar's "
+        f"{SLACK_SIGNING_SECRET_ENV}. Without it the sidecar refuses every click.",
+    )
+
     @field_validator("url")
     @classmethod
     def _no_token(cls, value: str | None) -> str | None:
         if value is not None and (problem := url_token_problem(value)):
             raise ValueError(f"this URL {problem}")  # the URL itself is not repeated
         return value
+
+    @model_validator(mode="after")
+    def _slack_fields(self) -> ApprovalNotify:
+        if self.format != "slack" and self.slack_signing_secret_ref is not None:
+            raise ValueError("`slackSigningSecretRef` is for `format: slack`")
+        if self.format == "slack" and self.recipients:
+            raise ValueError(
+                "`recipients` is for `format: json` (a pair of links per person): with "
+                "`format: slack`, whoever can press the message's buttons decides, and is "
+                "recorded as the approver; choose the channel accordingly"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_source(self) -> ApprovalNotify:
@@ -322,8 +515,8 @@ class Approvals(_Model):
     )
     notify: ApprovalNotify | None = Field(
         default=None,
-        description="Announce parked calls: a signed POST to a URL kept in a Secret "
-        "(urlSecretRef).",
+        description="Announce parked calls: a signed POST (or, with format slack, a Slack "
+        "message with Approve and Deny buttons) to a URL kept in a Secret (urlSecretRef).",
     )
 
 
@@ -332,14 +525,6 @@ class Subagents(_Model):
 
     max_depth: int = Field(default=2, ge=0, le=8, description="How deep sub-agents may nest.")
     max_concurrent: int = Field(default=3, gt=0, description="Children running at once per call.")
-
-
-class EnvVar(_Model):
-    """An environment variable of the worker container (plain values only; secrets come from
-    the referenced Secrets)."""
-
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
-    value: str = Field(default="", description="Value.")
 
 
 class Resources(_Model):
@@ -403,6 +588,17 @@ class DurableAgentSpec(_Model):
     drain: DrainSpec = Field(
         default_factory=DrainSpec, description="How an old version is retired after a change."
     )
+
+    def mcp_header_secrets(self) -> list[tuple[str, SecretKeyRef, str]]:
+        """The Secrets of MCP headers: the field naming each, its reference, and the variable
+        the worker reads it from."""
+        found = []
+        for index, entry in enumerate(self.tools):
+            for number, header in enumerate(entry.mcp.headers if entry.mcp else []):
+                if header.secret_ref is not None:
+                    where = f"spec.tools[{index}].mcp.headers[{number}].secretRef"
+                    found.append((where, header.secret_ref, header.variable(entry.name)))
+        return found
 
     @model_validator(mode="after")
     def _unique_tool_names(self) -> DurableAgentSpec:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -18,7 +18,14 @@ from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.builtin import BUILTINS, Workspace
 from ..tools.decorator import build_tool
 from ..tools.human import Wait, approval_gate, ask_human_tool
+from ..tools.toolset import Toolset
 from . import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
+
+if TYPE_CHECKING:
+    from ..tools.mcp import CallObserver
+
+MCP_TIMEOUT = 60.0
+"""Seconds for an MCP call (and for connecting and listing) when the entry sets no timeout."""
 
 DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
@@ -155,16 +162,32 @@ def parking_with(wait: Wait, on_timeout: Literal["deny", "approve"]) -> ParkingT
     return parking
 
 
+def _waits_for_people(entry: ToolSpecEntry) -> bool:
+    overrides = entry.mcp.tools.values() if entry.mcp else ()
+    return (
+        entry.require_approval
+        or entry.builtin == "ask_human"
+        or any(o.require_approval for o in overrides)
+    )
+
+
 def tools_from_spec(
-    spec: DurableAgentSpec, workspace: str | Path, parking: ParkingTool | None = None
-) -> list[ToolDef]:
+    spec: DurableAgentSpec,
+    workspace: str | Path,
+    parking: ParkingTool | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    observe: CallObserver | None = None,
+) -> list[ToolDef | Toolset]:
     """The spec's tools; built-in file tools are confined to `workspace`. Entries that wait for
     a person (`requireApproval`, `ask_human`) are built by `parking`, which knows how the
-    runtime waits (`tether worker`: Restate awakeables; `tether run`: the embedded answers)."""
+    runtime waits (`tether worker`: Restate awakeables; `tether run`: the embedded answers).
+    An `mcp` entry is a toolset, listed when each run starts; its headers from Secrets are read
+    from `env`, and `observe` is told of its calls."""
     root = Workspace(workspace)
-    tools = []
+    tools: list[ToolDef | Toolset] = []
     for entry in spec.tools:
-        if (entry.require_approval or entry.builtin == "ask_human") and parking is None:
+        if _waits_for_people(entry) and parking is None:
             raise SpecError(
                 f"tools[{entry.name}]: approvals and ask_human wait for a person; build the "
                 "tools with a `parking` function for the runtime"
@@ -172,6 +195,9 @@ def tools_from_spec(
         if entry.builtin == "ask_human":
             assert parking is not None
             tools.append(parking(entry, None))
+            continue
+        if entry.mcp is not None:
+            tools.append(mcp_toolset(entry, env or {}, parking, observe))
             continue
         if entry.builtin is not None:
             try:
@@ -196,3 +222,53 @@ def tools_from_spec(
             tool = parking(entry, tool)
         tools.append(tool)
     return tools
+
+
+def mcp_toolset(
+    entry: ToolSpecEntry,
+    env: Mapping[str, str],
+    parking: ParkingTool | None,
+    observe: CallObserver | None,
+) -> Toolset:
+    """The toolset of an `mcp` entry, its header credentials read from `env`."""
+    from ..tools.mcp import MCPServer, MCPToolset, ToolOverride
+
+    mcp = entry.mcp
+    assert mcp is not None
+    headers = {}
+    for header in mcp.headers:
+        value = header.value
+        if value is None:
+            variable = header.variable(entry.name)
+            value = env.get(variable, "")
+            if not value:
+                raise SpecError(
+                    f"{variable} is not set: tools[{entry.name}].mcp.headers {header.name!r} "
+                    "takes its value from it (on Kubernetes the operator maps it in from the "
+                    "header's secretRef)"
+                )
+        headers[header.name] = value
+    server = MCPServer(
+        name=entry.name,
+        url=mcp.url,
+        transport=mcp.transport,
+        command=tuple(mcp.command or ()),
+        env={variable.name: variable.value for variable in mcp.env},
+        headers=headers,
+        include=tuple(mcp.include),
+        exclude=tuple(mcp.exclude),
+        prefix=mcp.prefix,
+        timeout=parse_duration(entry.timeout) if entry.timeout else MCP_TIMEOUT,
+        replay=entry.replay,
+        require_approval=entry.require_approval,
+        tools={
+            name: ToolOverride(o.replay, o.require_approval, o.description)
+            for name, o in mcp.tools.items()
+        },
+    )
+
+    def approval(tool: ToolDef) -> ToolDef:
+        assert parking is not None
+        return parking(entry, tool)
+
+    return MCPToolset(server, approval=approval if parking else None, observe=observe)

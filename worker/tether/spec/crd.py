@@ -17,6 +17,7 @@ import yaml
 
 from . import (
     API_VERSION,
+    CREDENTIAL_HEADER,
     KIND,
     TOKEN_WEBHOOK,
     URL_QUERY,
@@ -183,8 +184,53 @@ def _spec_schema() -> Schema:
     _add_rules(
         tool,
         _rule(
-            "has(self.builtin) != has(self.python)",
-            "spec.tools[]: set exactly one of builtin or python",
+            "(has(self.builtin) ? 1 : 0) + (has(self.python) ? 1 : 0) + (has(self.mcp) ? 1 : 0) "
+            "== 1",
+            "spec.tools[]: set exactly one of builtin, python or mcp",
+        ),
+        _rule(
+            "!has(self.mcp) || !has(self.description)",
+            "spec.tools[]: an mcp entry's tools keep their server's descriptions; override one "
+            "in mcp.tools.<tool>.description",
+        ),
+    )
+    mcp = tool["properties"]["mcp"]
+    _add_rules(
+        mcp,
+        _rule(
+            "has(self.url) != has(self.command)",
+            "spec.tools[].mcp: set url (streamable HTTP or SSE) or command (stdio), not both",
+        ),
+        _rule(
+            "!has(self.command) || !has(self.headers) || size(self.headers) == 0",
+            "spec.tools[].mcp.headers are for a server at a url; a stdio server takes env",
+        ),
+    )
+    credential_free = " && ".join(
+        f"!self.matches({_cel_string(pattern)})" for pattern in (URL_USERINFO, URL_QUERY)
+    )
+    _add_rules(
+        mcp["properties"]["url"],
+        _rule(
+            credential_free,
+            "spec.tools[].mcp.url carries user information or a query, stored in plain text: "
+            "send credentials as headers from a Secret",
+        ),
+    )
+    header = mcp["properties"]["headers"]["items"]
+    header["properties"]["name"]["maxLength"] = 128
+    _add_rules(
+        header,
+        _rule(
+            "has(self.value) != (has(self.secretRef) || has(self.env))",
+            "spec.tools[].mcp.headers[]: set value, or secretRef (with an optional env)",
+        ),
+        _rule(
+            "!has(self.value) || !self.name.matches("
+            + _cel_string(f"(?i){CREDENTIAL_HEADER.pattern}")
+            + ")",
+            "spec.tools[].mcp.headers[]: this header carries a credential; put it in a Secret "
+            "and name it in secretRef",
         ),
     )
     _add_rules(
@@ -202,6 +248,18 @@ def _spec_schema() -> Schema:
             "has(self.url) ? !has(self.urlSecretRef) && !has(self.urlEnv) : has(self.urlSecretRef)",
             "spec.approvals.notify: set urlSecretRef (a Secret holding the URL; optionally "
             "urlEnv), or url alone for a URL without a token",
+        ),
+        _rule(
+            "!has(self.slackSigningSecretRef) || (has(self.format) && self.format == 'slack')",
+            "spec.approvals.notify.slackSigningSecretRef is for format slack",
+            ".slackSigningSecretRef",
+        ),
+        _rule(
+            "!has(self.format) || self.format != 'slack' || !has(self.recipients) "
+            "|| size(self.recipients) == 0",
+            "spec.approvals.notify.recipients is for format json: with format slack, whoever "
+            "can press the message's buttons decides",
+            ".recipients",
         ),
     )
     # Refused at admission, so a URL with a token is never stored in the object.

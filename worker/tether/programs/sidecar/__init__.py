@@ -1,5 +1,6 @@
-"""The sidecar of a worker pod (FastAPI on :8000): awakeable webhooks and signed approval links,
-the parked-call list, Prometheus `/metrics` and health checks.
+"""The sidecar of a worker pod (FastAPI on :8000): awakeable webhooks (Tether's signature or
+Standard Webhooks) and signed approval links, Slack's button clicks, the parked-call list,
+Prometheus `/metrics` and health checks.
 
 `tether sidecar` calls `serve(settings_from_env())`; tests use `create_app(settings)`.
 """

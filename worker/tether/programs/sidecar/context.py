@@ -12,6 +12,7 @@ spare Restate a call, never decide alone.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,15 @@ from .settings import SidecarSettings
 log = logging.getLogger("tether.programs.sidecar")
 T = TypeVar("T")
 ANSWER_KEY_PREFIX = "tether-answer:"
+
+
+DELIVERY_KEY_PREFIX = "tether-delivery-"
+
+
+def delivery_key(delivery: str) -> str:
+    """The idempotency key that claims a delivery id (a Standard Webhooks `webhook-id`) at the
+    agent's index: a hash, so no sender's id reaches Restate as it is."""
+    return DELIVERY_KEY_PREFIX + hashlib.sha256(delivery.encode()).hexdigest()[:32]
 
 
 def answer_key(awakeable_id: str) -> str:
@@ -55,6 +65,7 @@ class Sidecar:
         answer: dict[str, Any],
         *,
         approver: str | None = None,
+        delivery: str | None = None,
     ) -> None:
         """Answer a parked call once: `answer` is `{"value": ...}` (resolve) or `{"reject":
         "<reason>"}`. Ledger claim (this process); a call the agent's index does not hold is
@@ -62,7 +73,11 @@ class Sidecar:
         answer then, and it acts if the call is parked when the worker is back. Then the
         idempotent, proven send to the index's `answer` handler; 409 if any answer reached
         Restate before, through any replica. If the send fails the call stays answerable. The
-        log line names the approver, if known (an audit trail next to the value Restate keeps)."""
+        log line names the approver, if known (an audit trail next to the value Restate keeps).
+
+        With `delivery` (the `webhook-id` of a Standard Webhooks request, whose signature does
+        not cover the path), the id is claimed in Restate just before the send
+        (`claim_delivery`): a delivery acts once through every replica, on one call only."""
         self.ledger.claim(awakeable_id)
         try:
             try:
@@ -71,6 +86,8 @@ class Sidecar:
                 if error.status != 503:
                     raise
                 log.warning("the parked calls cannot be read; answering %s anyway", awakeable_id)
+            if delivery is not None:
+                await self.claim_delivery(delivery)
             proof = answer_proof(self.settings.secret, awakeable_id, answer)
             payload = orjson.dumps({"awakeable_id": awakeable_id, **answer, "proof": proof})
             sent = await self.restate.send_answer(
@@ -88,6 +105,14 @@ class Sidecar:
             log.info("awakeable %s %s", awakeable_id, how)
         else:
             log.info("awakeable %s %s (approver %r)", awakeable_id, how, approver)
+
+    async def claim_delivery(self, delivery: str) -> None:
+        """Take a delivery id once through every replica and restart: a send to the index's
+        `claim` under `delivery_key(delivery)`; 409 `replayed` if any replica took it before.
+        Once taken it stays taken (a day), whatever became of the answer."""
+        sent = await self.restate.send_claim(self.settings.agent, delivery_key(delivery))
+        if sent.get("status") != ACCEPTED:
+            raise Rejection(409, "replayed", "this webhook-id was already received")
 
     async def once(self, signature: str, timestamp: int, act: Callable[[], Awaitable[T]]) -> T:
         """`act()` for a signed request, unless this process saw its signature (409: the replay

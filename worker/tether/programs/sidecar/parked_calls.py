@@ -80,6 +80,15 @@ class ParkedCalls:
             )
         return record
 
+    async def matching(self, match: Callable[[ParkedCall], bool]) -> list[ParkedCall]:
+        """The records `match` accepts (a call found by its name, not its id), re-reading once
+        if a cached read has none."""
+        found = [record for record in (await self.all()).values() if match(record)]
+        if not found:
+            fresh = await self._read(self._min_refresh_interval, stale_ok=False)
+            found = [record for record in fresh.values() if match(record)]
+        return found
+
     def forget(self, awakeable_id: str) -> None:
         """Drop a record that was just resolved (the worker removes it from state soon)."""
         if self._records is not None:

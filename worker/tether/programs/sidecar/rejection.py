@@ -33,6 +33,7 @@ Outcome = Literal[
     "already_resolved",
     "restate_unavailable",
     "restate_error",
+    "not_configured",
 ]
 
 

@@ -1,7 +1,8 @@
 """The sidecar's calls to Restate, all through the ingress (the sidecar has no access to the
 admin API, which reads and kills every agent's runs): idempotent sends to the agent's handlers
-(a run, a message, an answer to a parked call), an invocation's output, the signed read of the
-agent's parked calls, and the ingress health check. Failures become `Rejection`s (502/503).
+(a run, a message, an answer to a parked call, the claim of a delivery id), an invocation's
+output, the signed read of the agent's parked calls, and the ingress health check. Failures
+become `Rejection`s (502/503).
 
 Every call that acts is a send with an `Idempotency-Key`, so Restate, not this process, decides
 whether it acts: a key it has seen (within the handler's idempotency retention) starts nothing
@@ -119,6 +120,13 @@ class RestateClient:
         `tether.programs.worker.parked_index`), once per `idempotency_key`."""
         target = f"{restate_services(agent).parked}/{INDEX_KEY}/answer"
         return await self._send(target, answer_json, idempotency_key, "answer")
+
+    async def send_claim(self, agent: str, idempotency_key: str) -> dict[str, Any]:
+        """Claim a delivery id at the agent's index (`{agent}-parked/all/claim`): Restate
+        answers `Accepted` to the first send of `idempotency_key` only."""
+        target = f"{restate_services(agent).parked}/{INDEX_KEY}/claim"
+        body = json.dumps(idempotency_key).encode()
+        return await self._send(target, body, idempotency_key, "claim of a delivery id")
 
     async def output(self, invocation_id: str) -> Any:
         """The output of an invocation, once it has one (`GET .../restate/invocation/{id}/attach`);

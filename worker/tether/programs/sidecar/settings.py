@@ -8,6 +8,10 @@
 | `PROMETHEUS_MULTIPROC_DIR` | the directory the worker writes its metrics to (optional) |
 | `TETHER_SIDECAR_MAX_BODY_BYTES` | largest webhook body accepted (default 65536) |
 | `TETHER_SIDECAR_PARKED_CACHE_SECONDS` | seconds a read of the parked calls is reused (2) |
+| `TETHER_SLACK_SIGNING_SECRET` | the Slack app's signing secret, from a Secret (optional) |
+| `TETHER_SLACK_RESPONSE_URL_PREFIX` | where replies to clicks go (`https://hooks.slack.com/`) |
+
+Without `TETHER_SLACK_SIGNING_SECRET`, `/v1/slack/interactions` refuses every click.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from ...errors import ConfigError
-from ...spec import PREVIOUS_SECRET_ENV
+from ...spec import PREVIOUS_SECRET_ENV, SLACK_SIGNING_SECRET_ENV
 
 MIN_SECRET_LENGTH = 16
 
@@ -32,6 +36,8 @@ ENV_NAMES: dict[str, str] = {
     "prometheus_multiproc_dir": "PROMETHEUS_MULTIPROC_DIR",
     "max_body_bytes": "TETHER_SIDECAR_MAX_BODY_BYTES",
     "parked_cache_seconds": "TETHER_SIDECAR_PARKED_CACHE_SECONDS",
+    "slack_signing_secret": SLACK_SIGNING_SECRET_ENV,
+    "slack_response_url_prefix": "TETHER_SLACK_RESPONSE_URL_PREFIX",
 }
 
 
@@ -52,6 +58,12 @@ class SidecarSettings(BaseModel):
     prometheus_multiproc_dir: Path | None = None
     max_body_bytes: int = Field(default=65536, ge=1, le=16 * 1024 * 1024)
     parked_cache_seconds: float = Field(default=2.0, ge=0, le=300)
+    slack_signing_secret: SecretStr | None = Field(default=None, min_length=MIN_SECRET_LENGTH)
+    """`approvals.notify.format: slack`: authenticates the clicks Slack sends."""
+    slack_response_url_prefix: str = "https://hooks.slack.com/"
+    """The only place the sidecar posts a click's answer to (a `response_url` comes from a
+    request signed by Slack; this keeps a leaked signing secret from aiming the sidecar at
+    Restate's ingress or anything else it reaches)."""
 
     @field_validator("restate_ingress_url")
     @classmethod
@@ -59,6 +71,13 @@ class SidecarSettings(BaseModel):
         if not value.startswith(("http://", "https://")) or len(value) < 8:
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
+
+    @field_validator("slack_response_url_prefix")
+    @classmethod
+    def _url_prefix(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")) or value.count("/") < 3:
+            raise ValueError("must be an http:// or https:// URL up to a '/' after the host")
+        return value
 
     @field_validator("prometheus_multiproc_dir")
     @classmethod
@@ -77,6 +96,12 @@ class SidecarSettings(BaseModel):
         """The keys a signature is accepted from: the current one, then the previous one."""
         previous = self.previous_webhook_secret
         return (self.secret,) + ((previous.get_secret_value().encode(),) if previous else ())
+
+    @property
+    def slack_secret(self) -> bytes | None:
+        """The Slack app's signing secret, if Slack's clicks are taken."""
+        secret = self.slack_signing_secret
+        return secret.get_secret_value().encode() if secret is not None else None
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> SidecarSettings:
@@ -103,7 +128,7 @@ def _describe(error: ValidationError) -> str:
                 f"{name} must be the agent's Restate service name (letters, digits, '_', '.', "
                 "'-'; starting with a letter or '_')"
             )
-        elif field in ("webhook_secret", "previous_webhook_secret"):
+        elif field in ("webhook_secret", "previous_webhook_secret", "slack_signing_secret"):
             problems.append(f"{name} must be at least {MIN_SECRET_LENGTH} characters long")
         else:
             problems.append(f"{name}: {item['msg'].removeprefix('Value error, ')}")

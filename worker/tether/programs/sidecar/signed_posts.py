@@ -3,6 +3,10 @@
     POST /v1/awakeables/{id}/resolve    the JSON body is the awakeable's value
     POST /v1/awakeables/{id}/reject     {"reason": "..."}; the waiting call fails with it
 
+Each is signed with Tether's `X-Tether-Signature` (`tether.programs.webhooks`), or with the
+Standard Webhooks scheme (`standard_webhooks`), whose `webhook-id` is claimed in Restate with the
+answer, so it acts once through every replica.
+
 A resolution that names its `approver` (a JSON object with `"approver": "<1-256 printable
 characters>"`) gets `decided_at` (epoch ms, when the sidecar accepted it) unless it has one, so
 the value Restate keeps says who decided and when; any other value is passed on as it is.
@@ -31,6 +35,7 @@ from .awakeable_id import checked_awakeable_id, loggable_id
 from .body import read_signed_json
 from .context import Sidecar
 from .rejection import Rejection, count, refused
+from .standard_webhooks import read_standard_webhook, signed_with_standard_webhooks
 
 PREFIX = "/v1/awakeables/"
 ROUTE = PREFIX + "{awakeable_id:path}/"  # how refusals are logged (never the raw path)
@@ -74,9 +79,17 @@ class SignedPosts:
     ) -> None:
         sidecar = self.sidecar
         settings = sidecar.settings
-        _, value, signature, timestamp = await read_signed_json(
-            receive, Headers(scope=scope), path, settings.secrets, settings.max_body_bytes
-        )
+        headers = Headers(scope=scope)
+        delivery: str | None = None
+        if signed_with_standard_webhooks(headers):
+            value, delivery, timestamp = await read_standard_webhook(
+                receive, headers, settings.secrets, settings.max_body_bytes
+            )
+            signature = f"webhook-id:{delivery}"  # what the replay guard knows it by
+        else:
+            _, value, signature, timestamp = await read_signed_json(
+                receive, headers, path, settings.secrets, settings.max_body_bytes
+            )
         approver = None
         if verb == "resolve":
             approver = _approver(value)
@@ -92,7 +105,9 @@ class SignedPosts:
             answer_of = {"reject": reason}
 
         async def answer() -> None:
-            await sidecar.answer(awakeable_id, f"{verb}d by webhook", answer_of, approver=approver)
+            await sidecar.answer(
+                awakeable_id, f"{verb}d by webhook", answer_of, approver=approver, delivery=delivery
+            )
 
         await sidecar.once(signature, timestamp, answer)
         count("resolved" if verb == "resolve" else "rejected")

@@ -13,6 +13,11 @@ which no tool can read, though the tools reach the ingress from the sidecar's ow
   (`tether.programs.webhooks.answer_proof`). The sidecar sends it with the call's idempotency key
   (`tether-answer:<awakeable id>`), so the first answer through any replica is the only one that
   acts. Restate takes the send even while the worker is down; the answer acts when it is back.
+- `claim` takes a delivery id (a Standard Webhooks `webhook-id`) before its answer is sent. The
+  sidecar sends it under an idempotency key made from the id, so Restate's record of that key
+  is the claim, through every replica and restart, and the handler has nothing to do. (A proof
+  would change nothing: Restate records the key of a send before the handler runs, and a tool
+  that burns a delivery id it somehow knew only makes its sender retry with a new one.)
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ ANSWER_IDEMPOTENCY_RETENTION = timedelta(days=7)
 """How long Restate keeps the key of an answer after it ran: once the run took the answer the
 call is no longer indexed and any other answer to it is refused anyway, so this only has to
 outlast a worker outage between the answer and the run taking it."""
+DELIVERY_IDEMPOTENCY_RETENTION = timedelta(days=1)
+"""How long a claimed delivery id is kept: far longer than the 10 minutes a signature is
+accepted (`tether.programs.webhooks.TOLERANCE_SECONDS` either side of its timestamp)."""
 
 
 def _refused(error: SignatureError) -> TerminalError:
@@ -96,6 +104,10 @@ class ParkedIndex:
             else:
                 ctx.resolve_awakeable(awakeable_id, given.get("value"))
             return {"answered": True}
+
+        @self.object.handler(kind="shared", idempotency_retention=DELIVERY_IDEMPOTENCY_RETENTION)
+        async def claim(ctx: restate.ObjectSharedContext, delivery: Any) -> None:
+            """A delivery id taken by a sidecar: the send's idempotency key is the record."""
 
         self._add, self._remove = add, remove
 

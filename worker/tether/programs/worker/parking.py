@@ -3,10 +3,12 @@
 The park is recorded in the object's state (`tether:parked`, read by the sidecar and the
 `pending` handler), announced once through a journaled notification step, and raced against a
 durable timer when it has a deadline. The invocation suspends while it waits: no worker holds it.
-Its end (answer, timeout or rejection) is a journaled step, so the attempt that gets the answer
-is known to be live; for an answer it keeps who decided, how and when, as the resolution says
-(`approved`, `by`, `approver`, `decided_at`: the sidecar adds them), the run's record of the
-decision next to the value Restate keeps for the awakeable.
+The announcement is the signed JSON of the record with approve/deny links
+(`approvals.notify.format: json`), or a Slack message with Approve and Deny buttons (`slack`,
+`tether.programs.slack`). Its end (answer, timeout or rejection) is a journaled step, so the
+attempt that gets the answer is known to be live; for an answer it keeps who decided, how and
+when, as the resolution says (`approved`, `by`, `approver`, `decided_at`: the sidecar adds them),
+the run's record of the decision next to the value Restate keeps for the awakeable.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from ...restate.awakeable import race_with_timeout
 from ...restate.errors import is_restate_cancellation
 from ...restate.runtime import default_run_options
 from ...restate.types import AwakeableOutcome, AwakeableWithTimeoutOptions
+from ...spec import NotifyFormat
 from ...tools.base import ToolContext
 from ...tools.human import Answer, Wait, decision_of
 from ..redact import redact
+from ..slack.messages import approval_message
 from ..webhooks import LinkAction, sign_request, signed_link
 from .parked_index import ParkedIndex
 
@@ -48,6 +52,8 @@ class ParkSettings:
     """`approvals.notify.recipients`: each gets links of their own."""
     index: ParkedIndex | None = None
     """The agent's index of parked calls (what its sidecars read), kept in step with the map."""
+    notify_format: NotifyFormat = "json"
+    """`approvals.notify.format`: the signed JSON of the record, or a Slack message."""
 
 
 def host_of(url: str) -> str:
@@ -58,8 +64,8 @@ def host_of(url: str) -> str:
     return f"{host}:{parts.port}" if parts.port else host
 
 
-async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
-    """POST the parked call to `notify_url`, signed; never fails the run."""
+def _signed_json(settings: ParkSettings, record: ParkedCall) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of `format: json`: the record with its links, signed."""
     payload: dict[str, Any] = dict(record)
     expires = int(record.get("expires_at", record["created_at"] + 86_400_000) / 1000)
     if settings.webhook_secret and settings.webhook_base_url:
@@ -83,6 +89,27 @@ async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
     if settings.webhook_secret:
         path = urlsplit(settings.notify_url or "").path or "/"
         headers.update(sign_request(settings.webhook_secret, body, path=path))
+    return body, headers
+
+
+def _slack_message(
+    settings: ParkSettings, record: ParkedCall, arguments: dict[str, Any]
+) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of `format: slack`: a Block Kit message for the incoming webhook
+    (which takes no signature: its URL is its credential). Slack keeps no idempotency key: a
+    crash mid-step posts the message twice, and either's buttons answer the call once."""
+    message = approval_message(record, arguments, settings.webhook_secret)
+    return json.dumps(message).encode(), {"content-type": "application/json"}
+
+
+async def _notify(
+    settings: ParkSettings, record: ParkedCall, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    """POST the parked call to `notify_url` in its format; never fails the run."""
+    if settings.notify_format == "slack":
+        body, headers = _slack_message(settings, record, arguments)
+    else:
+        body, headers = _signed_json(settings, record)
     assert settings.notify_url is not None
     try:
         async with httpx2.AsyncClient(timeout=10) as client:
@@ -96,10 +123,13 @@ async def _notify(settings: ParkSettings, record: ParkedCall) -> dict[str, Any]:
         )
         return {"delivered": False, "error": type(error).__name__}
     if not response.is_success:
+        # Slack says why in a word (`invalid_blocks`, `no_service`); redacted all the same.
+        why = redact(response.text[:100]) if settings.notify_format == "slack" else ""
         log.warning(
-            "approval notification to %s answered HTTP %d",
+            "approval notification to %s answered HTTP %d%s",
             host_of(settings.notify_url),
             response.status_code,
+            f" ({why})" if why else "",
         )
     return {"delivered": response.is_success, "status": response.status_code}
 
@@ -136,7 +166,7 @@ async def park(
     if settings.notify_url:
 
         async def notify() -> dict[str, Any]:
-            return await _notify(settings, record)
+            return await _notify(settings, record, arguments)
 
         await ctx.run_typed(f"notify:{tool_ctx.call_id}", notify, default_run_options())
     timeout_ms = settings.timeout_seconds * 1000 if settings.timeout_seconds else None

@@ -51,7 +51,8 @@ from ...spec.assemble import (
     tools_from_spec,
 )
 from ...tools.base import ToolContext, ToolDef
-from ..metrics import agent_hooks
+from ...tools.toolset import Toolset
+from ..metrics import agent_hooks, mcp_observer
 from .inbox import RestateInbox, inbox_object
 from .parked_index import ParkedIndex
 from .parking import ParkSettings, restate_wait
@@ -150,8 +151,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         webhook_base_url=settings.webhook_base_url,
         recipients=tuple((approvals.notify.recipients or []) if approvals.notify else []),
         index=index,
+        notify_format=(approvals.notify.format if approvals.notify else None) or "json",
     )
     inbox, take_messages = inbox_object(manifest.metadata.name)
+    observe_mcp = mcp_observer(manifest.metadata.name)
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -160,9 +163,11 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
     )
 
-    def tools_for(ctx: restate.ObjectContext) -> list[ToolDef]:
+    def tools_for(ctx: restate.ObjectContext) -> list[ToolDef | Toolset]:
         parking = parking_with(restate_wait(ctx, park_settings), approvals.on_timeout)
-        return tools_from_spec(spec, settings.workspace, parking)
+        return tools_from_spec(
+            spec, settings.workspace, parking, env=settings.env, observe=observe_mcp
+        )
 
     def hooks_for(durable: DurableRuntime) -> dict[str, HookFn]:
         """The metrics hooks of a run (the session's agent or a child) on `durable`."""

@@ -43,11 +43,15 @@ class WorkerSettings:
 
     @property
     def secret_variables(self) -> list[str]:
-        """Variables the spec names that hold secrets: `apiKeyEnv`, the notify URL's."""
+        """Variables the spec names that hold secrets: `apiKeyEnv`, the notify URL's, MCP
+        headers'."""
         spec = self.manifest.spec
         names = [spec.model.api_key_env]
         if spec.approvals.notify is not None and spec.approvals.notify.url is None:
             names.append(spec.approvals.notify.url_variable)
+        for entry in spec.tools:  # MCP headers from Secrets
+            headers = entry.mcp.headers if entry.mcp else []
+            names.extend(h.variable(entry.name) for h in headers if h.value is None)
         return [name for name in names if name]
 
 
