@@ -13,7 +13,7 @@ WORKDIR /src
 COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
     extras = p['optional-dependencies']; \
-    names = ['anthropic', 'openai', 'restate', 'sidecar', 'operator', 'mcp']; \
+    names = ['anthropic', 'openai', 'restate', 'sidecar', 'operator', 'mcp', 'otel']; \
     print('\n'.join(p['dependencies'] + [r for name in names for r in extras[name]]))" \
     > requirements.txt \
  && pip install --no-cache-dir --prefix=/deps -r requirements.txt

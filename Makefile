@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin mcp-servers chromium clean
+.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin mcp-servers otelcol chromium clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,13 +46,18 @@ helm-bin:
 mcp-servers:
 	bash scripts/install-mcp-servers.sh >/dev/null
 
+# An OpenTelemetry Collector (OTLP receiver, file exporter) for the trace tests, built with the
+# collector builder from the Go module proxy into ~/.cache/tether/otelcol (two minutes once, then ms).
+otelcol:
+	bash scripts/build-otelcol.sh >/dev/null
+
 # Debian's chromium for the browser test of the approval page (tests/restate), driven by the
 # playwright package, which never downloads a browser of its own. Needs root on Debian/Ubuntu.
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null
 
-unit: $(STAMP) restate-server kube-bins helm-bin mcp-servers chromium
+unit: $(STAMP) restate-server kube-bins helm-bin mcp-servers otelcol chromium
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

@@ -19,6 +19,7 @@ The steps, in order (each checks what a user would look at, and times what a use
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
     through the egress rule the operator adds for it;
+    every panel of the chart's Grafana dashboard has data in Prometheus;
 10. NetworkPolicy: only the operator reaches Restate's admin API; its ingress, the agents and a
     listed namespace;
 11. a spec change rolls out while the operator's pod is killed: it converges, the old version
@@ -42,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from e2e import dashboard
 from e2e.cluster import (
     ROOT,
     Cluster,
@@ -194,6 +196,24 @@ class Platform:
         result = body["data"]["result"]
         return float(result[0]["value"][1]) if result else None
 
+    def series(self, query: str) -> list[dict[str, Any]]:
+        """Every series of an instant query (empty when it has none); a query Prometheus
+        refuses fails the step with Prometheus's reason."""
+        for _ in range(3):
+            status, body = http(
+                "GET", f"{self.prometheus.url}/api/v1/query?query={_quote(query)}", timeout=10
+            )
+            if status != 0:
+                break
+            self.prometheus.restart()
+        else:
+            raise StepFailed(f"Prometheus did not answer {query}")
+        if status != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            reason = body.get("error") if isinstance(body, dict) else body
+            raise StepFailed(f"Prometheus refused {query} (HTTP {status}): {reason}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
     def await_metric(self, query: str, expected: float, timeout: float = 60) -> None:
         wait_for(
             f"Prometheus: {query} == {expected:g} (last: {self.metric(query)})",
@@ -222,6 +242,7 @@ def install_platform(p: Platform) -> None:
         "image.pullPolicy=Never",
         f"restate.networkPolicy.scrapeFromNamespaces[0]={MONITORING_NS}",
         f"restate.networkPolicy.ingressFromNamespaces[0]={CLIENTS_NS}",
+        "monitoring.dashboard.enabled=true",
     ]
     if cluster.restate_image:
         restate_repository, _, restate_tag = cluster.restate_image.rpartition(":")
@@ -544,6 +565,43 @@ def mcp_tools(p: Platform) -> None:
     p.await_metric(f"sum(tether_mcp_calls_total{{{labels}}})", 1)
 
 
+def dashboard_has_data(p: Platform) -> None:
+    """Every query of every panel of the chart's Grafana dashboard (the file the chart renders
+    into its ConfigMap), with the dashboard's variables as `e2e.dashboard.VARIABLES` fills them
+    in (all agents, a 5 m rate interval), returns series from this Prometheus, after the runs
+    above: completed and fanned-out runs, an answered approval, replays, an MCP call (whose
+    panels are left out where the MCP step was). The ConfigMap holds that file, labelled for
+    Grafana's dashboard sidecar."""
+    board = dashboard.load()
+    name = f"{RELEASE}-dashboard"
+    rendered = p.kubectl.json("-n", SYSTEM_NS, "get", "configmap", name)
+    if rendered["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
+        raise StepFailed(f"ConfigMap {name} is not labelled grafana_dashboard: '1'")
+    if json.loads(rendered["data"]["tether.json"]) != board:
+        raise StepFailed(f"ConfigMap {name} does not hold {dashboard.DASHBOARD.name}")
+    queries = dashboard.queries(board)
+    if p.cluster.mcp_image is None:
+        queries = [q for q in queries if "tether_mcp_" not in q.expr]
+        print("    the MCP panels are left out: no MCP step on this cluster", flush=True)
+    variables = dashboard.variable_queries(board)
+    checks = [(f"variable ${var}", query) for var, query in variables.items()]
+    checks += [(query.name, query.expr) for query in queries]
+
+    def empty() -> list[str]:
+        return [f"{what}: {query}" for what, query in checks if not p.series(query)]
+
+    missing = empty()
+    deadline = time.monotonic() + 60  # a scrape or two behind the step before
+    while missing and time.monotonic() < deadline:
+        time.sleep(2)
+        missing = empty()
+    if missing:
+        lines = "\n".join(missing)
+        raise StepFailed(f"dashboard panels whose query returns no series:\n{lines}")
+    panels = len({query.panel for query in queries})
+    p.report.fact("dashboard queries with data", f"{len(checks)}, of {panels} panels")
+
+
 PROBE = """
 import json, socket, sys, time
 
@@ -825,6 +883,7 @@ def steps() -> list[Step]:
         ("Restate's pod killed mid-run", kill_restate),
         ("a run fans out to sub-agents", fan_out),
         ("an agent calls the MCP server next to it", mcp_tools),
+        ("every panel of the Grafana dashboard has data", dashboard_has_data),
         ("NetworkPolicy in front of Restate's admin API", network_policy),
         ("an agent's pods reach DNS and Restate only", agents_egress),
         ("only Restate invokes the workers", only_restate_invokes_workers),

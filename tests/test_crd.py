@@ -161,6 +161,7 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
         },
         webhook={"secretRef": {"name": "triage-webhook", "key": "secret"}},
         drain={"delay": "5m", "timeout": "24h"},
+        observability={"otlpEndpoint": "http://otel-collector.observability:4318"},
     )
     body["spec"]["model"]["baseUrl"] = None
     created = create(api, namespace, body, dry_run=False)
@@ -171,6 +172,7 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
     assert spec["worker"]["env"] == [{"name": "A", "value": "b"}]
     assert spec["tools"][3]["mcp"]["transport"] == "streamable-http"
     assert spec["tools"][4]["mcp"]["env"] == [{"name": "TZ", "value": ""}]
+    assert spec["observability"] == {"otlpEndpoint": "http://otel-collector.observability:4318"}
 
     minimal = create(api, namespace, agent("minimal"), dry_run=False)["spec"]
     assert minimal["approvals"] == {"timeout": "1h", "onTimeout": "deny"}
@@ -386,6 +388,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "subagents-too-deep",
         {**_model(**KEY), "subagents": {"maxDepth": 9}},
         "spec.subagents.maxDepth",
+    ),
+    (
+        "otlp-endpoint-not-http",
+        {**_model(**KEY), "observability": {"otlpEndpoint": "grpc://collector:4317"}},
+        "spec.observability.otlpEndpoint",
+    ),
+    (
+        "otlp-endpoint-with-a-token",
+        {**_model(**KEY), "observability": {"otlpEndpoint": "http://c:4318?api-key=t0ken"}},
+        "spec.observability.otlpEndpoint",
     ),
 ]
 

@@ -34,6 +34,7 @@ OPTIONAL = (
     "anthropic",
     "openai",
     "kubernetes",
+    "opentelemetry",
 )
 
 
@@ -101,6 +102,7 @@ PARTS = {
     "tether.programs.sidecar": sentence("tether.programs.sidecar", "sidecar", "fastapi"),
     "tether.programs.sidecar.app": sentence("tether.programs.sidecar", "sidecar", "fastapi"),
     "tether.programs.metrics": sentence("tether.programs.metrics", "sidecar", "prometheus-client"),
+    "tether.programs.tracing": sentence("tether.programs.tracing", "otel", "opentelemetry-sdk"),
     "tether.providers.anthropic_provider": sentence(
         "tether.providers.anthropic", "anthropic", "anthropic"
     ),
@@ -166,6 +168,19 @@ def test_tether_run_works_without_any_extra(tmp_path: Path) -> None:
     assert "Traceback" not in refused.stderr
     expected = PARTS["tether.providers.anthropic_provider"]
     assert refused.stderr.strip() == f"tether: {expected}"
+
+
+def test_tether_run_with_an_otlp_endpoint_names_the_otel_extra(tmp_path: Path) -> None:
+    """Traces are off without an endpoint (the run above); with one, they need the extra."""
+    (tmp_path / "CHANGELOG.md").write_text("# 1.4.0\n")
+    env = {
+        "XDG_STATE_HOME": str(tmp_path.with_name(f"{tmp_path.name}-state")),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+    }
+    args = ["run", str(CLERK), "--run-id", "t", "--prompt", "ship it"]
+    refused = python(*without_extras("-m", "tether", *args), cwd=tmp_path, env=env)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == f"tether: {PARTS['tether.programs.tracing']}"
 
 
 @pytest.mark.parametrize(

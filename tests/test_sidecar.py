@@ -5,6 +5,7 @@ call), and the worker-side metric hooks. The real-server version is
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -32,7 +33,7 @@ from tests.helpers import calls
 from tether import create_agent, tool
 from tether.durable.memory import MemoryJournal, memory_runtime
 from tether.parked import ParkedCall
-from tether.programs.metrics import agent_hooks
+from tether.programs.metrics import agent_hooks, parked_seconds
 from tether.programs.sidecar import (
     SidecarConfigError,
     SidecarSettings,
@@ -965,16 +966,49 @@ async def test_metrics_count_outcomes_and_parked_calls(sidecar: Sidecar) -> None
     assert await sidecar.metric("tether_parked_calls", agent=AGENT, kind="approval") in (0.0, 1.0)
     text = (await sidecar.client.get("/metrics")).text
     assert text.count("# TYPE tether_parked_calls gauge") == 1
+    assert text.count("# TYPE tether_parked_oldest_seconds gauge") == 1
+
+
+async def test_the_oldest_parked_calls_age_is_read_at_scrape_time() -> None:
+    restate = await FakeRestate().start()
+    app = create_app(settings(restate_ingress_url=restate.ingress, parked_cache_seconds=0.0))
+    try:
+        async with httpx2.AsyncClient(
+            transport=httpx2.ASGITransport(app=app), base_url="http://sidecar.test"
+        ) as client:
+            scraper = Sidecar(client, restate)
+            # Nothing parked: 0, not absent (an alert on the age sees the agent).
+            assert await scraper.metric("tether_parked_oldest_seconds", agent=AGENT) == 0.0
+            now = time.time()
+            restate.park(ID_A, "session-1")
+            restate.park(ID_B, "session-2", kind="ask_human")
+            restate.sessions["session-1"][ID_A]["created_at"] = (now - 30) * 1000
+            restate.sessions["session-2"][ID_B]["created_at"] = (now - 7200) * 1000
+            before = time.time()
+            oldest = await scraper.metric("tether_parked_oldest_seconds", agent=AGENT)
+            assert oldest is not None
+            assert before - now + 7200 <= oldest <= time.time() - now + 7200
+            # The oldest is answered: the next one's age, and it keeps growing.
+            del restate.sessions["session-2"]
+            await asyncio.sleep(0.05)
+            oldest = await scraper.metric("tether_parked_oldest_seconds", agent=AGENT)
+            assert oldest is not None and 30.05 <= oldest < 60
+            text = (await client.get("/metrics")).text
+            assert text.count("# TYPE tether_parked_oldest_seconds gauge") == 1
+    finally:
+        await app.state.sidecar.restate.close()
+        await restate.stop()
 
 
 WORKER_PROGRAM = textwrap.dedent(
     """
-    from tether.programs.metrics import agent_hooks, multiprocess_enabled
+    from tether.programs.metrics import agent_hooks, multiprocess_enabled, observe_parked
     assert multiprocess_enabled()
     hooks = agent_hooks("triage", provider="anthropic", model="claude")
     hooks["turn:after"]({"usage": {"input": 10, "output": 5}, "cost": 0.25, "latency_ms": 7})
     hooks["tool:after"]({"name": "fetch", "outcome": "ok", "duration_s": 0.2, "is_error": False})
     hooks["tool:after"]({"name": "fetch", "outcome": "interrupted", "duration_s": 0.0})
+    observe_parked("triage", "approval", 90.0)
     """
 )
 
@@ -1022,8 +1056,17 @@ async def test_metrics_merge_the_worker_process_files(tmp_path: Path) -> None:
         ]
         == 1
     )
-    assert samples[("tether_model_tokens_total", (*worker, ("kind", "input")))] == 10
-    assert samples[("tether_cost_usd_total", worker)] == 0.25
+    model = (*worker, ("model", "claude"), ("provider", "anthropic"))
+    assert samples[("tether_model_call_duration_seconds_count", model)] == 1
+    assert samples[("tether_model_call_duration_seconds_sum", model)] == pytest.approx(0.007)
+    tokens = (*worker, ("kind", "input"), ("model", "claude"), ("provider", "anthropic"))
+    assert samples[("tether_model_tokens_total", tokens)] == 10
+    assert samples[("tether_cost_usd_total", model)] == 0.25
+    approvals = (*worker, ("kind", "approval"))
+    assert samples[("tether_parked_duration_seconds_count", approvals)] == 1
+    assert samples[("tether_parked_duration_seconds_sum", approvals)] == 90
+    assert samples[("tether_parked_duration_seconds_bucket", (*approvals, ("le", "60.0")))] == 0
+    assert samples[("tether_parked_duration_seconds_bucket", (*approvals, ("le", "120.0")))] == 1
     assert (
         samples[("tether_tool_calls_total", (*worker, ("outcome", "ok"), ("tool", "fetch")))] == 1
     )
@@ -1096,9 +1139,11 @@ async def test_agent_hooks_count_live_work_only() -> None:
     stats = await agent.run("restart the api")
     assert stats.status == "completed" and runs == ["api"]
     assert sample("tether_model_calls_total", **model_calls) == 2  # the replay did not count
-    assert sample("tether_model_tokens_total", **labels, kind="input") == 250
-    assert sample("tether_model_tokens_total", **labels, kind="output") == 30
-    assert sample("tether_cost_usd_total", **labels) == pytest.approx(stats.cost_usd)
+    by_model = {**labels, "provider": "scripted", "model": "m"}
+    assert sample("tether_model_call_duration_seconds_count", **by_model) == 2
+    assert sample("tether_model_tokens_total", **by_model, kind="input") == 250
+    assert sample("tether_model_tokens_total", **by_model, kind="output") == 30
+    assert sample("tether_cost_usd_total", **by_model) == pytest.approx(stats.cost_usd)
     assert sample("tether_tool_calls_total", **labels, tool="restart", outcome="ok") == 1
     assert sample("tether_tool_duration_seconds_count", **labels, tool="restart") == 1
     assert sample("tether_runs_total", **labels, status="completed") == 1
@@ -1107,6 +1152,28 @@ async def test_agent_hooks_count_live_work_only() -> None:
     assert replayed
     for kind, steps in replayed.items():
         assert sample("tether_replayed_steps_total", **labels, kind=kind) == steps
+
+
+PARKED = {"created_at": 1_000_000.0, "expires_at": 1_000_000.0 + 3_600_000}
+PARKED_SECONDS: dict[str, tuple[dict[str, Any], float]] = {
+    # how the park ended -> seconds parked, the clock now at 1_000_000 + 100 s
+    "answered through Restate's API: until now": ({"timed_out": False}, 100.0),
+    "answered through the sidecar: until decided_at": (
+        {"timed_out": False, "approved": True, "decided_at": 1_000_000 + 40_000},
+        40.0,
+    ),
+    "decided_at before the park: until now": ({"decided_at": 999_000}, 100.0),
+    "decided_at after now: until now": ({"decided_at": 1_200_000}, 100.0),
+    "decided_at not a number: until now": ({"decided_at": "soon"}, 100.0),
+    "timed out: until the deadline": ({"timed_out": True}, 3600.0),
+    "rejected: until now": ({"rejected": True}, 100.0),
+}
+
+
+@pytest.mark.parametrize("case", list(PARKED_SECONDS), ids=list(PARKED_SECONDS))
+def test_how_long_a_call_was_parked(case: str) -> None:
+    ended, seconds = PARKED_SECONDS[case]
+    assert parked_seconds(PARKED, ended, 1_000_000 + 100_000) == seconds
 
 
 def test_interrupted_and_spawned_counts() -> None:

@@ -103,8 +103,10 @@ async def apply_version(
 async def egress_policy(
     kube: Kube, settings: OperatorSettings, agent: DurableAgent, namespace: str
 ) -> Manifest | None:
-    """The agent's egress policy, with a rule per in-cluster MCP server it names."""
-    mcp_servers = await mcp_egress_rules(kube, agent, namespace)
+    """The agent's egress policy, with a rule per in-cluster MCP server it names (and its
+    in-cluster trace collector)."""
+    collector = render.otlp_endpoint(agent, settings)
+    mcp_servers = await mcp_egress_rules(kube, agent, namespace, [collector] if collector else [])
     return render.egress_policy(agent.metadata.name, namespace, settings, mcp_servers)
 
 

@@ -13,7 +13,7 @@ import kopf
 from tether.programs.redact import install as install_redaction
 from tether.spec import SpecError
 
-from . import children, deletion, supervisor
+from . import children, deletion, render, supervisor
 from .conditions import PROGRESSING, Verdict
 from .context import AgentMemory, Operator, memory_of, operator_of
 from .kube import Kube, KubeError
@@ -232,7 +232,8 @@ async def _refresh_mcp_egress(op: Operator, body: kopf.Body, mem: AgentMemory) -
         agent = supervisor.parse(body)
     except SpecError:
         return
-    if not any(entry.mcp is not None and entry.mcp.url for entry in agent.spec.tools):
+    in_cluster = any(entry.mcp is not None and entry.mcp.url for entry in agent.spec.tools)
+    if not in_cluster and render.otlp_endpoint(agent, op.settings) is None:
         return
     try:
         mem.mcp_rules = await children.refresh_egress(

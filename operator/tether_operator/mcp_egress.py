@@ -1,15 +1,17 @@
-"""Egress to the in-cluster MCP servers an agent names.
+"""Egress to the in-cluster MCP servers an agent names, and to its trace collector.
 
 An agent's pods may reach only DNS, Restate and the internet outside private ranges
 (`render.egress_policy`), so an MCP server behind a Service of the cluster would be out of reach.
 For each `mcp.url` that names a Service by its cluster DNS name, the policy gets one rule: the
 Service's pods, on the port the URL reaches. Nothing else of the cluster opens up, and a URL
-outside the cluster gets no rule (the internet rule covers public addresses).
+outside the cluster gets no rule (the internet rule covers public addresses). The agent's OTLP
+collector (`spec.observability.otlpEndpoint`, or the operator's) gets a rule the same way.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -66,13 +68,17 @@ def rule_for(service: Manifest, port: int) -> Manifest | None:
     }
 
 
-async def mcp_egress_rules(kube: Kube, agent: DurableAgent, namespace: str) -> list[Manifest]:
-    """One rule per in-cluster MCP server of the agent that exists now."""
+async def mcp_egress_rules(
+    kube: Kube, agent: DurableAgent, namespace: str, extra_urls: Sequence[str] = ()
+) -> list[Manifest]:
+    """One rule per in-cluster MCP server of the agent (and per other URL of `extra_urls`, its
+    trace collector) that exists now."""
     rules: list[Manifest] = []
-    for entry in agent.spec.tools:
-        if entry.mcp is None or entry.mcp.url is None:
+    urls = [entry.mcp.url for entry in agent.spec.tools if entry.mcp is not None]
+    for url in [*urls, *extra_urls]:
+        if url is None:
             continue
-        target = service_of(entry.mcp.url, namespace)
+        target = service_of(url, namespace)
         if target is None:
             continue
         service_namespace, name, port = target

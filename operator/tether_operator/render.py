@@ -133,6 +133,23 @@ def _mounts(*extra: Manifest) -> list[Manifest]:
     ]
 
 
+def otlp_endpoint(agent: DurableAgent, settings: OperatorSettings) -> str | None:
+    """Where the agent's traces go: `spec.observability.otlpEndpoint`, else the operator's."""
+    observability = agent.spec.observability
+    return (observability.otlp_endpoint if observability else None) or settings.otlp_endpoint
+
+
+def _tracing_env(agent: DurableAgent, settings: OperatorSettings) -> list[Manifest]:
+    """The worker's OpenTelemetry variables, when it has a collector; `spec.worker.env` wins
+    over them (OTEL_TRACES_EXPORTER=none turns the traces off)."""
+    endpoint = otlp_endpoint(agent, settings)
+    if endpoint is None:
+        return []
+    own = {e.name for e in agent.spec.worker.env}
+    wanted = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": agent.metadata.name}
+    return [{"name": k, "value": v} for k, v in wanted.items() if k not in own]
+
+
 def _worker_container(
     agent: DurableAgent, namespace: str, settings: OperatorSettings, image: str
 ) -> Manifest:
@@ -154,6 +171,7 @@ def _worker_container(
         env.append(_secret_env(notify.url_variable, secret.name, secret.key))
     for _, secret, variable in spec.mcp_header_secrets():  # credentials of MCP servers
         env.append(_secret_env(variable, secret.name, secret.key))
+    env.extend(_tracing_env(agent, settings))
     env.extend({"name": e.name, "value": e.value} for e in spec.worker.env)
     resources: Manifest = {}
     if spec.worker.resources.requests:

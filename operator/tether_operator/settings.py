@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 
 from tether.errors import ConfigError
 from tether.programs.restate_identity import identity_keys_from_env, public_key_of
+from tether.spec import URL_QUERY, URL_USERINFO
 
 IDENTITY_KEY_FILE_ENV = "TETHER_RESTATE_IDENTITY_KEY_FILE"
 """Restate's request-identity private key (PEM); the operator keeps only its public key."""
@@ -59,6 +61,9 @@ class OperatorSettings:
     derived from its private key (`TETHER_RESTATE_IDENTITY_KEY_FILE`, the chart's Secret), or
     given (`TETHER_RESTATE_IDENTITY_KEYS`, for a Restate of your own). None: the workers take
     any request that reaches them."""
+    otlp_endpoint: str | None = None
+    """The OTLP/HTTP collector of the agents that name none in `spec.observability`
+    (`TETHER_OTLP_ENDPOINT`, the chart's `observability.otlpEndpoint`). None: no traces."""
 
     def worker_url(self, **values: str | int) -> str:
         return self.worker_url_template.format(**values).rstrip("/")
@@ -127,6 +132,20 @@ def _identity_keys(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
+def _otlp_endpoint(env: Mapping[str, str]) -> str | None:
+    value = (env.get("TETHER_OTLP_ENDPOINT") or "").strip()
+    if not value:
+        return None
+    if not re.match(r"^https?://[^/?#]", value) or re.search(URL_USERINFO, value):
+        raise SettingsError(
+            "TETHER_OTLP_ENDPOINT must be the http:// or https:// base URL of an OTLP/HTTP "
+            "collector, without user information (e.g. http://otel-collector.observability:4318)"
+        )
+    if re.search(URL_QUERY, value):
+        raise SettingsError("TETHER_OTLP_ENDPOINT must not carry a query or a fragment")
+    return value
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
     """Read `TETHER_*` variables; a missing required one is a `SettingsError` naming it."""
     env = os.environ if env is None else env
@@ -165,4 +184,5 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
         labels=_labels(env.get("TETHER_EXTRA_LABELS", "")),
         agent_egress=_egress(env),
         restate_identity_keys=_identity_keys(env),
+        otlp_endpoint=_otlp_endpoint(env),
     )

@@ -65,6 +65,9 @@ class Reply:
     """Break the connection after this many stream events (streaming only)."""
     end_after: int | None = None
     """End the stream body cleanly after this many events, as a server that gave up would."""
+    hold_after: int | None = None
+    """Stop after this many stream events until `release` is set (a model still answering)."""
+    release: threading.Event = field(default_factory=threading.Event)
 
     def final_stop_reason(self) -> str:
         return self.stop_reason or ("tool_use" if self.tool_calls else "end_turn")
@@ -223,6 +226,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if reply.end_after is not None and count >= reply.end_after:
                 break
+            if count == reply.hold_after:
+                reply.release.wait(120)
             self._write_chunk(event.encode())
         self._write_chunk(b"")
 

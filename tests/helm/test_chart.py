@@ -237,6 +237,16 @@ def test_restate_is_open_to_the_operator_the_agents_and_listed_namespaces_only(
     assert by_kind(render(helm_bin, *EXTERNAL), "NetworkPolicy") == []
 
 
+def test_a_default_trace_collector_reaches_the_operator(helm_bin: Path) -> None:
+    """The operator gives it to every agent's worker that names none itself."""
+    env = env_of(one(render(helm_bin), "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert "TETHER_OTLP_ENDPOINT" not in env
+    endpoint = "http://otel-collector.observability:4318"
+    objects = render(helm_bin, f"observability.otlpEndpoint={endpoint}")
+    env = env_of(one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["TETHER_OTLP_ENDPOINT"] == endpoint
+
+
 def test_without_crds(helm_bin: Path) -> None:
     assert by_kind(render(helm_bin, "crds.install=false"), "CustomResourceDefinition") == []
 
@@ -261,6 +271,7 @@ BAD_VALUES = {
         ("restate.external.adminUrl=r:9070", "restate.external.ingressUrl=r:8080"),
         "adminUrl",
     ),
+    "otlp endpoint": (("observability.otlpEndpoint=otel:4318",), "/observability/otlpEndpoint"),
 }
 
 

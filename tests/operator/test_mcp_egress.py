@@ -155,3 +155,40 @@ def test_the_egress_policy_reaches_the_mcp_services_and_secrets_reach_only_their
         cluster.namespace, label_selector="tether.dev/agent=triage"
     ).items
     assert "mcp-secret-token" not in str(config_map.data)
+
+
+def test_the_operators_trace_collector_is_reached_and_set_on_the_worker(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    """`TETHER_OTLP_ENDPOINT` (the chart's `observability.otlpEndpoint`) at a Service of the
+    cluster: the agent's workers export there, and its egress policy lets them (its pods)."""
+    with_secrets(cluster)
+    create_service(cluster, "otel-collector", "otel", 4318, 4318)
+    run_operator(TETHER_OTLP_ENDPOINT="http://otel-collector:4318")
+    cluster.apply_agent(manifest())
+    policies = client.NetworkingV1Api(cluster.api)
+
+    def rules() -> list[Any] | None:
+        try:
+            policy = policies.read_namespaced_network_policy("triage-egress", cluster.namespace)
+        except client.ApiException:
+            return None
+        assert policy.spec is not None
+        return list(cluster.api.sanitize_for_serialization(policy.spec)["egress"])
+
+    _dns, *operator_rules, collector = wait_for(rules, timeout=60, what="the egress policy")
+    assert operator_rules == EGRESS_RULES
+    assert collector == pods_of(cluster, "otel", 4318)
+
+    def worker_env() -> dict[str, Any] | None:
+        listed = cluster.apps.list_namespaced_deployment(
+            cluster.namespace, label_selector="tether.dev/agent=triage"
+        ).items
+        if not listed:
+            return None
+        worker = listed[0].spec.template.spec.containers[0]
+        return {e.name: e.value for e in worker.env}
+
+    env = wait_for(worker_env, timeout=60, what="the worker Deployment")
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
+    assert env["OTEL_SERVICE_NAME"] == "triage"

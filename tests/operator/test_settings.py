@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tether.spec import parse_agent
+from tether.spec import SpecError, parse_agent
 from tether_operator.render import egress_policy, version_hash, version_objects
 from tether_operator.settings import SettingsError, settings_from_env
 
@@ -56,6 +56,9 @@ def test_defaults_and_parsing() -> None:
         ("TETHER_EXTRA_LABELS", "novalue", "not key=value"),
         ("TETHER_AGENT_EGRESS", "[{", "TETHER_AGENT_EGRESS is not JSON"),
         ("TETHER_AGENT_EGRESS", '{"to": []}', "a JSON list of NetworkPolicy egress rules"),
+        ("TETHER_OTLP_ENDPOINT", "otel:4318", "TETHER_OTLP_ENDPOINT must be the http://"),
+        ("TETHER_OTLP_ENDPOINT", "http://u:p@otel:4318", "without user information"),
+        ("TETHER_OTLP_ENDPOINT", "http://otel:4318/?k=v", "must not carry a query"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(name: str, value: str, message: str) -> None:
@@ -103,3 +106,45 @@ def test_an_agent_gets_an_egress_policy_only_when_the_operator_has_rules() -> No
     dns, extra = policy["spec"]["egress"]
     assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
     assert extra == rule
+
+
+def worker_env(objects: Any) -> list[tuple[str, str]]:
+    [worker] = [
+        c
+        for c in objects.deployment["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "worker"
+    ]
+    return [(e["name"], e.get("value", "")) for e in worker["env"]]
+
+
+def test_the_worker_exports_traces_to_the_agents_collector_or_the_operators() -> None:
+    """`spec.observability.otlpEndpoint`, else the operator's default (the chart's value), in
+    the worker's standard OpenTelemetry variables; neither: none, and the version is as before."""
+    settings = settings_from_env(ENV)
+    untraced = worker_env(version_objects(agent(), "ns", settings))
+    assert not [name for name, _ in untraced if name.startswith("OTEL_")]
+
+    own = agent(observability={"otlpEndpoint": "http://otel.obs:4318"})
+    env = worker_env(version_objects(own, "ns", settings))
+    assert ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel.obs:4318") in env
+    assert ("OTEL_SERVICE_NAME", "triage") in env
+    assert version_hash(own, "ns", settings) != version_hash(agent(), "ns", settings)
+
+    default = settings_from_env({**ENV, "TETHER_OTLP_ENDPOINT": "http://collector.mon:4318"})
+    assert default.otlp_endpoint == "http://collector.mon:4318"
+    env = worker_env(version_objects(agent(), "ns", default))
+    assert ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector.mon:4318") in env
+    env = worker_env(version_objects(own, "ns", default))  # the agent's own wins
+    assert [v for n, v in env if n == "OTEL_EXPORTER_OTLP_ENDPOINT"] == ["http://otel.obs:4318"]
+
+    # The agent's worker.env wins over both (here: a service name of its own).
+    off = agent(worker={"env": [{"name": "OTEL_SERVICE_NAME", "value": "mine"}]})
+    env = worker_env(version_objects(off, "ns", default))
+    assert [v for n, v in env if n == "OTEL_SERVICE_NAME"] == ["mine"]
+
+
+def test_an_otlp_endpoint_with_credentials_is_refused_by_the_spec() -> None:
+    with pytest.raises(SpecError, match=r"spec\.observability\.otlpEndpoint"):
+        agent(observability={"otlpEndpoint": "http://user:secret@otel:4318"})
+    with pytest.raises(SpecError, match=r"spec\.observability\.otlpEndpoint"):
+        agent(observability={"otlpEndpoint": "otel:4318"})

@@ -1,9 +1,11 @@
 """Sub-agents in the worker and the exact metrics of a run that fans out, parks and survives a
-SIGKILL, read from the sidecar's `/metrics` of the local stack (restate-server, `tether worker`
-and `tether sidecar` as real processes)."""
+SIGKILL, and of parks that end by an answer and by their timeout, read from the sidecar's
+`/metrics` of the local stack (restate-server, `tether worker` and `tether sidecar` as real
+processes)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections import Counter
@@ -60,7 +62,12 @@ SELF_JOURNALED = {"spawn", "ask"}
 
 
 def manifest(
-    directory: Path, script: Any, tools: list[dict[str, Any]], *, max_depth: int = 1
+    directory: Path,
+    script: Any,
+    tools: list[dict[str, Any]],
+    *,
+    max_depth: int = 1,
+    approvals: dict[str, Any] | None = None,
 ) -> Path:
     document = {
         "apiVersion": "tether.dev/v1alpha1",
@@ -70,6 +77,7 @@ def manifest(
             "model": {"provider": "scripted", "name": "s", "script": script},
             "tools": tools,
             "subagents": {"maxDepth": max_depth, "maxConcurrent": MAX_CONCURRENT},
+            **({"approvals": approvals} if approvals else {}),
         },
     }
     path = directory / f"{AGENT}.yaml"
@@ -237,8 +245,15 @@ def test_a_fan_out_that_parks_and_survives_a_kill_is_counted_exactly_once(
     # While parked: the children and the parent's first two turns are counted, nothing else.
     children = [child_script(s) for s in SUBJECTS]
     child_calls = sum(len(c) for c in children)
+    scraped_from = time.time()
     before = scrape(stack)
+    scraped_by = time.time()
     assert value(before, "tether_parked_calls", kind="ask_human") == 1
+    # The oldest parked call's age, from its record's start to the scrape.
+    parked_since = call["created_at"] / 1000
+    age = value(before, "tether_parked_oldest_seconds")
+    assert scraped_from - parked_since - 0.01 <= age <= scraped_by - parked_since + 0.01
+    assert series(before, "tether_parked_duration_seconds_count") == {}  # nothing ended yet
     assert value(before, "tether_runs_total", status="completed") == len(SUBJECTS)
     model = {"provider": "scripted", "model": "s", "outcome": "ok"}
     assert value(before, "tether_model_calls_total", **model) == child_calls + PARKED_AT + 1
@@ -247,6 +262,7 @@ def test_a_fan_out_that_parks_and_survives_a_kill_is_counted_exactly_once(
     assert value(before, "tether_replays_total") == 0
 
     kill_and_restart_worker(stack)
+    answered_from = time.time()
     response = httpx2.post(
         f"{stack.server.ingress_url}/restate/awakeables/{call['awakeable_id']}/resolve",
         json={"answer": "yes"},
@@ -254,6 +270,7 @@ def test_a_fan_out_that_parks_and_survives_a_kill_is_counted_exactly_once(
     )
     assert response.status_code in (200, 202), response.text
     result = result_of(stack, invocation)
+    answered_by = time.time()
     assert (result["status"], result["text"]) == ("completed", "shipped")
     assert result["turns"] == len(PARENT)
 
@@ -273,15 +290,27 @@ def test_a_fan_out_that_parks_and_survives_a_kill_is_counted_exactly_once(
     )
     after = scrape(stack)
 
+    # The park, once: answered through Restate's API (no `decided_at`), so it lasted until the
+    # resumed attempt ran its `park:end`, between the answer and the run's result.
+    assert series(after, "tether_parked_duration_seconds_count") == {labels(kind="ask_human"): 1}
+    parked_for = value(after, "tether_parked_duration_seconds_sum", kind="ask_human")
+    assert answered_from - parked_since <= parked_for <= answered_by - parked_since
+    assert value(after, "tether_parked_oldest_seconds") == 0
+
     # Runs: the parent and its three children.
     assert series(after, "tether_runs_total") == {labels(status="completed"): 1 + len(SUBJECTS)}
     # Model calls and tokens: every response of every script, once; the replay added none.
     everything = PARENT + [r for c in children for r in c]
     assert series(after, "tether_model_calls_total") == {labels(**model): len(everything)}
-    assert value(after, "tether_model_tokens_total", kind="input") == usage(everything, "input")
-    assert value(after, "tether_model_tokens_total", kind="output") == usage(everything, "output")
-    assert set(series(after, "tether_model_tokens_total")) == {
-        labels(kind=kind) for kind in ("input", "output")
+    by_model = {"provider": "scripted", "model": "s"}
+    assert series(after, "tether_model_call_duration_seconds_count") == {
+        labels(**by_model): len(everything)
+    }
+    tokens = "tether_model_tokens_total"
+    assert value(after, tokens, **by_model, kind="input") == usage(everything, "input")
+    assert value(after, tokens, **by_model, kind="output") == usage(everything, "output")
+    assert set(series(after, tokens)) == {
+        labels(**by_model, kind=kind) for kind in ("input", "output")
     }
     # Tool calls by tool and outcome: spawn once (not again when the resumed parent replayed
     # it), ask once (in the attempt that got the answer), write_file once per child (each
@@ -375,3 +404,85 @@ def test_a_grandchild_parks_on_an_approval_under_the_agent(workspace: Path) -> N
         assert value(metrics, "tether_children_total", status="completed") == 2
         assert value(metrics, "tether_child_fanout_count") == 2
         assert value(metrics, "tether_child_fanout_sum") == 2
+
+
+PARK_TIMEOUT = 15.0
+"""The approvals' timeout of the test below: longer than the 10 s after which a run that waits
+suspends (`PARK_AFTER`), so the second park's timer resumes a suspended invocation, which
+replays the first park's end."""
+
+
+def status_of(stack: DevStack, invocation: str) -> str:
+    rows = stack.server.query(f"SELECT status FROM sys_invocation WHERE id = '{invocation}'")
+    return str(rows[0]["status"])
+
+
+def test_parks_are_timed_once_each_whether_answered_or_timed_out(workspace: Path) -> None:
+    """Two questions in one run: the first answered through the sidecar (which stamps when it
+    was decided), the second left to time out after the run suspended. Each park is observed
+    once, with how long it lasted; resuming from the suspension replays the first park's end
+    without observing it again."""
+    ask = [{"name": "ask", "input": {"question": q}} for q in ("Ship it?", "Tag it?")]
+    script = [{"tool_calls": [ask[0]]}, {"tool_calls": [ask[1]]}, {"text": "done"}]
+    tools = [{"name": "ask", "builtin": "ask_human"}]
+    timeout = {"timeout": f"{PARK_TIMEOUT:g}s"}
+    path = manifest(workspace, {"ask twice": script}, tools, approvals=timeout)
+    with DevStack(path, outside(workspace)) as stack:
+        # Before any run, the series with known labels are there at 0: Prometheus sees the
+        # first park (or run, or error) of a new pod as an increase.
+        started = scrape(stack)
+        for kind in ("approval", "ask_human"):
+            assert started[("tether_parked_duration_seconds_count", labels(kind=kind))] == 0
+        for status in ("completed", "error"):
+            assert started[("tether_runs_total", labels(status=status))] == 0
+        assert started[("tether_replays_total", labels())] == 0
+        invocation = start_run(stack, "s3", "ask twice")
+        [first] = wait_until(lambda: parked(stack), timeout=ANSWER_TIMEOUT, what="the question")
+        body = json.dumps({"answer": "yes", "approver": "alice"}).encode()
+        path_of = f"/v1/awakeables/{first['awakeable_id']}/resolve"
+        headers = {
+            **sign_request(stack.secret.encode(), body, path=path_of),
+            "content-type": "application/json",
+        }
+        response = httpx2.post(f"{stack.sidecar_url}{path_of}", content=body, headers=headers)
+        assert response.status_code == 202, response.text
+
+        [second] = wait_until(
+            lambda: [c for c in parked(stack) if c["awakeable_id"] != first["awakeable_id"]],
+            timeout=ANSWER_TIMEOUT,
+            what="the second question",
+        )
+        assert second["expires_at"] - second["created_at"] == PARK_TIMEOUT * 1000
+        # One park ended; it is observed although the run has not ended.
+        middle = scrape(stack)
+        assert series(middle, "tether_parked_duration_seconds_count") == {
+            labels(kind="ask_human"): 1
+        }
+        # The run suspends while it waits; its timer wakes it, and it replays the first park.
+        wait_until(
+            lambda: status_of(stack, invocation) == "suspended",
+            timeout=PARK_TIMEOUT,
+            what="the run to suspend before the timeout",
+        )
+        result = result_of(stack, invocation)
+        assert (result["status"], result["text"]) == ("completed", "done")
+
+        [run] = session_of(stack, "s3")["runs"]
+        decided = {d["call_id"]: d for d in run["decisions"]}
+        answered, timed_out = decided[first["call_id"]], decided[second["call_id"]]
+        assert answered["approver"] == "alice" and timed_out.get("timed_out") is True
+        after = scrape(stack)
+        assert value(after, "tether_replays_total") == 1
+        # Twice, not three times: the replayed `park:end` of the first park observed nothing.
+        assert series(after, "tether_parked_duration_seconds_count") == {
+            labels(kind="ask_human"): 2
+        }
+        # The first until the sidecar took the answer, the second until its deadline.
+        first_for = (answered["decided_at"] - first["created_at"]) / 1000
+        assert value(after, "tether_parked_duration_seconds_sum", kind="ask_human") == (
+            pytest.approx(first_for + PARK_TIMEOUT, abs=1e-3)
+        )
+        bucket = "tether_parked_duration_seconds_bucket"
+        assert value(after, bucket, kind="ask_human", le="5.0") == 1
+        assert value(after, bucket, kind="ask_human", le="15.0") == 2
+        assert value(after, "tether_parked_oldest_seconds") == 0

@@ -2,7 +2,8 @@
 
 `pip install tether` is the library with the embedded runtimes (memory, SQLite) and the scripted
 model. The rest comes with extras (`pyproject.toml`): `anthropic`, `openai`, `restate`,
-`sidecar`, `operator`. A part that needs one checks it first thing, for example `tether.restate`:
+`sidecar`, `operator`, `mcp`, `otel`. A part that needs one checks it first thing, for example
+`tether.restate`:
 
     with extra_imports("tether.restate", "restate", "restate"):
         from .runtime import RestateRuntime, restate_runtime
@@ -38,10 +39,16 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     ),
     "operator": ("kopf", "aiohttp"),
     "mcp": ("mcp",),
+    # Traces of agent runs (tether.programs.tracing): the SDK and its OTLP/HTTP exporter.
+    "otel": ("opentelemetry",),
 }
 """What each extra of `pyproject.toml` makes importable (top-level import names)."""
 
-DISTRIBUTIONS = {"restate": "restate-sdk", "prometheus_client": "prometheus-client"}
+DISTRIBUTIONS = {
+    "restate": "restate-sdk",
+    "prometheus_client": "prometheus-client",
+    "opentelemetry": "opentelemetry-sdk",
+}
 """The distribution of an import name, where the two differ."""
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..durable.memory import memory_runtime
 from ..durable.protocol import DurableRuntime
 from ..errors import TetherError
+from ..messages import JSON
 from ..providers.base import Provider
+from ..session.events import MemoryEventLog
 from ..session.session import Session, create_session
 from ..session.store import memory_store
 from ..tools.base import ToolDef
@@ -109,6 +111,20 @@ class Agent:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+
+    async def events(self, after: str | None = None) -> AsyncIterator[JSON]:
+        """Follow the session's event stream (`tether.session.events`) in process: every event
+        after the cursor `after`, then each new one as the agent's runs go, until the caller
+        stops iterating. Needs a runtime whose events live in process (memory, SQLite)."""
+        session = await self._session()
+        log = self.durable.stores.events
+        if not isinstance(log, MemoryEventLog):
+            raise TetherError(
+                f"the {self.durable.backend} runtime keeps its events out of process: read them "
+                "through the sidecar's GET /v1/sessions/<session>/events (`tether watch`)"
+            )
+        async for event in log.follow(session.id, after):
+            yield event
 
     async def _watch(self, signal: asyncio.Event) -> None:
         await signal.wait()

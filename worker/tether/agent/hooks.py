@@ -1,7 +1,15 @@
 """The hook bus. Hooks observe and may mutate their payload; they are awaited in order.
 
 Hooks about work (tool:*, stream:*, turn:*, context:transform) fire only when the step runs
-live, never again on replay.
+live, never again on replay; the exceptions fire where no step runs, so on replays too, and a
+hook that counts them checks `durable.is_replaying()`: `agent:done`, `turn:end` (a turn's tool
+results are in, with its journaled `started_at` and `ended_at`), `park:end` (a call's wait for a
+person ended: the decision, as the run's record keeps it) and the `tool:before` and `tool:after`
+of a self-journaled tool (`self_journaled` in the payload, with its journaled `started_at`).
+The payloads of turn:* and tool:before/after/transform name the run (`run_id`) and the turn
+(`turn`).
+`spawn:start` (the in-process spawn tool, before each child, on replays too) lets a hook give the
+child hooks of its own: it adds them to the payload's `hooks` (a name: functions mapping).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ HOOK_NAMES = frozenset(
     {
         "turn:before",
         "turn:after",
+        "turn:error",
+        "turn:end",
         "stream:text",
         "stream:end",
         "tool:gate",
@@ -28,7 +38,9 @@ HOOK_NAMES = frozenset(
         "agent:done",
         "agent:abort",
         "replay:done",
+        "spawn:start",
         "spawn:complete",
+        "park:end",
     }
 )
 

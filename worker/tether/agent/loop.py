@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..durable.journal import now_ms
 from ..messages import JSON, Message, text_block, text_of, tool_uses
 from ..providers.base import ModelRequest, ProviderError
+from ..session.events import event
 from ..session.session import Session
 from ..session.types import SessionRun, SessionTurn
 from ..tools.base import ToolDef
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+BUDGET_WARNING = 0.8
+"""A run's events warn once it has spent this share of a budget."""
 BACKOFF_BASE_MS = 1000.0
 BACKOFF_MAX_MS = 30_000.0
 
@@ -70,6 +73,7 @@ class AgentRun:
         self.run_id = ""
         self.record: SessionRun | None = None
         self.tool_defs: list[ToolDef] = []
+        self._warned: set[str] = set()
 
     # The loop ------------------------------------------------------------------------------
 
@@ -89,6 +93,7 @@ class AgentRun:
         await self.session.save_run(record)
         if prompt is not None:
             await self._append("user", [text_block(prompt)], created_at=started)
+        await self._publish(event("run_started", self.run_id, started, prompt=prompt))
         status: AgentStatus
         error: str | None
         try:
@@ -107,6 +112,7 @@ class AgentRun:
                     run_id=self.run_id,
                     session_id=self.session.id,
                     record_decision=self.record_decision,
+                    live=self._live,
                 )
             )
             status, error = await self._turns()
@@ -120,6 +126,20 @@ class AgentRun:
         record.ended_at = self.stats.ended_at
         record.stats = self.stats.to_json()
         await self.session.save_run(record)
+        stats = self.stats
+        await self._publish(
+            event(
+                "run_ended",
+                self.run_id,
+                ended["at"],
+                status=status,
+                error=error,
+                turns=stats.turns,
+                tool_calls=stats.tool_calls,
+                tokens=stats.total_tokens,
+                cost_usd=stats.total_cost_usd,
+            )
+        )
         return self.stats
 
     async def _list_tools(self) -> list[ToolDef]:
@@ -174,17 +194,72 @@ class AgentRun:
             )
             self.stats.text = text_of(content) or self.stats.text
             calls = tool_uses(content)
+            await self._publish(*self._model_events(turn, response, calls))
             if not calls:
+                await self._turn_end(turn, response, response["at"])
                 follow_ups = await self._take_messages(turn)
                 if not follow_ups:
                     return "completed", None
                 await self._append("user", follow_ups, created_at=response["at"])
                 turn += 1
                 continue
-            results, finished_at = await self.tools.execute(calls, turn_id)
+            results, finished_at, outcomes = await self.tools.execute(calls, turn_id, turn)
+            await self._turn_end(turn, response, finished_at)
+            await self._publish(
+                *(event("tool_finished", self.run_id, finished_at, **o) for o in outcomes)
+            )
             steering = await self._take_messages(turn)
             await self._append("user", [*results, *steering], created_at=finished_at)
             turn += 1
+
+    async def _turn_end(self, turn: int, response: dict[str, Any], ended_at: float) -> None:
+        """`turn:end`, with the turn's journaled start and end; it fires on replays too."""
+        started = response["at"] - response.get("latency_ms", 0.0)
+        payload = {"turn": turn, "run_id": self.run_id, "started_at": started, "ended_at": ended_at}
+        await self.agent.hooks.call("turn:end", payload)
+
+    # Events ------------------------------------------------------------------------------
+
+    async def _publish(self, *events: JSON) -> None:
+        """Durable events of journaled values, appended outside any step (once per journal
+        position where the log's writes are journaled)."""
+        log = self.durable.stores.events
+        if log is not None and events:
+            await log.append(self.session.id, events)
+
+    def _live(self, live_event: JSON) -> None:
+        log = self.durable.stores.events
+        if log is not None:
+            log.live(self.session.id, live_event)
+
+    def _model_events(self, turn: int, response: dict[str, Any], calls: list[Any]) -> list[JSON]:
+        at = response["at"]
+        events = [
+            event(
+                "model_done",
+                self.run_id,
+                at,
+                turn=turn,
+                usage=response["usage"],
+                cost_usd=response.get("cost", 0.0),
+                stop=response.get("stop"),
+                text=text_of(response["content"]),
+                tool_calls=[{"id": c["id"], "name": c["name"]} for c in calls],
+            )
+        ]
+        behavior, stats = self.behavior, self.stats
+        budgets = [
+            ("cost_usd", behavior.max_cost_usd, stats.total_cost_usd),
+            ("tokens", behavior.max_tokens, stats.total_tokens),
+        ]
+        for kind, limit, spent in budgets:
+            # Once per run and budget: the turn that first crosses 80% of it.
+            if limit and spent >= BUDGET_WARNING * limit and kind not in self._warned:
+                self._warned.add(kind)
+                events.append(
+                    event("budget_warning", self.run_id, at, budget=kind, spent=spent, limit=limit)
+                )
+        return events
 
     async def _take_messages(self, turn: int) -> list[Any]:
         """The inbox's messages at the end of `turn`, as text blocks (none without an inbox)."""
@@ -241,9 +316,14 @@ class AgentRun:
             request = await self._request(turn)
             hooks = self.agent.hooks
             streamed: list[str] = []
+            # The step's name and the run's id name the call: a crash that cuts it off and
+            # runs it again starts the same call twice, which the live stream reports.
+            call = f"{self.run_id}/model:{turn}:{attempt}"
+            self._live(event("model_started", self.run_id, now_ms(), turn=turn, call=call))
 
             async def on_text(delta: str) -> None:
                 streamed.append(delta)
+                self._live(event("model_text", self.run_id, now_ms(), call=call, delta=delta))
                 await hooks.call("stream:text", {"delta": delta, "text": "".join(streamed)})
 
             started = now_ms()
@@ -253,12 +333,14 @@ class AgentRun:
                 return {"aborted": True, "at": now_ms()}
             except ProviderError as error:
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
-                return {
+                failed = {
                     "error": f"{error.provider}: {error}",
                     "retry": error.retryable and attempt < self.behavior.max_retries,
                     "retry_after": error.retry_after,
                     "at": now_ms(),
                 }
+                await hooks.call("turn:error", {"turn": turn, "run_id": self.run_id, **failed})
+                return failed
             if streamed:
                 await hooks.call("stream:end", {"text": "".join(streamed)})
             pricing = self.agent.provider.pricing
@@ -279,6 +361,8 @@ class AgentRun:
                     "cost": cost,
                     "content": response.content,
                     "latency_ms": value["latency_ms"],
+                    "stop": response.stop_reason,
+                    "run_id": self.run_id,
                 },
             )
             return value
@@ -306,7 +390,9 @@ class AgentRun:
             cache=self.behavior.cache,
             assistant_turns=self.session.assistant_turns,
         )
-        await agent.hooks.call("turn:before", {"turn": turn, "request": request})
+        await agent.hooks.call(
+            "turn:before", {"turn": turn, "request": request, "run_id": self.run_id}
+        )
         return request
 
     # Bookkeeping ---------------------------------------------------------------------------

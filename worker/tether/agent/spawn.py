@@ -57,6 +57,9 @@ def spawn_tool(
         if remaining is not None:
             child_behavior = child_behavior.override({"max_cost_usd": remaining})
         session = await create_session(id=ctx.durable.uuid(), clock=ctx.durable.now)
+        # The parent's hooks may give the child hooks of its own (tracing: under this call).
+        start = {"run_id": ctx.run_id, "call_id": ctx.call_id, "durable": ctx.durable}
+        started = await parent.hooks.call("spawn:start", {**start, "hooks": {}})
         child = Agent(
             provider=provider or parent.provider,
             tools=parent.tools if tools is None else tools,
@@ -64,6 +67,7 @@ def spawn_tool(
             durable=ctx.durable,
             session=session,
             behavior=child_behavior,
+            hooks=started["hooks"],
             depth=ctx.depth + 1,
             tool_extras=parent.tool_extras,
         )

@@ -77,8 +77,13 @@ def cap_output(output: ToolOutput, limit: int | None) -> ToolOutput:
     ]
 
 
-def _outcome(content: ToolOutput, *, outcome: str, is_error: bool) -> dict[str, Any]:
-    return {"content": content, "is_error": is_error, "outcome": outcome, "at": now_ms()}
+def _outcome(
+    content: ToolOutput, *, outcome: str, is_error: bool, duration_s: float | None = None
+) -> dict[str, Any]:
+    value = {"content": content, "is_error": is_error, "outcome": outcome, "at": now_ms()}
+    if duration_s is not None:
+        value["duration_s"] = round(duration_s, 6)
+    return value
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ class ToolRun:
     run_id: str
     session_id: str | None
     record_decision: Callable[[dict[str, Any]], Awaitable[None]]
+    live: Callable[[JSON], None] = lambda event: None
+    """Passes on a live event (a tool call started) to the session's stream."""
 
 
 class ToolCallExecutor:
@@ -105,11 +112,15 @@ class ToolCallExecutor:
         self.run = run
         self.tools = {t.name: t for t in run.tools}
         self.validators = {t.name: validator_for(t.spec.input_schema) for t in run.tools}
+        self.turn = 0
+        """The number of the turn whose calls run (the hooks' `turn`)."""
 
     async def execute(
-        self, calls: list[ToolUseBlock], turn_id: str
-    ) -> tuple[list[ToolResultBlock], float]:
-        """The results in call order, and the journaled time the last one was recorded."""
+        self, calls: list[ToolUseBlock], turn_id: str, turn: int = 0
+    ) -> tuple[list[ToolResultBlock], float, list[JSON]]:
+        """The results in call order, the journaled time the last one was recorded, and what
+        became of each call (for the session's events)."""
+        self.turn = turn
         limit = self.run.behavior.max_concurrent_tools
         values: list[dict[str, Any]] = []
         for group in plan_groups(calls, self.tools, limit):
@@ -119,7 +130,17 @@ class ToolCallExecutor:
             tool_result(call["id"], v["content"], is_error=bool(v["is_error"]))
             for call, v in zip(calls, values, strict=True)
         ]
-        return results, max(v["at"] for v in values)
+        outcomes: list[JSON] = [
+            {
+                "call_id": call["id"],
+                "tool": call["name"],
+                "outcome": v.get("outcome"),
+                "is_error": bool(v["is_error"]),
+                "duration_s": v.get("duration_s"),
+            }
+            for call, v in zip(calls, values, strict=True)
+        ]
+        return results, max(v["at"] for v in values), outcomes
 
     async def _run_group(
         self, group: list[ToolUseBlock], turn_id: str, limit: asyncio.Semaphore
@@ -215,17 +236,39 @@ class ToolCallExecutor:
         return await self._finish(call, turn_id, *await self._execute(tool, call, turn_id))
 
     async def _execute(
-        self, tool: ToolDef, call: ToolUseBlock, turn_id: str, ctx: ToolContext | None = None
+        self,
+        tool: ToolDef,
+        call: ToolUseBlock,
+        turn_id: str,
+        ctx: ToolContext | None = None,
+        started_at: float | None = None,
     ) -> tuple[ToolOutput, str, float]:
-        """The output, its outcome and the seconds the body took."""
+        """The output, its outcome and the seconds the body took. `started_at`: the journaled
+        start of a self-journaled call (its `tool:before` fires on replays too)."""
         hooks = self.run.agent.hooks
         base = {
             "name": call["name"],
             "input": call["input"],
             "call_id": call["id"],
             "turn_id": turn_id,
+            "run_id": self.run.run_id,
+            "turn": self.turn,
+            "replay": tool.replay,
+            "self_journaled": tool.self_journaled,
         }
+        if started_at is not None:
+            base["started_at"] = started_at
         await hooks.call("tool:before", dict(base))
+        self.run.live(
+            {
+                "type": "tool_started",
+                "run": self.run.run_id,
+                "at": now_ms(),
+                "call_id": call["id"],
+                "tool": call["name"],
+                "input": call["input"],
+            }
+        )
         started = time.monotonic()
         try:
             work = tool.execute(call["input"], ctx or self._context(call, turn_id))
@@ -258,6 +301,8 @@ class ToolCallExecutor:
                 "input": call["input"],
                 "call_id": call["id"],
                 "turn_id": turn_id,
+                "run_id": self.run.run_id,
+                "turn": self.turn,
                 "result": output,
                 "is_error": outcome != "ok",
             },
@@ -266,7 +311,9 @@ class ToolCallExecutor:
         await hooks.call(
             "tool:after", dict(payload, result=result, outcome=outcome, duration_s=duration)
         )
-        return _outcome(result, outcome=outcome, is_error=bool(payload["is_error"]))
+        return _outcome(
+            result, outcome=outcome, is_error=bool(payload["is_error"]), duration_s=duration
+        )
 
     async def _error_hook(self, call: ToolUseBlock, turn_id: str, message: str) -> None:
         await self.run.agent.hooks.call(
@@ -288,12 +335,16 @@ class ToolCallExecutor:
         durable = self.run.durable
 
         async def check() -> JSON:
-            return await self._check(call, turn_id) or {"allowed": True}
+            return await self._check(call, turn_id) or {"allowed": True, "at": now_ms()}
 
         checked: dict[str, Any] = await durable.step("decision", f"tool-check:{call['id']}", check)
         if not checked.get("allowed"):
             return checked
         ctx = self._context(call, turn_id)
-        result = await self._finish(call, turn_id, *await self._execute(tool, call, turn_id, ctx))
+        run = self._execute(tool, call, turn_id, ctx, started_at=checked.get("at"))
+        result = await self._finish(call, turn_id, *await run)
         result["at"] = await ctx.durable.now()  # the tool's own scope: its positions continue
+        # Not journaled as a whole: what the session's events take from it must replay the same
+        # (Restate compares a replayed state write with the journal), and a duration would not.
+        result.pop("duration_s", None)
         return result

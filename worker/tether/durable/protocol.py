@@ -17,6 +17,7 @@ from ..messages import JSON
 from .replay import LiveCallback
 
 if TYPE_CHECKING:
+    from ..session.events import EventLog
     from ..session.store import SessionStore, ToolStateStore
 
 StepKind = Literal["model", "tool", "decision", "sleep", "state", "clock"]
@@ -40,6 +41,8 @@ class RuntimeStores:
 
     session: SessionStore | None = None
     tool_state: ToolStateStore | None = None
+    events: EventLog | None = None
+    """Where runs append the events people watch (`tether.session.events`); none: no events."""
 
 
 @dataclass

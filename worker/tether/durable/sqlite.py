@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from .._sqlite import Database, Synchronous
+from ..session.events import MemoryEventLog
 from ..session.sqlite import SqliteSessionStore
 from .errors import RunClosedError, RunLeasedError
 from .journal import JournalEntry, JournalRuntime, now_ms
@@ -116,7 +117,7 @@ class SqliteRuntime(JournalRuntime):
             backend="sqlite",
             run_id=run_id,
             seed=run_id,
-            stores=RuntimeStores(session=session_store),
+            stores=RuntimeStores(session=session_store, events=MemoryEventLog()),
         )
         self._set_status("running")
 

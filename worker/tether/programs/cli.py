@@ -145,6 +145,29 @@ def _approvals_parser(commands: Any) -> None:
     _sidecar_client_arguments(approvals)
 
 
+def _watch_parsers(commands: Any) -> None:
+    watch = commands.add_parser(
+        "watch",
+        help="follow a session's runs as they happen (the sidecar's event stream)",
+        description="Mints a read token with TETHER_WEBHOOK_SECRET (or `tether dev`'s secret) "
+        "and follows GET /v1/sessions/<session>/events, reconnecting where it left off.",
+    )
+    url = commands.add_parser(
+        "events-url",
+        help="print a session's event-stream URL with a read token (for a browser or curl)",
+        description="The URL of GET /v1/sessions/<session>/events with a token minted with "
+        "TETHER_WEBHOOK_SECRET (or `tether dev`'s secret), valid for --ttl seconds.",
+    )
+    for parser in (watch, url):
+        parser.add_argument("session", help="the session id")
+        parser.add_argument("--agent", required=True, help="the agent (its Restate service)")
+        _sidecar_client_arguments(parser)
+    watch.add_argument("--after", help="start after this event id (default: the beginning)")
+    watch.add_argument("--json", action="store_true", help="one JSON event per line")
+    watch.add_argument("--until-end", action="store_true", help="stop when a run ends")
+    url.add_argument("--ttl", type=int, default=3600, help="seconds the token works (3600)")
+
+
 def _sidecar_client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sidecar", default="http://127.0.0.1:8000", help="sidecar base URL")
     parser.add_argument(
@@ -173,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     _dev_parser(commands)
     _resolve_parser(commands)
     _approvals_parser(commands)
+    _watch_parsers(commands)
     _crd_parser(commands)
     return parser
 
@@ -295,6 +319,19 @@ def resolve_command(args: argparse.Namespace) -> int:
     return 0 if response.is_success else 1
 
 
+def watch_command(args: argparse.Namespace) -> int:
+    from .dev import webhook_secret
+    from .watch import events_url, watch
+
+    secret = webhook_secret(Path(args.data_dir)).encode()
+    ttl = getattr(args, "ttl", 3600)
+    url = events_url(args.sidecar, args.agent, args.session, secret, ttl)
+    if args.command == "events-url":
+        print(url)
+        return 0
+    return watch(url, after=args.after, as_json=args.json, until_end=args.until_end)
+
+
 def approvals_command(args: argparse.Namespace) -> int:
     import json
 
@@ -371,6 +408,8 @@ def main(argv: list[str] | None = None) -> None:
             code = resolve_command(args)
         elif args.command == "approvals":
             code = approvals_command(args)
+        elif args.command in ("watch", "events-url"):
+            code = watch_command(args)
         elif args.command == "crd":
             from ..spec.crd import durableagent_crd_yaml
 

@@ -183,8 +183,10 @@ class DevStack(Lifecycle):
         self.sidecar.env |= {
             "RESTATE_INGRESS_URL": self.server.ingress_url,
         }
-        # The worker takes requests only from this server (tether.programs.restate_identity).
+        # The worker takes requests only from this server (tether.programs.restate_identity),
+        # and sends the sessions' live events through its ingress.
         self.worker.env[IDENTITY_KEYS_ENV] = self.server.identity_public_key
+        self.worker.env["RESTATE_INGRESS_URL"] = self.server.ingress_url
         self.start_worker()
         self.sidecar.start()
         wait_for(f"{self.sidecar_url}/healthz", "sidecar", self.sidecar)

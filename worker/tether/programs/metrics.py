@@ -9,12 +9,15 @@ before `prometheus_client` is first imported; without it the metrics simply live
 so a replay never counts work twice; the few that also fire on a replay (the end of a run, and
 `tool:after` of a self-journaled tool such as `spawn`, `ask_human` or an approval gate, whose
 body runs outside any step) are counted only once the run has gone live (see `agent_hooks`).
+How long calls stay parked is observed by the worker where a park ends (`observe_parked`, from
+`tether.programs.worker.parking`), and the age of the oldest parked call is computed by the
+sidecar at scrape time, like the count of parked calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 from .._optional import extra_imports
 
@@ -22,10 +25,14 @@ with extra_imports("tether.programs.metrics", "sidecar", "prometheus_client"):
     from prometheus_client import Counter, Gauge, Histogram, values
 
 from ..agent.hooks import HookFn, HookPayload
+from ..agent.stats import AgentStatus
 from ..durable.protocol import DurableRuntime
+from ..parked import ParkedKind
 
 PARKED_CALLS_NAME = "tether_parked_calls"
 PARKED_CALLS_HELP = "Calls parked on an awakeable, waiting for a person."
+PARKED_OLDEST_NAME = "tether_parked_oldest_seconds"
+PARKED_OLDEST_HELP = "Age of the oldest call parked for a person, in seconds (0 when none waits)."
 WEBHOOK_REQUESTS_NAME = "tether_webhook_requests"
 
 #: Computed by the sidecar at scrape time from the records in Restate; nobody sets it.
@@ -58,12 +65,20 @@ MODEL_CALLS = Counter(
     "Model calls that ran live.",
     ["agent", "provider", "model", "outcome"],
 )
+MODEL_CALL_DURATION = Histogram(
+    "tether_model_call_duration_seconds",
+    "How long live model calls took (the provider's answer, streamed text included).",
+    ["agent", "provider", "model"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+)
 MODEL_TOKENS = Counter(
     "tether_model_tokens_total",
     "Model tokens by kind (input, output, cache_read, cache_write).",
-    ["agent", "kind"],
+    ["agent", "provider", "model", "kind"],
 )
-COST_USD = Counter("tether_cost_usd_total", "Model cost in US dollars.", ["agent"])
+COST_USD = Counter(
+    "tether_cost_usd_total", "Model cost in US dollars.", ["agent", "provider", "model"]
+)
 TOOL_CALLS = Counter(
     "tether_tool_calls_total", "Tool calls that ran live, by outcome.", ["agent", "tool", "outcome"]
 )
@@ -89,6 +104,18 @@ MCP_CALL_DURATION = Histogram(
     ["agent", "server", "tool"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
+MINUTE, HOUR, DAY = 60, 3600, 86400
+#: From seconds (an answer right away) to a week.
+PARKED_DURATION_BUCKETS = (
+    *(1, 5, 15, 30, MINUTE, 2 * MINUTE, 5 * MINUTE, 10 * MINUTE, 30 * MINUTE),
+    *(HOUR, 2 * HOUR, 4 * HOUR, 8 * HOUR, DAY, 2 * DAY, 7 * DAY),
+)
+PARKED_DURATION = Histogram(
+    "tether_parked_duration_seconds",
+    "How long calls stayed parked: from the park to a person's answer, the timeout or a rejection.",
+    ["agent", "kind"],
+    buckets=PARKED_DURATION_BUCKETS,
+)
 WEBHOOK_REQUESTS = Counter(
     f"{WEBHOOK_REQUESTS_NAME}_total",
     "Requests to the sidecar's approval webhooks and links, by outcome.",
@@ -106,6 +133,53 @@ def mcp_observer(agent: str) -> Callable[[str, str, str, float], None]:
         MCP_CALL_DURATION.labels(agent, server, tool).observe(seconds)
 
     return observe
+
+
+def parked_seconds(parked: Mapping[str, Any], ended: Mapping[str, Any], now_ms: float) -> float:
+    """How long a call stayed parked, from its record (a `tether.parked.ParkedCall`: epoch ms
+    `created_at`, `expires_at`), how its park ended (`park:end`'s value) and the clock now:
+    until its deadline when it timed out, until `decided_at` when the answer says when it was
+    decided (the sidecar adds it; kept only if it falls within the park), otherwise until now
+    (Restate resumes the run as soon as the answer arrives)."""
+    created, end = float(parked["created_at"]), now_ms
+    expires, decided = _epoch_ms(parked.get("expires_at")), _epoch_ms(ended.get("decided_at"))
+    if ended.get("timed_out") and expires is not None:
+        end = expires
+    elif decided is not None and created <= decided <= now_ms:
+        end = decided
+    return max(0.0, (end - created) / 1000)
+
+
+def _epoch_ms(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def observe_parked(agent: str, kind: str, seconds: float) -> None:
+    """Count one park that ended (answered, timed out or rejected) and how long it lasted. The
+    caller calls it once per park, where the park's end runs live (see `parking._ended`)."""
+    PARKED_DURATION.labels(agent, kind).observe(seconds)
+
+
+PARKED_KINDS: tuple[str, ...] = get_args(ParkedKind)
+RUN_STATUSES: tuple[str, ...] = get_args(AgentStatus)
+
+
+def agent_series_at_zero(agent: str, *, provider: str, model: str) -> None:
+    """Give the agent's series whose labels are known before any work (runs by status, replays,
+    parks by kind, its model's calls, latency, tokens and cost) a value of 0 when the worker
+    starts. A series that first appears with its first count shows Prometheus no increase, so
+    `rate()`, `increase()` and `histogram_quantile()` would miss the first run, error or park of
+    every new pod: for rare events (a park, an error), all of them."""
+    for status in RUN_STATUSES:
+        RUNS.labels(agent, status)
+    REPLAYS.labels(agent)
+    for kind in PARKED_KINDS:
+        PARKED_DURATION.labels(agent, kind)
+    MODEL_CALLS.labels(agent, provider, model, "ok")
+    MODEL_CALL_DURATION.labels(agent, provider, model)
+    for kind in ("input", "output"):
+        MODEL_TOKENS.labels(agent, provider, model, kind)
+    COST_USD.labels(agent, provider, model)
 
 
 def multiprocess_enabled() -> bool:
@@ -127,7 +201,8 @@ def agent_hooks(
 
     What counts, exactly once per piece of work (a crash inside a step body aside, which runs
     the body again):
-    - model calls and tokens from `turn:after`, which fires inside the model step, live only;
+    - model calls, their latency, tokens and cost from `turn:after`, which fires inside the
+      model step, live only;
     - a tool call from its `tool:after`. For an ordinary tool that fires inside the tool step.
       A self-journaled tool (`spawn`, `ask_human`, an approval gate) fires it outside any step,
       on a replay too, so with `durable` such a call counts only if the run is live when the
@@ -158,14 +233,17 @@ def agent_hooks(
 
     def turn_after(payload: HookPayload) -> None:
         MODEL_CALLS.labels(agent, provider, model, "ok").inc()
+        latency_ms = payload.get("latency_ms")
+        if isinstance(latency_ms, int | float):
+            MODEL_CALL_DURATION.labels(agent, provider, model).observe(max(0.0, latency_ms) / 1000)
         usage: Mapping[str, Any] = payload.get("usage") or {}
         for kind in TOKEN_KINDS:
             tokens = usage.get(kind) or 0
             if tokens > 0:
-                MODEL_TOKENS.labels(agent, kind).inc(tokens)
+                MODEL_TOKENS.labels(agent, provider, model, kind).inc(tokens)
         cost = float(payload.get("cost") or 0.0)
         if cost > 0:
-            COST_USD.labels(agent).inc(cost)
+            COST_USD.labels(agent, provider, model).inc(cost)
 
     def tool_after(payload: HookPayload) -> None:
         if not live():

@@ -16,15 +16,17 @@ import asyncio
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .._sqlite import Database
 from ..agent import AgentStats, create_agent
-from ..agent.hooks import HooksInit
+from ..agent.hooks import HookFn, HooksInit
 from ..agent.spawn import spawn_tool
 from ..durable import sqlite_runtime
 from ..durable.answers import AnswerBook, Parked, WaitingCall, embedded_wait
+from ..durable.protocol import DurableRuntime
 from ..providers.base import Provider
 from ..providers.scripted import scripted
 from ..session import create_session, load_session
@@ -43,6 +45,7 @@ from ..spec.assemble import (
 from ..tools.base import ToolDef
 from ..tools.toolset import Toolset
 from .hardening import refuse_state_in_workspace
+from .trace_context import traces_wanted
 
 DEFAULT_MODELS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
 PARKED_EXIT = 3
@@ -128,6 +131,15 @@ class Progress:
         self.say(f"  {mark} {payload['name']} [{payload['outcome']}]: {result}")
 
 
+def merge_hooks(*parts: HooksInit) -> dict[str, list[HookFn]]:
+    """The hooks of several sources, each hook's functions in their order."""
+    merged: dict[str, list[HookFn]] = {}
+    for part in parts:
+        for name, fns in part.items():
+            merged.setdefault(name, []).extend([fns] if callable(fns) else fns)
+    return merged
+
+
 def _describe(counter: Counter[str]) -> str:
     parts = ", ".join(f"{kind} {n}" for kind, n in sorted(counter.items()))
     return f"{counter.total()}" + (f" ({parts})" if parts else "")
@@ -155,7 +167,28 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
         progress = Progress(not args.quiet)
         progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
         progress.say(f"  {provider_note}")
-        return asyncio.run(_run(args, spec, provider, tools, book, progress))
+        tracing = None
+        if traces_wanted(env):  # OTEL_EXPORTER_OTLP_ENDPOINT...; without, nothing is loaded
+            from .tracing import tracing_from_env
+
+            tracing = tracing_from_env(env, service_name=manifest.metadata.name)
+
+        def trace_hooks(durable: DurableRuntime) -> HooksInit:
+            if tracing is None:
+                return {}
+            return tracing.hooks(
+                agent=manifest.metadata.name,
+                provider=provider.name,
+                model=provider.model,
+                durable=durable,
+                attributes={"tether.cli.run_id": args.run_id},
+            )
+
+        try:
+            return asyncio.run(_run(args, spec, provider, tools, book, progress, trace_hooks))
+        finally:
+            if tracing is not None:
+                tracing.shutdown()  # exports what the run emitted, parked or not
     finally:
         answers.close()
 
@@ -167,6 +200,7 @@ async def _run(
     tools: list[ToolDef | Toolset],
     book: AnswerBook,
     progress: Progress,
+    trace_hooks: Callable[[DurableRuntime], HooksInit],
 ) -> int:
     with sqlite_runtime(args.db, args.run_id) as durable:
         if durable.resuming:
@@ -194,7 +228,7 @@ async def _run(
             durable=durable,
             session=session,
             behavior=behavior_from_spec(spec),
-            hooks=progress.hooks(),
+            hooks=merge_hooks(progress.hooks(), trace_hooks(durable)),
         )
         try:
             stats = await agent.run(prompt)

@@ -229,6 +229,42 @@ def verify_listing_token(secret: bytes, token: object, now: float | None = None)
         raise SignatureError("listing token does not match")
 
 
+EVENTS_TOKEN_SECONDS = 3600
+"""How long a read token of a session's events works by default."""
+
+
+def events_token(secret: bytes, agent: str, session: str, expires: int | None = None) -> str:
+    """A read token of one session's event stream, `<exp>.<hex HMAC(secret,
+    "tether-events:v1:<agent>:<session>:<exp>")>`, valid until `exp` (unix seconds)."""
+    expires = int(time.time()) + EVENTS_TOKEN_SECONDS if expires is None else expires
+    message = json.dumps(["tether-events:v1", agent, session, expires]).encode()
+    return f"{expires}.{_digest(secret, message)}"
+
+
+def verify_events_token(
+    secret: bytes, token: str, agent: str, session: str, now: float | None = None
+) -> None:
+    stamp, _, signature = token.partition(".")
+    if not stamp.isdigit() or not signature:
+        raise SignatureError("malformed events token")
+    if int(stamp) < (time.time() if now is None else now):
+        raise SignatureError("the events token has expired")
+    if not _equal(events_token(secret, agent, session, int(stamp)).partition(".")[2], signature):
+        raise SignatureError("the events token is not for this session")
+
+
+def live_signature(secret: bytes, session: str, events: object) -> str:
+    """HMAC(secret, "tether-live:v1:<session>:<events as canonical JSON>"): a worker's batch of
+    live events, which only a holder of the secret may add to a session's stream."""
+    canonical = json.dumps(events, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return _digest(secret, f"tether-live:v1:{session}:{canonical}".encode())
+
+
+def live_signed(secrets: Sequence[bytes], session: str, events: object, signature: str) -> bool:
+    """Whether one of `secrets` signed this batch of live events."""
+    return any(_equal(live_signature(s, session, events), signature) for s in secrets)
+
+
 def verified_by_any(
     secrets: Sequence[bytes], verify: Callable[..., T], *args: Any, **kwargs: Any
 ) -> T:

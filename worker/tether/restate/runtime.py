@@ -32,6 +32,7 @@ from ..messages import JSON
 from ..session.store import MemoryToolStateStore, memory_store
 from .clock import DEFAULT_REANCHOR_EVERY, CoalescedClock
 from .errors import is_restate_control_error
+from .events import RestateEventLog
 from .session import restate_session_store
 from .tool_state import restate_tool_state_store
 from .types import RestateCombinators, RestateContextLike, RestateRuntimeOptions
@@ -121,6 +122,7 @@ class RestateRuntime:
             return RuntimeStores(
                 session=restate_session_store(self.ctx, clock=self.now),  # type: ignore[arg-type]
                 tool_state=restate_tool_state_store(self.ctx),  # type: ignore[arg-type]
+                events=RestateEventLog(self.ctx, sink=self.options.live_sink),  # type: ignore[arg-type]
             )
         return RuntimeStores(session=memory_store(), tool_state=MemoryToolStateStore())
 

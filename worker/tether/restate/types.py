@@ -141,6 +141,8 @@ class RestateRuntimeOptions:
     - `run_options`: `RunOptions` by step kind. Default `max_attempts=1`: a failure is recorded
       as the step's outcome instead of being retried blindly.
     - `session_store`: default `restate_session_store(ctx)` on an object context, else memory.
+    - `live_sink`: where the session's live events go (model text, a tool call started); the
+      durable ones are kept in the object's state (`tether.restate.events`).
     """
 
     promises: RestateCombinators | Literal["sdk"] | None = "sdk"
@@ -150,6 +152,7 @@ class RestateRuntimeOptions:
     resolve_awakeable: Callable[[str, Any], Awaitable[None] | None] | None = None
     run_options: Mapping[str, RunOptions[Any]] = field(default_factory=dict)
     session_store: SessionStore | None = None
+    live_sink: Callable[[str, int, Any], None] | None = None
 
 
 @dataclass
@@ -246,6 +249,8 @@ class ChildRunRequest(TypedDict):
     parent_run_id: NotRequired[str]
     session_id: NotRequired[str]
     subagent_type: NotRequired[str]
+    traceparent: NotRequired[str]
+    """The W3C trace context of the spawn call, so the child's spans join the parent's trace."""
 
 
 ChildStatus = Literal["completed", "error", "aborted", "timeout"]

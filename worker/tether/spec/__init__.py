@@ -545,6 +545,32 @@ class WorkerSpec(_Model):
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
 
 
+class ObservabilitySpec(_Model):
+    """Where the agent's traces go: OpenTelemetry, a trace per run (its turns, model and tool
+    calls, waits for approval and sub-agents), exported over OTLP/HTTP by the worker."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        pattern=NOTIFY_URL,
+        max_length=MAX_URL_LENGTH,
+        description="Base URL of an OTLP/HTTP collector, e.g. "
+        "http://otel-collector.observability:4318 (the worker's OTEL_EXPORTER_OTLP_ENDPOINT; "
+        "OTEL_SERVICE_NAME is the agent's name). Default: the operator's "
+        "(`observability.otlpEndpoint` of the chart); neither: no traces. A URL with user "
+        "information or a query is refused.",
+    )
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _no_token(cls, value: str | None) -> str | None:
+        if value is not None and (re.search(URL_USERINFO, value) or re.search(URL_QUERY, value)):
+            raise ValueError(
+                "this URL carries user information or a query, stored in plain text in the "
+                "DurableAgent and its Deployment: give the collector's address alone"
+            )
+        return value
+
+
 class WebhookSpec(_Model):
     """The secret that signs approval links and authenticates webhook resolutions."""
 
@@ -587,6 +613,9 @@ class DurableAgentSpec(_Model):
     webhook: WebhookSpec | None = Field(default=None, description="Webhook signing secret.")
     drain: DrainSpec = Field(
         default_factory=DrainSpec, description="How an old version is retired after a change."
+    )
+    observability: ObservabilitySpec | None = Field(
+        default=None, description="Where the agent's traces go (OpenTelemetry)."
     )
 
     def mcp_header_secrets(self) -> list[tuple[str, SecretKeyRef, str]]:

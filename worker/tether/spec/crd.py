@@ -271,6 +271,14 @@ def _spec_schema() -> Schema:
         notify["properties"]["url"],
         _rule(token_free, f"spec.approvals.notify.url {URL_WITH_TOKEN}"),
     )
+    _add_rules(
+        props["observability"]["properties"]["otlpEndpoint"],
+        _rule(
+            credential_free,
+            "spec.observability.otlpEndpoint carries user information or a query, stored in "
+            "plain text: give the collector's address alone",
+        ),
+    )
     drain = props["drain"]
     _add_rules(
         drain,

@@ -62,9 +62,8 @@ def decision_of(value: Any) -> dict[str, Any]:
 
 async def _record(ctx: ToolContext, kind: ParkedKind, answer: Answer, **outcome: Any) -> None:
     """Add the decision on this call to the run's record (replays rebuild the record, so a
-    decision is recorded once however often the run is replayed)."""
-    if ctx.record_decision is None:
-        return
+    decision is recorded once however often the run is replayed), and tell the agent's
+    `park:end` hooks (on replays too: a hook that counts checks whether the run is live)."""
     entry: dict[str, Any] = {"call_id": ctx.call_id, "tool": ctx.tool_name, "kind": kind}
     entry.update(decision_of(answer.value))
     entry.update(outcome)
@@ -72,7 +71,11 @@ async def _record(ctx: ToolContext, kind: ParkedKind, answer: Answer, **outcome:
         entry["timed_out"] = True
     if answer.rejected is not None:
         entry["rejected"] = answer.rejected[:MAX_DECISION_TEXT]
-    await ctx.record_decision(entry)
+    hooks = getattr(ctx.agent, "hooks", None)  # the agent's `Hooks` (tools sit below it)
+    if hooks is not None:
+        await hooks.call("park:end", {**entry, "run_id": ctx.run_id})
+    if ctx.record_decision is not None:
+        await ctx.record_decision(entry)
 
 
 def _approved(value: Any) -> tuple[bool, str | None]:

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
-from . import approvals, health, metrics, sessions, slack
+from . import approvals, events, health, metrics, sessions, slack
 from .awakeable_id import loggable_id
 from .context import Sidecar
 from .pages import link_page
@@ -69,6 +69,7 @@ def create_app(settings: SidecarSettings) -> FastAPI:
     app.add_middleware(SignedPosts, sidecar=sidecar)
     app.include_router(approvals.router)
     app.include_router(sessions.router)
+    app.include_router(events.router)
     app.include_router(slack.router)
     app.include_router(metrics.router)
     app.include_router(health.router)

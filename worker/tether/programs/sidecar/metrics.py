@@ -1,8 +1,9 @@
 """`GET /metrics`: the worker's and the sidecar's metrics in one Prometheus exposition.
 
 Both processes write to `PROMETHEUS_MULTIPROC_DIR` (prometheus_client's multiprocess mode) and
-this merges the files with `MultiProcessCollector`. `tether_parked_calls{agent,kind}` is computed
-at scrape time from the parked-call records in Restate. When this process itself is not in
+this merges the files with `MultiProcessCollector`. `tether_parked_calls{agent,kind}` and
+`tether_parked_oldest_seconds{agent}` (the age of the oldest parked call, 0 when none waits) are
+computed at scrape time from the parked-call records in Restate. When this process itself is not in
 multiprocess mode (the variable was not set when prometheus_client was imported), its own
 webhook counter is served from memory instead.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,6 +29,9 @@ from ...parked import ParkedCall
 from ..metrics import (
     PARKED_CALLS_HELP,
     PARKED_CALLS_NAME,
+    PARKED_KINDS,
+    PARKED_OLDEST_HELP,
+    PARKED_OLDEST_NAME,
     WEBHOOK_REQUESTS,
     WEBHOOK_REQUESTS_NAME,
     multiprocess_enabled,
@@ -36,11 +41,12 @@ from .rejection import Rejection
 
 log = logging.getLogger("tether.programs.sidecar")
 router = APIRouter()
-PARKED_KINDS = ("approval", "ask_human")
 
 
 class ParkedCallsCollector(Collector):
-    """`tether_parked_calls{agent,kind}` from a read of the records (every kind, zeros too)."""
+    """`tether_parked_calls{agent,kind}` (every kind, zeros too) and
+    `tether_parked_oldest_seconds{agent}` (0 when nothing is parked) from a read of the records,
+    at the time of the scrape."""
 
     def __init__(self, agent: str, records: Mapping[str, ParkedCall]) -> None:
         self._agent = agent
@@ -52,6 +58,15 @@ class ParkedCallsCollector(Collector):
         for kind in sorted(set(PARKED_KINDS) | set(counts)):
             family.add_metric([self._agent, kind], counts.get(kind, 0))
         yield family
+        now = time.time()
+        created = [
+            float(r["created_at"]) / 1000
+            for r in self._records.values()
+            if type(r.get("created_at")) in (int, float)
+        ]
+        oldest = GaugeMetricFamily(PARKED_OLDEST_NAME, PARKED_OLDEST_HELP, labels=["agent"])
+        oldest.add_metric([self._agent], max(0.0, now - min(created)) if created else 0.0)
+        yield oldest
 
 
 class WithoutFamilies(Collector):
@@ -67,7 +82,7 @@ class WithoutFamilies(Collector):
 
 def build_registry(sidecar: Sidecar, records: Mapping[str, ParkedCall] | None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    served_here = {PARKED_CALLS_NAME}
+    served_here = {PARKED_CALLS_NAME, PARKED_OLDEST_NAME}
     if not multiprocess_enabled():
         registry.register(WEBHOOK_REQUESTS)
         served_here.add(WEBHOOK_REQUESTS_NAME)
@@ -88,7 +103,7 @@ async def metrics(sidecar: SidecarDep) -> Response:
     try:
         records = await sidecar.parked.all()
     except Rejection:
-        log.warning("metrics: the parked calls could not be read; tether_parked_calls is left out")
+        log.warning("metrics: the parked calls could not be read; tether_parked_* are left out")
         records = None
     registry = build_registry(sidecar, records)
     body = await run_in_threadpool(generate_latest, registry)

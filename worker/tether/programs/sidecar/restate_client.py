@@ -15,6 +15,7 @@ machines an aiohttp request costs a fraction of the CPU of an httpx2 one (measur
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -30,6 +31,9 @@ log = logging.getLogger("tether.programs.sidecar")
 TIMEOUT = aiohttp.ClientTimeout(total=10.0)
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=3.0)
 ACCEPTED = "Accepted"
+
+
+JSON = "application/json"
 
 
 def _key(text: str) -> str:
@@ -159,6 +163,23 @@ class RestateClient:
         if not isinstance(answer, list):
             raise Rejection(502, "restate_error", "the parked calls came back malformed")
         return [record for record in answer if isinstance(record, dict)]
+
+    async def session_events(self, agent: str, session: str, after: str) -> list[dict[str, Any]]:
+        """The session's events after the id `after`: the durable ones from the agent's object,
+        then the live ones from `<agent>-live`, each list in stream order."""
+        body = json.dumps(after).encode()
+        durable, live = await asyncio.gather(
+            self._post(f"{self._ingress}/{agent}/{_key(session)}/events", body, JSON, "events"),
+            self._post(f"{self._ingress}/{agent}-live/{_key(session)}/read", body, JSON, "live"),
+        )
+        events: list[dict[str, Any]] = []
+        for status, raw in (durable, live):
+            if status == 200:
+                events += json.loads(raw)
+            elif status != 404:  # the live object answers 404 before its first event
+                log.warning("session events: Restate answered HTTP %s: %s", status, raw[:300])
+                raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
+        return events
 
     async def ingress_healthy(self) -> bool:
         try:

@@ -8,13 +8,17 @@ The announcement is the signed JSON of the record with approve/deny links
 `tether.programs.slack`). Its end (answer, timeout or rejection) is a journaled step, so the
 attempt that gets the answer is known to be live; for an answer it keeps who decided, how and
 when, as the resolution says (`approved`, `by`, `approver`, `decided_at`: the sidecar adds them),
-the run's record of the decision next to the value Restate keeps for the awakeable.
+the run's record of the decision next to the value Restate keeps for the awakeable. The attempt
+whose `park:end` runs live also observes how long the call was parked
+(`tether_parked_duration_seconds`): once per park, whichever way the answer came (the sidecar,
+Restate's API, the timer), and never again when a later attempt replays that step.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,9 +33,11 @@ from ...restate.awakeable import race_with_timeout
 from ...restate.errors import is_restate_cancellation
 from ...restate.runtime import default_run_options
 from ...restate.types import AwakeableOutcome, AwakeableWithTimeoutOptions
+from ...session.events import event
 from ...spec import NotifyFormat
 from ...tools.base import ToolContext
 from ...tools.human import Answer, Wait, decision_of
+from ..metrics import observe_parked, parked_seconds
 from ..redact import redact
 from ..slack.messages import approval_message
 from ..webhooks import LinkAction, sign_request, signed_link
@@ -163,6 +169,15 @@ async def park(
     ctx.set(PARKED_STATE_KEY, parked)
     if settings.index is not None:
         settings.index.add(ctx, record)
+    await _publish(
+        tool_ctx,
+        "approval_parked" if kind == "approval" else "question_parked",
+        created,
+        tool=record["tool"],
+        call_id=record["call_id"],
+        input=record["input_summary"],
+        expires_at=record.get("expires_at"),
+    )
     if settings.notify_url:
 
         async def notify() -> dict[str, Any]:
@@ -177,11 +192,20 @@ async def park(
     except TerminalError as error:  # rejected, or the invocation was cancelled
         await _unpark(ctx, settings, awakeable_id)
         if not is_restate_cancellation(error):
-            await _ended(tool_ctx, {"rejected": True})
+            await _ended(tool_ctx, settings, record, {"rejected": True})
         raise
     await _unpark(ctx, settings, awakeable_id)
-    await _ended(tool_ctx, {"timed_out": outcome.timed_out, **decision_of(outcome.value)})
+    how = {"timed_out": outcome.timed_out, **decision_of(outcome.value)}
+    await _ended(tool_ctx, settings, record, how)
     return outcome
+
+
+async def _publish(tool_ctx: ToolContext, kind: str, at: float, **fields: Any) -> None:
+    """A park's event in the session's stream (journaled values only, so a replay writes the
+    same)."""
+    log = tool_ctx.durable.stores.events
+    if log is not None and tool_ctx.session_id:
+        await log.append(tool_ctx.session_id, [event(kind, tool_ctx.run_id, at, **fields)])
 
 
 def restate_wait(ctx: restate.ObjectContext, settings: ParkSettings) -> Wait:
@@ -200,15 +224,28 @@ def restate_wait(ctx: restate.ObjectContext, settings: ParkSettings) -> Wait:
     return wait
 
 
-async def _ended(tool_ctx: ToolContext, how: dict[str, Any]) -> None:
+async def _ended(
+    tool_ctx: ToolContext, settings: ParkSettings, parked: ParkedCall, how: dict[str, Any]
+) -> None:
     """Journal the end of the park as a step of the call. It runs live in the attempt that
     first gets the answer (the run is live from there: `replay:done` fires, and the call's
-    `tool:after` is counted) and is replayed by any attempt after."""
+    `tool:after` is counted) and is replayed by any attempt after. That attempt, and only it,
+    observes how long the call was parked: once its step is journaled, so an attempt that dies
+    before the step is in the journal leaves the observation to the one that runs it again."""
+    ran = False
 
     async def record() -> JSON:
+        nonlocal ran
+        ran = True
         return how
 
     await tool_ctx.durable.step("decision", "park:end", record)
+    resolved = "approval_resolved" if parked["kind"] == "approval" else "question_answered"
+    at = how.get("decided_at") or parked["created_at"]
+    await _publish(tool_ctx, resolved, at, tool=parked["tool"], call_id=parked["call_id"], **how)
+    if ran:
+        seconds = parked_seconds(parked, how, time.time() * 1000)
+        observe_parked(settings.agent, parked["kind"], seconds)
 
 
 async def _unpark(ctx: restate.ObjectContext, settings: ParkSettings, awakeable_id: str) -> None:

@@ -39,7 +39,9 @@ from ...restate import (
     restate_spawn_tool,
     run_child,
 )
+from ...restate.events import read_events
 from ...session import create_session, load_session
+from ...session.events import Cursor
 from ...spec import parse_duration
 from ...spec.assemble import (
     SPAWN_TOOL,
@@ -52,8 +54,10 @@ from ...spec.assemble import (
 )
 from ...tools.base import ToolContext, ToolDef
 from ...tools.toolset import Toolset
-from ..metrics import agent_hooks, mcp_observer
+from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
+from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
 from .inbox import RestateInbox, inbox_object
+from .live import LivePublisher, live_object
 from .parked_index import ParkedIndex
 from .parking import ParkSettings, restate_wait
 from .retries import RETRY_AFTER_WORKER_LOSS
@@ -154,7 +158,12 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         notify_format=(approvals.notify.format if approvals.notify else None) or "json",
     )
     inbox, take_messages = inbox_object(manifest.metadata.name)
+    live = LivePublisher(
+        manifest.metadata.name, settings.ingress_url or "", settings.webhook_secret
+    )
+    live_sink = live if settings.ingress_url else None
     observe_mcp = mcp_observer(manifest.metadata.name)
+    agent_series_at_zero(manifest.metadata.name, provider=provider.name, model=provider.model)
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -169,21 +178,48 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             spec, settings.workspace, parking, env=settings.env, observe=observe_mcp
         )
 
-    def hooks_for(durable: DurableRuntime) -> dict[str, HookFn]:
-        """The metrics hooks of a run (the session's agent or a child) on `durable`."""
-        return agent_hooks(
-            manifest.metadata.name, provider=provider.name, model=provider.model, durable=durable
-        )
+    tracing = None
+    if traces_wanted(settings.env):  # OTEL_EXPORTER_OTLP_ENDPOINT...; else no cost at all
+        from ..tracing import tracing_from_env
 
-    def spawn_for(ctx: restate.ObjectContext, depth: int) -> list[ToolDef]:
-        """The spawn tool of the agent at `depth` (0: the session's), while it may spawn."""
+        tracing = tracing_from_env(settings.env, service_name=manifest.metadata.name)
+
+    def hooks_for(
+        durable: DurableRuntime, trace: TraceParent | None = None, session_id: str | None = None
+    ) -> dict[str, list[HookFn]]:
+        """The metrics hooks of a run (the session's agent or a child) on `durable`, and its
+        tracing hooks when traces are exported (a child's run under `trace`, its spawn call)."""
+        name = manifest.metadata.name
+        hooks = agent_hooks(name, provider=provider.name, model=provider.model, durable=durable)
+        merged = {hook: [fn] for hook, fn in hooks.items()}
+        if tracing is not None:
+            attributes = {"gen_ai.conversation.id": session_id} if session_id else {}
+            traced = tracing.hooks(
+                agent=name,
+                provider=provider.name,
+                model=provider.model,
+                durable=durable,
+                parent=trace,
+                attributes=attributes,
+            )
+            for hook, fn in traced.items():
+                merged.setdefault(hook, []).append(fn)
+        return merged
+
+    def spawn_for(
+        ctx: restate.ObjectContext, depth: int, trace: TraceParent | None = None
+    ) -> list[ToolDef]:
+        """The spawn tool of the agent at `depth` (0: the session's), while it may spawn; the
+        run it belongs to is under `trace` (a child's) or a trace of its own."""
         if subagents is None or depth >= subagents.max_depth:
             return []
 
         def dispatch(request: ChildRunRequest, tool_ctx: ToolContext) -> Any:
             key = child_key(ctx.key(), request["label"])
             ctx.set(CHILD_MARKER + key, True)  # `pending` looks there while the run goes on
-            return ctx.object_call(child, key=key, arg=dict(request))
+            # Derived from the ids, tracing or not: the journaled call is the same either way.
+            parent = child_traceparent(trace, tool_ctx.run_id, tool_ctx.call_id)
+            return ctx.object_call(child, key=key, arg={**request, TRACEPARENT_KEY: parent})
 
         options = RestateSpawnToolOptions(
             dispatch=dispatch,
@@ -197,7 +233,9 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     async def run(ctx: restate.ObjectContext, request: RunRequest) -> RunResult:
         # Per invocation (stable across its retries), not per session: a session's second run
         # seeded with the key alone got the first one's run id and replaced its record.
-        durable = restate_runtime(ctx, id_seed=f"{ctx.key()}/{ctx.request().id}")
+        durable = restate_runtime(
+            ctx, id_seed=f"{ctx.key()}/{ctx.request().id}", live_sink=live_sink
+        )
         store = durable.stores.session
         assert store is not None
         session = await load_session(store, ctx.key()) or await create_session(
@@ -210,7 +248,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             durable=durable,
             session=session,
             behavior=behavior,
-            hooks=hooks_for(durable),
+            hooks=hooks_for(durable, session_id=ctx.key()),
             inbox=RestateInbox(ctx, take_messages),
         )
         stats = await agent.run(request.prompt)
@@ -222,15 +260,16 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     async def child(ctx: restate.ObjectContext, request: dict[str, Any]) -> dict[str, Any]:
         """A sub-agent run (a `ChildRunRequest`), started by a parent's spawn tool only."""
         child_request = cast(ChildRunRequest, request)
+        trace = TraceParent.parse(child_request.get(TRACEPARENT_KEY))
         result = await run_child(
             ctx,
             child_request,
             provider=provider,
-            tools=[*tools_for(ctx), *spawn_for(ctx, child_request["depth"])],
+            tools=[*tools_for(ctx), *spawn_for(ctx, child_request["depth"], trace)],
             system=spec.system,
             behavior=behavior,
             max_depth=subagents.max_depth if subagents is not None else 0,
-            hooks=hooks_for,
+            hooks=lambda durable: hooks_for(durable, trace),
         )
         if subagents is not None:
             await forget_children(ctx)
@@ -265,4 +304,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
                 calls += await ctx.object_call(pending, key=child_session, arg=None)
         return sorted(calls, key=lambda call: call["created_at"])
 
-    return [obj, inbox, index.object]
+    @obj.handler(kind="shared")
+    async def events(ctx: restate.ObjectSharedContext, after: str | None) -> list[dict[str, Any]]:
+        """The session's durable events after the event id `after` (`tether.session.events`);
+        the sidecar streams them with the live ones of `<agent>-live`."""
+        return await read_events(ctx, Cursor.parse(after))
+
+    return [obj, inbox, index.object, live_object(manifest.metadata.name, settings.webhook_secrets)]

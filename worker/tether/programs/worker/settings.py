@@ -30,6 +30,8 @@ class WorkerSettings:
     `spec.approvals.notify.urlSecretRef`. A credential: never logged whole."""
     identity_keys: tuple[str, ...] = ()
     """Restate's request identity keys: requests not signed with one are refused (401)."""
+    ingress_url: str | None = None
+    """Restate's ingress (`RESTATE_INGRESS_URL`), where live events go; none: no live events."""
 
     @property
     def agent_name(self) -> str:
@@ -72,6 +74,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
         env=env,
         notify_url=notify_url_from_env(manifest, env),
         identity_keys=tuple(identity_keys_from_env(env)),
+        ingress_url=env.get("RESTATE_INGRESS_URL") or None,
     )
 
 

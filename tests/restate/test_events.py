@@ -1,0 +1,247 @@
+"""A session's event stream through the sidecar (`GET /v1/sessions/{id}/events`), read by an SSE
+client over real sockets, on the real Restate stack: a client that disconnects mid-run and comes
+back with `Last-Event-ID`, a worker SIGKILLed mid-tool and mid-model-call, and two clients on two
+sidecar replicas each see every event of every completed step exactly once, in order."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import yaml
+
+from tests.fakes.model_server import ModelServer, Reply, ToolCall
+from tether.programs.dev import Process, wait_for
+from tether.programs.restate_server import free_port
+from tether.programs.watch import events_url, sse_events
+from tether.programs.webhooks import events_token
+from tether.session.events import Cursor
+from tether.testing import AgentHarness, wait_until
+
+AgentFactory = Callable[..., AgentHarness]
+
+HOLD_TOOL = '''
+"""A tool that holds until the test releases it: the moment to kill the worker."""
+import asyncio
+import os
+from pathlib import Path
+
+from tether import tool
+
+
+@tool
+async def hold(name: str) -> str:
+    """Hold until released."""
+    workspace = Path(os.environ["TETHER_WORKSPACE"])
+    (workspace / f"started-{name}").touch()
+    while not (workspace / f"release-{name}").exists():
+        await asyncio.sleep(0.02)
+    return f"held {name}"
+'''
+
+
+class Stream:
+    """An SSE client in a thread: the events it read, until closed or the stream ends."""
+
+    def __init__(self, url: str, after: str | None = None) -> None:
+        self.url, self.after = url, after
+        self.events: list[dict[str, Any]] = []
+        self.status: int | None = None
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        headers = {"last-event-id": self.after} if self.after else {}
+        with (
+            contextlib.suppress(httpx2.HTTPError),  # the sidecar stopped at the test's end
+            httpx2.stream("GET", self.url, headers=headers, timeout=None) as response,
+        ):
+            self.status = response.status_code
+            if response.status_code != 200:
+                return
+            for event in sse_events(response):
+                if self._closed.is_set():
+                    return  # the connection closes with the `with`
+                self.events.append(event)
+
+    def saw(self, kind: str) -> list[dict[str, Any]] | None:
+        found = [e for e in self.events if e["type"] == kind]
+        return found or None
+
+    def close(self) -> None:
+        self._closed.set()
+
+    @property
+    def cursor(self) -> str:
+        """Where this client is: what it sends back as `Last-Event-ID`."""
+        return str(self.events[-1]["cursor"])
+
+
+def durable(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The durable events, without the cursor each came with (a reader's, not the event's)."""
+    return [
+        {k: v for k, v in e.items() if k != "cursor"} for e in events if "." not in str(e["id"])
+    ]
+
+
+def write_agent(directory: Path, model: dict[str, Any]) -> Path:
+    directory.mkdir(exist_ok=True)
+    (directory.parent / "ws").mkdir(exist_ok=True)
+    (directory / "hold_tools.py").write_text(HOLD_TOOL)
+    manifest = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "watched"},
+        "spec": {"model": model, "tools": [{"name": "hold", "python": "hold_tools:hold"}]},
+    }
+    path = directory / "agent.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+@pytest.fixture
+def scripted_agent(tether_agent: AgentFactory, tmp_path: Path) -> AgentHarness:
+    script = [{"tool_calls": [{"name": "hold", "input": {"name": "a"}}]}, {"text": "done"}]
+    model = {"provider": "scripted", "name": "s", "script": script}
+    return tether_agent(write_agent(tmp_path / "agent", model), workspace=tmp_path / "ws")
+
+
+def url_of(agent: AgentHarness, session: str) -> str:
+    return events_url(agent.sidecar_url, agent.agent, session, agent.secret.encode())
+
+
+def test_a_client_sees_each_completed_step_once_across_a_disconnect_and_a_worker_kill(
+    scripted_agent: AgentHarness, tmp_path: Path
+) -> None:
+    agent, workspace = scripted_agent, tmp_path / "ws"
+    url = url_of(agent, "s1")
+    first = Stream(url)
+    invocation = agent.start_run("s1", "hold a")
+    wait_until(lambda: first.saw("tool_started"), timeout=30, what="tool_started on the stream")
+    assert (workspace / "started-a").exists()
+    first.close()  # the client goes away mid-run...
+    agent.restart_worker()  # ...and the worker dies mid-tool
+    (workspace / "release-a").touch()
+    assert agent.result(invocation)["status"] == "completed"
+
+    second = Stream(url, after=first.cursor)  # back, with Last-Event-ID
+    wait_until(lambda: second.saw("run_ended"), timeout=30, what="run_ended on the stream")
+    second.close()
+    seen = durable(first.events + second.events)
+    assert [e["id"] for e in seen] == [str(n) for n in range(1, len(seen) + 1)]
+    assert [e["type"] for e in seen] == [
+        "run_started",
+        "model_done",
+        "tool_finished",
+        "model_done",
+        "run_ended",
+    ]
+    assert seen[2]["outcome"] == "interrupted"  # the unsafe call cut off by the kill
+    assert seen[4]["status"] == "completed"
+    live = [e for e in first.events if "." in str(e["id"])]
+    assert [e["type"] for e in live] == ["model_started", "tool_started"]
+    cursors = [Cursor.parse(e["cursor"]) for e in first.events + second.events]
+    assert cursors == sorted(cursors) and len(set(cursors)) == len(cursors)
+    own = [e["id"] for e in first.events + second.events]
+    assert len(set(own)) == len(own)  # no event twice
+
+    # After the run, a new client reads the same durable events from the start.
+    late = Stream(url)
+    wait_until(lambda: late.saw("run_ended"), timeout=30, what="the stream after the run")
+    late.close()
+    assert durable(late.events) == seen
+
+
+def test_reading_needs_a_token_for_this_session_that_has_not_expired(
+    scripted_agent: AgentHarness,
+) -> None:
+    agent = scripted_agent
+    base = f"{agent.sidecar_url}/v1/sessions/s1/events"
+    secret = agent.secret.encode()
+    cases = {
+        "none": base,
+        "another session": f"{base}?token={events_token(secret, agent.agent, 's2')}",
+        "expired": f"{base}?token={events_token(secret, agent.agent, 's1', expires=1)}",
+        "another secret": f"{base}?token={events_token(b'x' * 32, agent.agent, 's1')}",
+    }
+    for case, url in cases.items():
+        response = httpx2.get(url, timeout=10)
+        assert response.status_code == 401, (case, response.text)
+        assert response.json()["outcome"] == "bad_token"
+
+
+@pytest.fixture
+def model_server() -> Iterator[ModelServer]:
+    with ModelServer() as server:
+        yield server
+
+
+def test_a_model_call_cut_off_by_a_crash_is_announced_as_restarted(
+    tether_agent: AgentFactory,
+    model_server: ModelServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two clients on two sidecar replicas; the worker is SIGKILLed while the model streams."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-key")
+    held = Reply(text=["The ", "answer ", "is"], hold_after=6)
+    model_server.script(
+        held, Reply(tool_calls=[ToolCall("hold", {"name": "b"})]), Reply(text=["done"])
+    )
+    model = {"provider": "anthropic", "name": "claude-test", "baseUrl": model_server.anthropic_url}
+    agent = tether_agent(write_agent(tmp_path / "agent", model), workspace=tmp_path / "ws")
+    (tmp_path / "ws" / "release-b").touch()
+    url = url_of(agent, "s2")
+    with second_sidecar(agent, tmp_path) as other:
+        clients = [Stream(url), Stream(url.replace(agent.sidecar_url, other))]
+        run_and_crash_mid_model(agent, held, clients)
+
+
+@contextmanager
+def second_sidecar(agent: AgentHarness, tmp_path: Path) -> Iterator[str]:
+    """Another `tether sidecar` process in front of the same Restate and agent: its URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "tether", "sidecar", "--host", "127.0.0.1"]
+    command += ["--port", str(port)]
+    second = Process("second sidecar", command, dict(agent.stack.sidecar.env), tmp_path / "s2.log")
+    second.start()
+    try:
+        wait_for(f"http://127.0.0.1:{port}/readyz", "second sidecar", second)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        second.kill(signal.SIGTERM)
+
+
+def run_and_crash_mid_model(agent: AgentHarness, held: Reply, clients: list[Stream]) -> None:
+    invocation = agent.start_run("s2", "answer")
+    wait_until(
+        lambda: all(c.saw("model_text") for c in clients), timeout=30, what="the streamed text"
+    )
+    agent.restart_worker()
+    held.release.set()
+    assert agent.result(invocation)["status"] == "completed"
+    for client in clients:
+        wait_until(lambda c=client: c.saw("run_ended"), timeout=30, what="run_ended")
+        client.close()
+        kinds = [e["type"] for e in client.events]
+        restarted = kinds.index("model_restarted")
+        assert "model_text" in kinds[:restarted]  # partial text, then the restart
+        assert kinds[restarted + 1] == "model_started"
+        seen = durable(client.events)
+        assert [e["id"] for e in seen] == [str(n) for n in range(1, len(seen) + 1)]
+        assert [e["type"] for e in seen] == [
+            "run_started",
+            "model_done",
+            "tool_finished",
+            "model_done",
+            "run_ended",
+        ]
