@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +68,6 @@ async def deploy(version: str) -> str:
 
 def hexid(value: int, width: int) -> str:
     return f"{value:0{width}x}"
-
-
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    with Collector(tmp_path.with_name(f"{tmp_path.name}-otelcol")) as running:
-        yield running
 
 
 def write_agent(directory: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -67,6 +68,21 @@ def create_service(cluster: Cluster, name: str, app: str, port: int, target: int
     )
 
 
+def egress_rules(cluster: Cluster) -> Callable[[], list[Any] | None]:
+    """Reads the rules of the agent's egress policy (None while it does not exist)."""
+    policies = client.NetworkingV1Api(cluster.api)
+
+    def rules() -> list[Any] | None:
+        try:
+            policy = policies.read_namespaced_network_policy("triage-egress", cluster.namespace)
+        except client.ApiException:
+            return None
+        assert policy.spec is not None
+        return list(cluster.api.sanitize_for_serialization(policy.spec)["egress"])
+
+    return rules
+
+
 def pods_of(cluster: Cluster, app: str, port: int) -> dict[str, Any]:
     return {
         "to": [
@@ -109,16 +125,7 @@ def test_the_egress_policy_reaches_the_mcp_services_and_secrets_reach_only_their
         "slackSigningSecretRef": {"name": "slack", "key": "signing"},
     }
     cluster.apply_agent(manifest(tools=tools, approvals={"notify": notify}))
-    policies = client.NetworkingV1Api(cluster.api)
-
-    def rules() -> list[Any] | None:
-        try:
-            policy = policies.read_namespaced_network_policy("triage-egress", cluster.namespace)
-        except client.ApiException:
-            return None
-        assert policy.spec is not None
-        return list(cluster.api.sanitize_for_serialization(policy.spec)["egress"])
-
+    rules = egress_rules(cluster)
     _dns, *operator_rules, mcp = wait_for(rules, timeout=60, what="the egress policy")
     assert operator_rules == EGRESS_RULES
     assert mcp == pods_of(cluster, "clock-mcp", 8080)
@@ -166,16 +173,7 @@ def test_the_operators_trace_collector_is_reached_and_set_on_the_worker(
     create_service(cluster, "otel-collector", "otel", 4318, 4318)
     run_operator(TETHER_OTLP_ENDPOINT="http://otel-collector:4318")
     cluster.apply_agent(manifest())
-    policies = client.NetworkingV1Api(cluster.api)
-
-    def rules() -> list[Any] | None:
-        try:
-            policy = policies.read_namespaced_network_policy("triage-egress", cluster.namespace)
-        except client.ApiException:
-            return None
-        assert policy.spec is not None
-        return list(cluster.api.sanitize_for_serialization(policy.spec)["egress"])
-
+    rules = egress_rules(cluster)
     _dns, *operator_rules, collector = wait_for(rules, timeout=60, what="the egress policy")
     assert operator_rules == EGRESS_RULES
     assert collector == pods_of(cluster, "otel", 4318)

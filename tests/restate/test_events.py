@@ -93,6 +93,17 @@ def durable(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+ONE_TOOL_TURN = ["run_started", "model_done", "tool_finished", "model_done", "run_ended"]
+
+
+def each_once_in_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The durable events of a run of one tool turn, checked to be each there once, in order."""
+    seen = durable(events)
+    assert [e["id"] for e in seen] == [str(n) for n in range(1, len(seen) + 1)]
+    assert [e["type"] for e in seen] == ONE_TOOL_TURN
+    return seen
+
+
 def write_agent(directory: Path, model: dict[str, Any]) -> Path:
     directory.mkdir(exist_ok=True)
     (directory.parent / "ws").mkdir(exist_ok=True)
@@ -136,15 +147,7 @@ def test_a_client_sees_each_completed_step_once_across_a_disconnect_and_a_worker
     second = Stream(url, after=first.cursor)  # back, with Last-Event-ID
     wait_until(lambda: second.saw("run_ended"), timeout=30, what="run_ended on the stream")
     second.close()
-    seen = durable(first.events + second.events)
-    assert [e["id"] for e in seen] == [str(n) for n in range(1, len(seen) + 1)]
-    assert [e["type"] for e in seen] == [
-        "run_started",
-        "model_done",
-        "tool_finished",
-        "model_done",
-        "run_ended",
-    ]
+    seen = each_once_in_order(first.events + second.events)
     assert seen[2]["outcome"] == "interrupted"  # the unsafe call cut off by the kill
     assert seen[4]["status"] == "completed"
     live = [e for e in first.events if "." in str(e["id"])]
@@ -236,12 +239,4 @@ def run_and_crash_mid_model(agent: AgentHarness, held: Reply, clients: list[Stre
         restarted = kinds.index("model_restarted")
         assert "model_text" in kinds[:restarted]  # partial text, then the restart
         assert kinds[restarted + 1] == "model_started"
-        seen = durable(client.events)
-        assert [e["id"] for e in seen] == [str(n) for n in range(1, len(seen) + 1)]
-        assert [e["type"] for e in seen] == [
-            "run_started",
-            "model_done",
-            "tool_finished",
-            "model_done",
-            "run_ended",
-        ]
+        each_once_in_order(client.events)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,6 @@ async def deploy(version: str) -> str:
     await asyncio.sleep(3600)  # until the test kills the worker
     return f"deployed {version}"
 '''
-
-
-@pytest.fixture
-def collector(tmp_path: Path) -> Iterator[Collector]:
-    with Collector(tmp_path.with_name(f"{tmp_path.name}-otelcol")) as running:
-        yield running
 
 
 def write_agent(directory: Path) -> Path:
