@@ -56,12 +56,12 @@ class SignatureError(TetherError, ValueError):
     """Why a request or link was refused (never includes the secret)."""
 
 
-def _equal(expected: str, given: str) -> bool:
+def signatures_equal(expected: str, given: str) -> bool:
     """Constant-time comparison that refuses (instead of raising on) non-ASCII input."""
     return given.isascii() and hmac.compare_digest(expected, given)
 
 
-def _digest(secret: bytes, message: bytes) -> str:
+def hmac_hex(secret: bytes, message: bytes) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
@@ -89,7 +89,7 @@ def sign_request(
         if IDEMPOTENCY_KEY.fullmatch(idempotency_key) is None:
             raise ValueError("an Idempotency-Key is 1-256 printable ASCII characters, no space")
         headers[IDEMPOTENCY_KEY_HEADER] = idempotency_key
-    signature = _digest(secret, _request_message(stamp, path, body, idempotency_key))
+    signature = hmac_hex(secret, _request_message(stamp, path, body, idempotency_key))
     return {TIMESTAMP_HEADER: str(stamp), SIGNATURE_HEADER: f"v1={signature}", **headers}
 
 
@@ -123,8 +123,8 @@ def verify_request(
         raise SignatureError("malformed path")
     if idempotency_key is not None and IDEMPOTENCY_KEY.fullmatch(idempotency_key) is None:
         raise SignatureError("malformed Idempotency-Key")
-    expected = _digest(secret, _request_message(stamp, path, body, idempotency_key))
-    if not _equal(expected, signature.removeprefix("v1=")):
+    expected = hmac_hex(secret, _request_message(stamp, path, body, idempotency_key))
+    if not signatures_equal(expected, signature.removeprefix("v1=")):
         raise SignatureError("signature does not match")
     return signature
 
@@ -146,7 +146,7 @@ def link_signature(
     if recipient is not None:
         # Unambiguous: an awakeable id has no ':' and the expiry is digits only.
         message += f":{recipient}"
-    return _digest(secret, message.encode())
+    return hmac_hex(secret, message.encode())
 
 
 def signed_link(
@@ -186,7 +186,7 @@ def verify_link(
     if recipient is not None and not valid_recipient(recipient):
         raise SignatureError("malformed recipient")
     expected = link_signature(secret, action, awakeable_id, int(expires), recipient)
-    if not _equal(expected, signature):
+    if not signatures_equal(expected, signature):
         raise SignatureError("signature does not match")
 
 
@@ -200,13 +200,13 @@ def answer_proof(secret: bytes, awakeable_id: str, answer: Mapping[str, object])
     """HMAC-SHA256(secret, "tether-answer:v1:<awakeable id>:<the answer as canonical JSON>").
     No clock: it answers one call with one value, and a call takes only its first answer."""
     canonical = json.dumps(answer, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return _digest(secret, f"tether-answer:v1:{awakeable_id}:{canonical}".encode())
+    return hmac_hex(secret, f"tether-answer:v1:{awakeable_id}:{canonical}".encode())
 
 
 def verify_answer_proof(
     secret: bytes, awakeable_id: str, answer: Mapping[str, object], proof: str
 ) -> None:
-    if not _equal(answer_proof(secret, awakeable_id, answer), proof):
+    if not signatures_equal(answer_proof(secret, awakeable_id, answer), proof):
         raise SignatureError("the answer's proof does not match")
 
 
@@ -214,7 +214,7 @@ def listing_token(secret: bytes, now: float | None = None) -> dict[str, object]:
     """A read of the parked calls: `{"ts": <unix seconds>, "sig": HMAC(secret,
     "tether-parked:v1:<ts>")}`, accepted within `TOLERANCE_SECONDS`."""
     stamp = int(time.time() if now is None else now)
-    return {"ts": stamp, "sig": _digest(secret, f"tether-parked:v1:{stamp}".encode())}
+    return {"ts": stamp, "sig": hmac_hex(secret, f"tether-parked:v1:{stamp}".encode())}
 
 
 def verify_listing_token(secret: bytes, token: object, now: float | None = None) -> None:
@@ -225,7 +225,7 @@ def verify_listing_token(secret: bytes, token: object, now: float | None = None)
         raise SignatureError("malformed listing token")
     if abs((time.time() if now is None else now) - stamp) > TOLERANCE_SECONDS:
         raise SignatureError("listing token outside the accepted window")
-    if not _equal(_digest(secret, f"tether-parked:v1:{stamp}".encode()), signature):
+    if not signatures_equal(hmac_hex(secret, f"tether-parked:v1:{stamp}".encode()), signature):
         raise SignatureError("listing token does not match")
 
 
@@ -238,7 +238,7 @@ def events_token(secret: bytes, agent: str, session: str, expires: int | None = 
     "tether-events:v1:<agent>:<session>:<exp>")>`, valid until `exp` (unix seconds)."""
     expires = int(time.time()) + EVENTS_TOKEN_SECONDS if expires is None else expires
     message = json.dumps(["tether-events:v1", agent, session, expires]).encode()
-    return f"{expires}.{_digest(secret, message)}"
+    return f"{expires}.{hmac_hex(secret, message)}"
 
 
 def verify_events_token(
@@ -249,7 +249,9 @@ def verify_events_token(
         raise SignatureError("malformed events token")
     if int(stamp) < (time.time() if now is None else now):
         raise SignatureError("the events token has expired")
-    if not _equal(events_token(secret, agent, session, int(stamp)).partition(".")[2], signature):
+    if not signatures_equal(
+        events_token(secret, agent, session, int(stamp)).partition(".")[2], signature
+    ):
         raise SignatureError("the events token is not for this session")
 
 
@@ -257,12 +259,12 @@ def live_signature(secret: bytes, session: str, events: object) -> str:
     """HMAC(secret, "tether-live:v1:<session>:<events as canonical JSON>"): a worker's batch of
     live events, which only a holder of the secret may add to a session's stream."""
     canonical = json.dumps(events, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return _digest(secret, f"tether-live:v1:{session}:{canonical}".encode())
+    return hmac_hex(secret, f"tether-live:v1:{session}:{canonical}".encode())
 
 
 def live_signed(secrets: Sequence[bytes], session: str, events: object, signature: str) -> bool:
     """Whether one of `secrets` signed this batch of live events."""
-    return any(_equal(live_signature(s, session, events), signature) for s in secrets)
+    return any(signatures_equal(live_signature(s, session, events), signature) for s in secrets)
 
 
 def verified_by_any(

@@ -22,15 +22,13 @@ decision, until `exp` (the park's deadline).
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..webhooks import TOLERANCE_SECONDS, LinkAction, SignatureError
+from ..webhooks import TOLERANCE_SECONDS, LinkAction, SignatureError, hmac_hex, signatures_equal
 
 SIGNATURE_HEADER = "x-slack-signature"
 TIMESTAMP_HEADER = "x-slack-request-timestamp"
@@ -40,21 +38,12 @@ MAX_TOKEN_CHARS = 2000
 DECISIONS: tuple[LinkAction, ...] = ("approve", "deny")
 
 
-def _hex_mac(secret: bytes, message: bytes) -> str:
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
-
-
-def _equal(expected: str, given: str) -> bool:
-    """Constant-time comparison that refuses (instead of raising on) non-ASCII input."""
-    return given.isascii() and hmac.compare_digest(expected, given)
-
-
 def sign_slack_request(
     signing_secret: bytes, body: bytes, *, timestamp: int | None = None
 ) -> dict[str, str]:
     """The headers Slack puts on a request with `body` (for tests and other senders)."""
     stamp = int(time.time()) if timestamp is None else timestamp
-    signature = _hex_mac(signing_secret, f"v0:{stamp}:".encode() + body)
+    signature = hmac_hex(signing_secret, f"v0:{stamp}:".encode() + body)
     return {TIMESTAMP_HEADER: str(stamp), SIGNATURE_HEADER: f"v0={signature}"}
 
 
@@ -72,8 +61,8 @@ def verify_slack_request(
         raise SignatureError("X-Slack-Request-Timestamp is outside the accepted window")
     if not signature.startswith("v0="):
         raise SignatureError("unknown X-Slack-Signature version")
-    expected = _hex_mac(signing_secret, f"v0:{stamp}:".encode() + body)
-    if not _equal(expected, signature.removeprefix("v0=")):
+    expected = hmac_hex(signing_secret, f"v0:{stamp}:".encode() + body)
+    if not signatures_equal(expected, signature.removeprefix("v0=")):
         raise SignatureError("X-Slack-Signature does not match")
     return signature, int(stamp)
 
@@ -103,7 +92,7 @@ def _token_mac(
     expires: int,
 ) -> str:
     fields = ["tether-slack-button:v1", awakeable_id, session, call_id, decision, expires]
-    return _hex_mac(secret, json.dumps(fields, separators=(",", ":")).encode())
+    return hmac_hex(secret, json.dumps(fields, separators=(",", ":")).encode())
 
 
 def button_token(
@@ -159,7 +148,7 @@ def verify_button_token(
     expected = _token_mac(
         secret, awakeable_id, token.session, token.call_id, token.decision, token.expires
     )
-    if not _equal(expected, token.signature):
+    if not signatures_equal(expected, token.signature):
         raise SignatureError("the button's token was not made for this call")
     if (time.time() if now is None else now) > token.expires:
         raise SignatureError("the button expired with the call's deadline")
