@@ -5,7 +5,7 @@ tool, and a server whose tool list changes between the first attempt and the rep
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -91,12 +91,6 @@ def test_an_unsafe_mcp_call_cut_off_by_a_crash_is_reported_and_never_sent_again(
         )
         == 1
     )
-
-
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    with ModelServer() as server:
-        yield server
 
 
 def test_a_read_only_call_is_sent_again_once_and_the_replay_keeps_the_first_tool_list(

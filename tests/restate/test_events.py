@@ -182,12 +182,6 @@ def test_reading_needs_a_token_for_this_session_that_has_not_expired(
         assert response.json()["outcome"] == "bad_token"
 
 
-@pytest.fixture
-def model_server() -> Iterator[ModelServer]:
-    with ModelServer() as server:
-        yield server
-
-
 def test_a_model_call_cut_off_by_a_crash_is_announced_as_restarted(
     tether_agent: AgentFactory,
     model_server: ModelServer,
