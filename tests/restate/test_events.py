@@ -104,7 +104,7 @@ def each_once_in_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return seen
 
 
-def write_agent(directory: Path, model: dict[str, Any]) -> Path:
+def write_agent(directory: Path, model: dict[str, Any], **spec: Any) -> Path:
     directory.mkdir(exist_ok=True)
     (directory.parent / "ws").mkdir(exist_ok=True)
     (directory / "hold_tools.py").write_text(HOLD_TOOL)
@@ -112,7 +112,7 @@ def write_agent(directory: Path, model: dict[str, Any]) -> Path:
         "apiVersion": "tether.dev/v1alpha1",
         "kind": "DurableAgent",
         "metadata": {"name": "watched"},
-        "spec": {"model": model, "tools": [{"name": "hold", "python": "hold_tools:hold"}]},
+        "spec": {"model": model, "tools": [{"name": "hold", "python": "hold_tools:hold"}], **spec},
     }
     path = directory / "agent.yaml"
     path.write_text(yaml.safe_dump(manifest))
@@ -162,6 +162,29 @@ def test_a_client_sees_each_completed_step_once_across_a_disconnect_and_a_worker
     wait_until(lambda: late.saw("run_ended"), timeout=30, what="the stream after the run")
     late.close()
     assert durable(late.events) == seen
+
+
+def test_past_spec_events_retain_the_oldest_events_of_a_session_are_cleared(
+    tether_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """A run of 126 durable events in a session that keeps 100 (`spec.events.retain`): a reader
+    from the start gets the newest, from the oldest batch still kept, each once and in order."""
+    turn = {"tool_calls": [{"name": "hold", "input": {"name": "x"}}] * 40}
+    model = {"provider": "scripted", "name": "s", "script": [turn, turn, turn, {"text": "done"}]}
+    path = write_agent(tmp_path / "agent", model, events={"retain": 100})
+    agent = tether_agent(path, workspace=tmp_path / "ws")
+    (tmp_path / "ws" / "release-x").touch()
+    assert agent.result(agent.start_run("s3", "hold x"))["status"] == "completed"
+
+    reader = Stream(url_of(agent, "s3"))
+    wait_until(lambda: reader.saw("run_ended"), timeout=30, what="run_ended on the stream")
+    reader.close()
+    kept = durable(reader.events)
+    # Appended in batches: run_started (1), then per turn model_done (2, 43, 84) and its 40
+    # tool_finished (3-42, 44-83, 85-124), the last model_done (125) and run_ended (126). The
+    # oldest batches go while the rest still holds 100: 1 and 2 went, 3-42 stays.
+    assert [e["id"] for e in kept] == [str(n) for n in range(3, 127)]
+    assert [e["type"] for e in kept[:1] + kept[-2:]] == ["tool_finished", "model_done", "run_ended"]
 
 
 def test_reading_needs_a_token_for_this_session_that_has_not_expired(

@@ -39,8 +39,11 @@ RESTARTS = {
 }
 
 
-def live_object(agent: str, secrets: tuple[bytes, ...]) -> restate.VirtualObject:
-    """`<agent>-live`: `push` (the worker's signed batches) and `read` (for the sidecars)."""
+def live_object(
+    agent: str, secrets: tuple[bytes, ...], keep: int = KEEP_BATCHES
+) -> restate.VirtualObject:
+    """`<agent>-live`: `push` (the worker's signed batches) and `read` (for the sidecars); the
+    last `keep` batches of a session are kept (`spec.events.liveBatches`)."""
     obj = restate.VirtualObject(
         f"{agent}-live", description=f"The live events of the {agent} agent's sessions."
     )
@@ -69,8 +72,8 @@ def live_object(agent: str, secrets: tuple[bytes, ...]) -> restate.VirtualObject
         del started[:-KEEP_STARTED]
         meta["batch"] += 1
         ctx.set(f"live:{meta['batch']}", numbered)
-        if meta["batch"] > KEEP_BATCHES:
-            ctx.clear(f"live:{meta['batch'] - KEEP_BATCHES}")
+        if meta["batch"] > keep:
+            ctx.clear(f"live:{meta['batch'] - keep}")
         ctx.set(META_KEY, meta)
 
     @obj.handler(kind="shared")
@@ -81,7 +84,7 @@ def live_object(agent: str, secrets: tuple[bytes, ...]) -> restate.VirtualObject
         if meta is None:
             return []
         found: list[JSON] = []
-        for number in range(meta["batch"], max(0, meta["batch"] - KEEP_BATCHES), -1):
+        for number in range(meta["batch"], max(0, meta["batch"] - keep), -1):
             batch: list[JSON] = await ctx.get(f"live:{number}") or []
             newer = [e for e in batch if not cursor.has(e)]
             found[:0] = newer
