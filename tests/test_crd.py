@@ -399,6 +399,17 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {**_model(**KEY), "observability": {"otlpEndpoint": "http://c:4318?api-key=t0ken"}},
         "spec.observability.otlpEndpoint",
     ),
+    ("events-retain-too-few", {**_model(**KEY), "events": {"retain": 99}}, "spec.events.retain"),
+    (
+        "events-retain-too-many",
+        {**_model(**KEY), "events": {"retain": 1_000_001}},
+        "spec.events.retain",
+    ),
+    (
+        "no-live-batches",
+        {**_model(**KEY), "events": {"liveBatches": 0}},
+        "spec.events.liveBatches",
+    ),
 ]
 
 
@@ -522,9 +533,15 @@ def test_kubectl_shows_printer_columns_and_explains_fields(
     api: ApiClient,
     namespace: str,
 ) -> None:
-    create(api, namespace, agent("listed"), dry_run=False)
-    table = kube_apiserver.kubectl("get", "da", "-n", namespace).stdout
-    assert table.splitlines()[0].split() == ["NAME", "PHASE", "READY", "PARKED", "AGE"]
+    budgeted = agent("listed")
+    budgeted["spec"]["limits"] = {"maxCostUsd": 2.5, "maxTokens": 400000}
+    create(api, namespace, budgeted, dry_run=False)
+    table = kube_apiserver.kubectl("get", "da", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "READY", "PARKED", "BUDGET", "AGE"]
+    assert table[1].split()[-2] == "2.5"
+    wide = kube_apiserver.kubectl("get", "da", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[:7] == ["NAME", "PHASE", "READY", "PARKED", "BUDGET", "AGE", "TOKENS"]
+    assert "400000" in wide[1].split()
 
     explained = kube_apiserver.kubectl("explain", "durableagents.spec.model").stdout
     assert "Which model answers, and how to reach it." in explained

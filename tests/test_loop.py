@@ -10,6 +10,7 @@ import pytest
 from tests.helpers import BlockingProvider, FlakyProvider, RecordingProvider, calls, results_after
 from tether import Behavior, ToolContext, ToolDef, ToolSpec, create_agent, tool
 from tether.agent import AgentBusyError
+from tether.budget import MemoryLedger
 from tether.messages import tool_uses
 from tether.providers import Pricing, ProviderError, scripted
 from tether.session import create_session
@@ -189,22 +190,30 @@ async def test_max_turns_stops_the_run() -> None:
     assert stats.status == "max_turns" and stats.turns == 3
 
 
-async def test_cost_budget_stops_before_a_call_that_would_start_past_it() -> None:
-    # Each call costs 1M input tokens x $1 = $1; the budget allows two calls to start.
-    script = [{**calls("echo", echo={"text": "x"}), "usage": {"input": 1_000_000}}] * 5
-    provider = RecordingProvider(script, pricing=Pricing(input_per_mtok=1, output_per_mtok=0))
-    agent = create_agent(provider=provider, tools=[echo], behavior=Behavior(max_cost_usd=1.5))
+async def test_a_cost_budget_never_lets_a_call_start_that_could_pass_it() -> None:
+    # $100 per million output tokens: a call of at most 1,000 output tokens may cost $0.10, and
+    # each does. With $0.35, a fourth call could reach $0.40: it never starts.
+    script = [{**calls("echo", echo={"text": "x"}), "usage": {"input": 10, "output": 1000}}] * 5
+    provider = RecordingProvider(script, pricing=Pricing(input_per_mtok=0, output_per_mtok=100))
+    behavior = Behavior(max_cost_usd=0.35, max_output_tokens=1000)
+    agent = create_agent(provider=provider, tools=[echo], behavior=behavior)
     stats = await agent.run("spend")
     assert stats.status == "budget_exceeded"
-    assert len(provider.requests) == 2
-    assert stats.cost_usd == pytest.approx(2.0)
+    assert len(provider.requests) == 3
+    assert stats.cost_usd == pytest.approx(0.30)
 
 
-async def test_token_budget_stops_the_run() -> None:
-    script = [{**calls("echo", echo={"text": "x"}), "usage": {"input": 60, "output": 40}}] * 5
-    agent = create_agent(provider=scripted(script), tools=[echo], behavior={"max_tokens": 250})
+async def test_a_token_budget_never_lets_a_call_start_that_could_pass_it() -> None:
+    script = [{**calls("echo", echo={"text": "x"}), "usage": {"input": 60, "output": 40}}] * 30
+    behavior = {"max_tokens": 2000, "max_output_tokens": 100}
+    agent = create_agent(provider=scripted(script), tools=[echo], behavior=behavior)
     stats = await agent.run("spend")
-    assert stats.status == "budget_exceeded" and stats.turns == 3
+    assert stats.status == "budget_exceeded" and stats.turns >= 3
+    assert stats.total_tokens <= 2000
+    ledger = agent.durable.stores.budget
+    assert isinstance(ledger, MemoryLedger)
+    state = ledger.state(str(stats.run_id))  # every call settled to what it used, none held
+    assert state.spent.tokens == stats.total_tokens and state.held == {}
 
 
 async def test_retryable_provider_errors_are_retried() -> None:

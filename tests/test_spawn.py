@@ -102,21 +102,24 @@ async def test_children_may_not_nest_deeper_than_max_depth() -> None:
     assert child.children == []  # the grandchild was refused
 
 
-async def test_a_child_gets_what_is_left_of_the_cost_budget() -> None:
-    child = RecordingProvider(
-        [{**calls("spawn"), "usage": {"input": 1_000_000}}] * 5, pricing=PRICE
-    )
+async def test_a_child_reserves_from_its_parents_budget() -> None:
+    # $100 per million output tokens: each call may cost $0.10 (1,000 output tokens) and does.
+    price = Pricing(input_per_mtok=0, output_per_mtok=100)
+    usage = {"input": 10, "output": 1000}
+    child = RecordingProvider([{**calls("spawn"), "usage": usage}] * 5, pricing=price)
     parent = RecordingProvider(
-        [{**calls("spawn", spawn={"task": "spend"}), "usage": {"input": 1_000_000}}, {"text": "x"}],
-        pricing=PRICE,
+        [{**calls("spawn", spawn={"task": "spend"}), "usage": usage}, {"text": "x"}],
+        pricing=price,
     )
     agent = create_agent(
         provider=parent,
         tools=[spawn_tool(provider=child, max_depth=1)],
-        behavior={"max_cost_usd": 2.5},
+        behavior={"max_cost_usd": 0.35, "max_output_tokens": 1000},
     )
     stats = await agent.run("spend")
-    # The parent spent $1, so the child may spend $1.5: it starts two calls, then stops.
+    # The parent spent $0.10, so the child's calls may hold $0.25: it starts two, then stops,
+    # and the parent's next call finds no room either.
     assert stats.children[0].status == "budget_exceeded"
     assert len(child.requests) == 2
     assert stats.status == "budget_exceeded"
+    assert stats.total_cost_usd == pytest.approx(0.30)

@@ -36,6 +36,10 @@ CREATE TABLE IF NOT EXISTS tether_answers (
 CREATE TABLE IF NOT EXISTS tether_tool_state (
   session_id TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   PRIMARY KEY (session_id, tool, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tether_budgets (tree TEXT PRIMARY KEY, limits TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tether_budget_calls (
+  tree TEXT NOT NULL, key TEXT NOT NULL, cost_usd REAL NOT NULL, tokens INTEGER NOT NULL,
+  settled INTEGER NOT NULL, PRIMARY KEY (tree, key)) WITHOUT ROWID;
 """
 
 

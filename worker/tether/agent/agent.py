@@ -45,6 +45,7 @@ class Agent:
         depth: int = 0,
         tool_extras: dict[str, Any] | None = None,
         inbox: Inbox | None = None,
+        budget_tree: str | None = None,
     ) -> None:
         names = [t.name for t in tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -60,6 +61,9 @@ class Agent:
         self.depth = depth
         self.tool_extras = dict(tool_extras or {})
         self.inbox = inbox
+        self.budget_tree = budget_tree
+        """The budget this agent's runs reserve from (`tether.budget`): a sub-agent's is its
+        root run's; None: a run with a budget of its own owns one."""
         self._abort: AbortSignal | None = None
         self._running = False
         self.durable.on_live(self._replay_done)

@@ -2,8 +2,10 @@
 
 Per turn: a model step, which first decides whether the turn happens at all (a stop, aborted,
 max turns or budget, is journaled in place of the model's answer), then the tool calls as tool
-steps. Everything that is not a pure function of the journal goes through the durable runtime,
-so a replay takes the same path and calls nothing twice.
+steps. A run with a budget (or a sub-agent of one) reserves each model call's worst case in its
+budget's ledger before the step and settles it after (`tether.budget`). Everything that is not
+a pure function of the journal goes through the durable runtime, so a replay takes the same path
+and calls nothing twice.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..budget import BudgetLedger, Limits, Spend, input_bound, usage_tokens, worst_case
 from ..durable.journal import now_ms
 from ..messages import JSON, Message, text_block, text_of, tool_uses
 from ..providers.base import ModelRequest, ProviderError
@@ -74,6 +77,9 @@ class AgentRun:
         self.record: SessionRun | None = None
         self.tool_defs: list[ToolDef] = []
         self._warned: set[str] = set()
+        self.limits = Limits(behavior.max_cost_usd, behavior.max_tokens)
+        self.ledger: BudgetLedger | None = None
+        self.budget_tree: str | None = None
 
     # The loop ------------------------------------------------------------------------------
 
@@ -86,6 +92,10 @@ class AgentRun:
     async def _execute(self, prompt: str | None) -> AgentStats:
         durable = self.durable
         self.run_id = self.stats.run_id = durable.uuid()
+        # A sub-agent reserves from its root's budget; a run with a budget owns one.
+        tree = self.agent.budget_tree or (self.run_id if self.limits else None)
+        if tree is not None and durable.stores.budget is not None:
+            self.ledger, self.budget_tree = durable.stores.budget, tree
         started = await durable.now()
         self.stats.started_at = started
         record = SessionRun(id=self.run_id, status="running", started_at=started, prompt=prompt)
@@ -113,6 +123,7 @@ class AgentRun:
                     session_id=self.session.id,
                     record_decision=self.record_decision,
                     live=self._live,
+                    budget_tree=self.budget_tree,
                 )
             )
             status, error = await self._turns()
@@ -122,6 +133,8 @@ class AgentRun:
             "decision", "run:end", lambda: self._value({"status": status})
         )
         self.stats.ended_at = ended["at"]
+        if self.ledger is not None and self.agent.budget_tree is None:
+            await self.ledger.close(self.run_id)  # the root's: its tree is done
         record.status = status
         record.ended_at = self.stats.ended_at
         record.stats = self.stats.to_json()
@@ -269,17 +282,14 @@ class AgentRun:
         messages = await inbox.take(self.durable, f"inbox:{turn}")
         return [text_block(message) for message in messages]
 
-    def _decide(self) -> str:
-        behavior = self.behavior
+    def _decide(self, worst: Spend | None) -> str:
         if self.abort.is_set():
             return "aborted"
-        if self.stats.turns >= behavior.max_turns:
+        if self.stats.turns >= self.behavior.max_turns:
             return "max_turns"
-        spent = self.stats.total_cost_usd
-        if behavior.max_cost_usd is not None and spent >= behavior.max_cost_usd:
-            return "budget_exceeded"
-        if behavior.max_tokens is not None and self.stats.total_tokens >= behavior.max_tokens:
-            return "budget_exceeded"
+        spent = Spend(self.stats.total_cost_usd, self.stats.total_tokens)
+        if worst is not None and self.limits.exceeded_by(spent + worst):
+            return "budget_exceeded"  # the call could pass the budget: it does not start
         return "continue"
 
     @staticmethod
@@ -293,9 +303,13 @@ class AgentRun:
         final error comes back as `{"error": ...}`."""
         attempt = 0
         while True:
+            name = f"model:{turn}:{attempt}"
+            worst = self._worst_case() if self.limits or self.ledger else None
+            granted = await self._reserve(name, worst)
             result: dict[str, Any] = await self.durable.step(
-                "model", f"model:{turn}:{attempt}", self._model_fn(turn, attempt)
+                "model", name, self._model_fn(turn, attempt, worst, granted)
             )
+            await self._settle(name, result)
             if "error" not in result or not result["retry"]:
                 return result
             await self.durable.sleep(
@@ -303,12 +317,16 @@ class AgentRun:
             )
             attempt += 1
 
-    def _model_fn(self, turn: int, attempt: int) -> Callable[[], Awaitable[JSON]]:
+    def _model_fn(
+        self, turn: int, attempt: int, worst: Spend | None, granted: bool
+    ) -> Callable[[], Awaitable[JSON]]:
         async def call() -> JSON:
             # Whether the turn happens at all is decided in its model step, not a step of its
             # own: a stop (aborted, max turns, budget) is journaled in place of the model's
             # answer, so a replay takes the same path even if the budgets in the code changed.
-            decision = self._decide() if attempt == 0 else "continue"
+            decision = self._decide(worst) if attempt == 0 else "continue"
+            if decision == "continue" and not granted:
+                decision = "budget_exceeded"  # the ledger holds no room for this call
             if decision != "continue":
                 return {"decision": decision, "at": now_ms()}
             if self.abort.is_set():
@@ -368,6 +386,36 @@ class AgentRun:
             return value
 
         return call
+
+    # Budget ---------------------------------------------------------------------------------
+
+    def _worst_case(self) -> Spend:
+        """The most the next model call can cost: every input token it can send (a bound from
+        the session's journaled turns, so a replay computes the same), and the output and
+        thinking tokens it may get, at the highest price."""
+        agent, behavior = self.agent, self.behavior
+        prefix = [agent.system or "", [t.spec for t in self.tool_defs]]
+        output = behavior.max_output_tokens + (behavior.thinking_budget or 0)
+        return worst_case(input_bound(self.session.turns, prefix), output, agent.provider.pricing)
+
+    def _ledger_key(self, name: str) -> str:
+        return f"{self.run_id}/{name}"
+
+    async def _reserve(self, name: str, worst: Spend | None) -> bool:
+        """Hold the call's worst case in the budget's ledger; False: no room, it must not start."""
+        if self.ledger is None or self.budget_tree is None or worst is None:
+            return True
+        limits = self.limits if self.limits else None
+        return await self.ledger.reserve(self.budget_tree, self._ledger_key(name), worst, limits)
+
+    async def _settle(self, name: str, result: dict[str, Any]) -> None:
+        """Count what the call spent (nothing, when it did not happen) and free its hold."""
+        if self.ledger is None or self.budget_tree is None:
+            return
+        actual = Spend()
+        if "content" in result:
+            actual = Spend(float(result.get("cost") or 0.0), usage_tokens(result["usage"]))
+        await self.ledger.settle(self.budget_tree, self._ledger_key(name), actual)
 
     async def _request(self, turn: int) -> ModelRequest:
         agent = self.agent

@@ -2,8 +2,8 @@
 
 A child runs in the parent's process and durable runtime, in the sub-journal of the call that
 spawned it, so a replay of the parent replays the child too (no model or tool call repeated).
-Its stats join the parent's (`AgentStats.children`) and count against the parent's budgets;
-a child gets what is left of the parent's cost budget as its own.
+Its stats join the parent's (`AgentStats.children`), and it reserves its model calls from the
+budget its parent reserves from (`tether.budget`).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def spawn_tool(
             hooks=started["hooks"],
             depth=ctx.depth + 1,
             tool_extras=parent.tool_extras,
+            budget_tree=ctx.budget_tree,
         )
         live_before = ctx.durable.counters.live.total()
         stats = await child.run(arguments["task"])

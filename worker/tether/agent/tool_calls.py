@@ -103,6 +103,7 @@ class ToolRun:
     record_decision: Callable[[dict[str, Any]], Awaitable[None]]
     live: Callable[[JSON], None] = lambda event: None
     """Passes on a live event (a tool call started) to the session's stream."""
+    budget_tree: str | None = None
 
 
 class ToolCallExecutor:
@@ -186,6 +187,7 @@ class ToolCallExecutor:
             run_stats=run.stats,
             extras=run.agent.tool_extras,
             record_decision=run.record_decision,
+            budget_tree=run.budget_tree,
         )
 
     def _call_fn(

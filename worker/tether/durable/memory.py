@@ -39,6 +39,7 @@ def memory_runtime(
 ) -> JournalRuntime:
     """A runtime that journals in memory. Pass the same `journal` (and `id_seed`) to a second
     runtime to replay the first one's run."""
+    from ..budget import MemoryLedger
     from ..session.events import MemoryEventLog
     from ..session.store import memory_store
 
@@ -48,5 +49,7 @@ def memory_runtime(
         backend="memory",
         run_id=run_id,
         seed=id_seed or run_id,
-        stores=RuntimeStores(session=memory_store(), events=MemoryEventLog()),
+        stores=RuntimeStores(
+            session=memory_store(), events=MemoryEventLog(), budget=MemoryLedger()
+        ),
     )

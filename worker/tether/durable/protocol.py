@@ -17,6 +17,7 @@ from ..messages import JSON
 from .replay import LiveCallback
 
 if TYPE_CHECKING:
+    from ..budget import BudgetLedger
     from ..session.events import EventLog
     from ..session.store import SessionStore, ToolStateStore
 
@@ -43,6 +44,9 @@ class RuntimeStores:
     tool_state: ToolStateStore | None = None
     events: EventLog | None = None
     """Where runs append the events people watch (`tether.session.events`); none: no events."""
+    budget: BudgetLedger | None = None
+    """Where a budgeted run and its sub-agents reserve each model call (`tether.budget`); none:
+    each run checks its own budget alone."""
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from .._sqlite import Database, Synchronous
+from ..budget import SqliteLedger
 from ..session.events import MemoryEventLog
 from ..session.sqlite import SqliteSessionStore
 from .errors import RunClosedError, RunLeasedError
@@ -117,7 +118,9 @@ class SqliteRuntime(JournalRuntime):
             backend="sqlite",
             run_id=run_id,
             seed=run_id,
-            stores=RuntimeStores(session=session_store, events=MemoryEventLog()),
+            stores=RuntimeStores(
+                session=session_store, events=MemoryEventLog(), budget=SqliteLedger(self.db)
+            ),
         )
         self._set_status("running")
 

@@ -104,6 +104,22 @@ MCP_CALL_DURATION = Histogram(
     ["agent", "server", "tool"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
+BUDGET_HELD = Gauge(
+    "tether_budget_held",
+    "What model calls in flight hold of their runs' budgets (worst cases), by unit (usd, tokens).",
+    ["agent", "unit"],
+    multiprocess_mode="livesum",
+)
+BUDGET_SPENT = Counter(
+    "tether_budget_spent",
+    "What settled model calls of budgeted runs (and their sub-agents) spent, by unit.",
+    ["agent", "unit"],
+)
+BUDGET_DENIED = Counter(
+    "tether_budget_denied_total",
+    "Model calls that found no room in their run's budget and did not start.",
+    ["agent"],
+)
 MINUTE, HOUR, DAY = 60, 3600, 86400
 #: From seconds (an answer right away) to a week.
 PARKED_DURATION_BUCKETS = (
@@ -131,6 +147,24 @@ def mcp_observer(agent: str) -> Callable[[str, str, str, float], None]:
     def observe(server: str, tool: str, outcome: str, seconds: float) -> None:
         MCP_CALLS.labels(agent, server, tool, outcome).inc()
         MCP_CALL_DURATION.labels(agent, server, tool).observe(seconds)
+
+    return observe
+
+
+def budget_observer(agent: str) -> Callable[[str, Any], None]:
+    """Counts what the agent's budget ledgers do (a `tether.restate.budget.BudgetObserver`)."""
+
+    def observe(what: str, amount: Any) -> None:
+        if what == "denied":
+            BUDGET_DENIED.labels(agent).inc()
+            return
+        for unit, value in (("usd", amount.cost_usd), ("tokens", amount.tokens)):
+            if what == "held":
+                BUDGET_HELD.labels(agent, unit).inc(value)
+            elif what == "released":
+                BUDGET_HELD.labels(agent, unit).dec(value)
+            else:
+                BUDGET_SPENT.labels(agent, unit).inc(value)
 
     return observe
 

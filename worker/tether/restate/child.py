@@ -79,6 +79,7 @@ async def run_child(
         hooks=hooks(durable) if callable(hooks) else hooks,
         depth=request["depth"],
         tool_extras={MERGED_CHILDREN_EXTRA: merged},
+        budget_tree=request.get("budget_tree"),
     )
     stats = await agent.run(request["task"])
     status, error = child_status(stats)

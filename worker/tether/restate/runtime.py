@@ -112,6 +112,7 @@ class RestateRuntime:
             self.counters = StepCounters()
             self.tracker = options.replay_tracker or ReplayTracker()
             self.stores = self._default_stores()
+            self.stores.budget = options.budget
         else:
             self.counters, self.tracker, self.stores, self._clock = shared
 
@@ -122,7 +123,11 @@ class RestateRuntime:
             return RuntimeStores(
                 session=restate_session_store(self.ctx, clock=self.now),  # type: ignore[arg-type]
                 tool_state=restate_tool_state_store(self.ctx),  # type: ignore[arg-type]
-                events=RestateEventLog(self.ctx, sink=self.options.live_sink),  # type: ignore[arg-type]
+                events=RestateEventLog(
+                    self.ctx,  # type: ignore[arg-type]
+                    sink=self.options.live_sink,
+                    retain=self.options.events_retain,
+                ),
             )
         return RuntimeStores(session=memory_store(), tool_state=MemoryToolStateStore())
 

@@ -75,6 +75,8 @@ def child_request(task: str, label: str, depth: int, ctx: ToolContext) -> ChildR
     }
     if ctx.session_id is not None:
         request["session_id"] = ctx.session_id
+    if ctx.budget_tree is not None:
+        request["budget_tree"] = ctx.budget_tree
     return request
 
 

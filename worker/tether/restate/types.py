@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, NotRequired, Protocol, 
 from restate import RunOptions
 
 from ..durable.replay import ReplayDoneHooks, ReplayTracker
+from ..session.events import DEFAULT_RETAIN
 
 if TYPE_CHECKING:
+    from ..budget import BudgetLedger
     from ..session.store import Clock, SessionStore
     from ..tools.base import ToolContext, ToolOutput
 
@@ -143,6 +145,10 @@ class RestateRuntimeOptions:
     - `session_store`: default `restate_session_store(ctx)` on an object context, else memory.
     - `live_sink`: where the session's live events go (model text, a tool call started); the
       durable ones are kept in the object's state (`tether.restate.events`).
+    - `events_retain`: durable events kept per session there (`spec.events.retain`); past it
+      the oldest batches are cleared.
+    - `budget`: the ledger budgeted runs and their children reserve model calls from
+      (`tether.restate.budget.RestateLedger`); none: each run checks its own budget alone.
     """
 
     promises: RestateCombinators | Literal["sdk"] | None = "sdk"
@@ -153,6 +159,8 @@ class RestateRuntimeOptions:
     run_options: Mapping[str, RunOptions[Any]] = field(default_factory=dict)
     session_store: SessionStore | None = None
     live_sink: Callable[[str, int, Any], None] | None = None
+    events_retain: int = DEFAULT_RETAIN
+    budget: BudgetLedger | None = None
 
 
 @dataclass
@@ -251,6 +259,8 @@ class ChildRunRequest(TypedDict):
     subagent_type: NotRequired[str]
     traceparent: NotRequired[str]
     """The W3C trace context of the spawn call, so the child's spans join the parent's trace."""
+    budget_tree: NotRequired[str]
+    """The budget the parent reserves from (`tether.budget`): the child reserves there too."""
 
 
 ChildStatus = Literal["completed", "error", "aborted", "timeout"]

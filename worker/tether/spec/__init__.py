@@ -364,8 +364,17 @@ class Limits(_Model):
     """When a run stops on its own."""
 
     max_turns: int = Field(default=50, gt=0, description="Model calls per run.")
-    max_cost_usd: float | None = Field(default=None, gt=0, description="Cost budget per run.")
-    max_tokens: int | None = Field(default=None, gt=0, description="Token budget per run.")
+    max_cost_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="Cost budget per run, its sub-agents included: every model call reserves "
+        "its worst case first, and one that does not fit does not start (needs pricing).",
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Token budget per run, its sub-agents included, reserved like the cost.",
+    )
 
 
 class BehaviorSpec(_Model):
@@ -591,6 +600,25 @@ class DrainSpec(_Model):
     )
 
 
+class EventsSpec(_Model):
+    """How much of each session's event stream is kept (`GET /v1/sessions/<session>/events`)."""
+
+    retain: int = Field(
+        default=10_000,  # tether.session.events.DEFAULT_RETAIN
+        ge=100,
+        le=1_000_000,
+        description="Durable events kept per session, readable after its runs (100 to "
+        "1000000); past it the oldest go first.",
+    )
+    live_batches: int = Field(
+        default=50,  # tether.programs.worker.live.KEEP_BATCHES
+        ge=1,
+        le=1000,
+        description="Batches of live events (model text, tool calls started) kept per session "
+        "for a client that reconnects mid-call (1 to 1000).",
+    )
+
+
 class DurableAgentSpec(_Model):
     """The agent: model, prompt, tools, limits and how it is deployed."""
 
@@ -616,6 +644,9 @@ class DurableAgentSpec(_Model):
     )
     observability: ObservabilitySpec | None = Field(
         default=None, description="Where the agent's traces go (OpenTelemetry)."
+    )
+    events: EventsSpec | None = Field(
+        default=None, description="How much of each session's event stream is kept."
     )
 
     def mcp_header_secrets(self) -> list[tuple[str, SecretKeyRef, str]]:

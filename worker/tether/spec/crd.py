@@ -352,7 +352,20 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.parkedCalls",
         "description": "Calls waiting for a person.",
     },
+    {
+        "name": "Budget",
+        "type": "number",
+        "jsonPath": ".spec.limits.maxCostUsd",
+        "description": "USD a run may spend, its sub-agents included.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Tokens",
+        "type": "integer",
+        "jsonPath": ".spec.limits.maxTokens",
+        "priority": 1,
+        "description": "Tokens a run may use, its sub-agents included.",
+    },
     {
         "name": "Active",
         "type": "string",

@@ -52,6 +52,9 @@ class ToolContext:
     """Host-provided values (a tool-state store, clients...)."""
     record_decision: Callable[[dict[str, Any]], Awaitable[None]] | None = None
     """Adds a person's decision on this call to the run's record in the session."""
+    budget_tree: str | None = None
+    """The budget the run reserves its model calls from (`tether.budget`); a sub-agent the tool
+    starts reserves from it too."""
 
 
 ToolExecute = Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutput]]

@@ -4,7 +4,8 @@
 object's state; `session` and `pending` (shared) read it while a run is going on;
 `<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`);
 `<agent>-parked/all` indexes the parked calls for the sidecars, which answer them through it
-(`parked_index`).
+(`parked_index`); with sub-agents and a budget, `<agent>-budget/<root run>` is the ledger a run
+and all its sub-agents reserve their model calls from (`tether.restate.budget`).
 
 With `spec.subagents`, the agent has a `spawn` tool (`restate_spawn_tool`). Each child is an
 invocation of the exclusive `child` handler of the same object, keyed `<parent key>::<label>`
@@ -33,16 +34,18 @@ from ...parked import PARKED_STATE_KEY, ParkedCall
 from ...providers.base import Provider
 from ...restate import (
     ChildRunRequest,
+    RestateRuntimeOptions,
     RestateSpawnToolOptions,
     restate_runtime,
     restate_session_store,
     restate_spawn_tool,
     run_child,
 )
+from ...restate.budget import budget_object
 from ...restate.events import read_events
 from ...session import create_session, load_session
 from ...session.events import Cursor
-from ...spec import parse_duration
+from ...spec import EventsSpec, parse_duration
 from ...spec.assemble import (
     SPAWN_TOOL,
     behavior_from_spec,
@@ -54,7 +57,7 @@ from ...spec.assemble import (
 )
 from ...tools.base import ToolContext, ToolDef
 from ...tools.toolset import Toolset
-from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
+from ..metrics import agent_hooks, agent_series_at_zero, budget_observer, mcp_observer
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
 from .inbox import RestateInbox, inbox_object
 from .live import LivePublisher, live_object
@@ -146,6 +149,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     behavior = behavior_from_spec(spec)
     subagents = spec.subagents
     approvals = spec.approvals
+    kept = spec.events or EventsSpec()
     index = ParkedIndex(manifest.metadata.name, settings.webhook_secrets)
     park_settings = ParkSettings(
         agent=manifest.metadata.name,
@@ -163,6 +167,12 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     )
     live_sink = live if settings.ingress_url else None
     observe_mcp = mcp_observer(manifest.metadata.name)
+    # Sub-agents run at once as invocations of their own: one ledger per root run keeps them
+    # all within its budget. A run alone checks its budget itself, at no cost.
+    budgeted = subagents is not None and (spec.limits.max_cost_usd or spec.limits.max_tokens)
+    budget, ledger_for = budget_object(
+        manifest.metadata.name, budget_observer(manifest.metadata.name)
+    )
     agent_series_at_zero(manifest.metadata.name, provider=provider.name, model=provider.model)
     obj = restate.VirtualObject(
         manifest.metadata.name,
@@ -234,7 +244,11 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         # Per invocation (stable across its retries), not per session: a session's second run
         # seeded with the key alone got the first one's run id and replaced its record.
         durable = restate_runtime(
-            ctx, id_seed=f"{ctx.key()}/{ctx.request().id}", live_sink=live_sink
+            ctx,
+            id_seed=f"{ctx.key()}/{ctx.request().id}",
+            live_sink=live_sink,
+            events_retain=kept.retain,
+            budget=ledger_for(ctx) if budgeted else None,
         )
         store = durable.stores.session
         assert store is not None
@@ -269,6 +283,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             system=spec.system,
             behavior=behavior,
             max_depth=subagents.max_depth if subagents is not None else 0,
+            runtime_options=RestateRuntimeOptions(budget=ledger_for(ctx) if budgeted else None),
             hooks=lambda durable: hooks_for(durable, trace),
         )
         if subagents is not None:
@@ -310,4 +325,5 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         the sidecar streams them with the live ones of `<agent>-live`."""
         return await read_events(ctx, Cursor.parse(after))
 
-    return [obj, inbox, index.object, live_object(manifest.metadata.name, settings.webhook_secrets)]
+    live_events = live_object(manifest.metadata.name, settings.webhook_secrets, kept.live_batches)
+    return [obj, inbox, index.object, live_events, *([budget] if budgeted else [])]
