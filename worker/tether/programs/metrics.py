@@ -151,13 +151,22 @@ def mcp_observer(agent: str) -> Callable[[str, str, str, float], None]:
     return observe
 
 
-def budget_observer(agent: str) -> Callable[[str, Any], None]:
-    """Counts what the agent's budget ledgers do (a `tether.restate.budget.BudgetObserver`)."""
+def budget_observer(agent: str) -> Callable[[str, str, Any], None]:
+    """Counts what the agent's budget ledgers do (a `tether.restate.budget.BudgetObserver`).
+    A process releases only the holds it took: the holds of a killed worker leave the sum
+    (`livesum`) with it, and its replacement must not take them off a second time."""
+    held_here: set[str] = set()
 
-    def observe(what: str, amount: Any) -> None:
+    def observe(what: str, key: str, amount: Any) -> None:
         if what == "denied":
             BUDGET_DENIED.labels(agent).inc()
             return
+        if what == "held":
+            held_here.add(key)
+        elif what == "released":
+            if key not in held_here:
+                return
+            held_here.discard(key)
         for unit, value in (("usd", amount.cost_usd), ("tokens", amount.tokens)):
             if what == "held":
                 BUDGET_HELD.labels(agent, unit).inc(value)

@@ -23,9 +23,9 @@ STATE_KEY = "ledger"
 KEEP_AFTER_RUN = timedelta(days=1)
 """How long a root run's ledger stays readable after the run ended."""
 
-BudgetObserver = Callable[[str, Spend], None]
-"""Told what the ledger did: ("held", ask), ("released", hold), ("spent", actual), ("denied",
-ask). For metrics; called when the handler runs, so a retried handler may tell twice."""
+BudgetObserver = Callable[[str, str, Spend], None]
+"""Told what the ledger did to a call: ("held", key, ask), ("released", key, hold), ("spent",
+key, actual), ("denied", key, ask). For metrics; called when the handler runs."""
 
 
 def budget_object(
@@ -36,19 +36,19 @@ def budget_object(
         f"{agent}-budget",
         description=f"The budgets of the {agent} agent's runs and their sub-agents, by root run.",
     )
-    tell = observe or (lambda what, amount: None)
+    tell = observe or (lambda what, key, amount: None)
 
     @obj.handler(ingress_private=True)
     async def reserve(ctx: restate.ObjectContext, request: dict[str, Any]) -> bool:
         state = LedgerState.of(await ctx.get(STATE_KEY))
         before = state.to_json()
-        ask = Spend.of(request["ask"])
-        granted = state.reserve(str(request["key"]), ask, Limits.of(request.get("limits")))
+        key, ask = str(request["key"]), Spend.of(request["ask"])
+        granted = state.reserve(key, ask, Limits.of(request.get("limits")))
         if state.to_json() != before:
             ctx.set(STATE_KEY, state.to_json())
-            tell("held", ask)
+            tell("held", key, ask)
         elif not granted:
-            tell("denied", ask)
+            tell("denied", key, ask)
         return granted
 
     @obj.handler(ingress_private=True)
@@ -59,8 +59,8 @@ def budget_object(
         state.settle(key, actual)
         ctx.set(STATE_KEY, state.to_json())
         if hold is not None:
-            tell("released", hold)
-        tell("spent", actual)
+            tell("released", key, hold)
+        tell("spent", key, actual)
 
     @obj.handler(ingress_private=True)
     async def forget(ctx: restate.ObjectContext) -> None:
