@@ -196,7 +196,31 @@ def _model(**model: Any) -> dict[str, Any]:
 
 KEY = {"apiKeySecretRef": {"name": "llm", "key": "k"}}
 
+PRICED = {"pricing": {"inputPerMTok": 3, "outputPerMTok": 15}, **KEY}
+BUDGETS_NO_CALL_FITS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "token-budget-below-one-output",
+        {**_model(**KEY), "limits": {"maxTokens": 4096}},
+        "spec.limits.maxTokens",
+    ),
+    (
+        "token-budget-below-output-and-thinking",
+        {
+            **_model(maxTokens=1000, **KEY),
+            "limits": {"maxTokens": 3000},
+            "behavior": {"thinkingBudget": 2000},
+        },
+        "spec.limits.maxTokens",
+    ),
+    (
+        # 4,096 output tokens at $15 per million may cost $0.06144.
+        "cost-budget-below-one-output",
+        {**_model(**PRICED), "limits": {"maxCostUsd": 0.06}},
+        "spec.limits.maxCostUsd",
+    ),
+]
 INVALID: list[tuple[str, dict[str, Any], str]] = [
+    *BUDGETS_NO_CALL_FITS,
     ("no-model", {"model": None}, "spec.model: Required value"),
     ("bad-provider", _model(provider="gemini", **KEY), "spec.model.provider"),
     ("empty-model-name", _model(name="", **KEY), "spec.model.name"),
@@ -462,6 +486,25 @@ def test_a_notify_url_with_a_token_is_refused_and_never_stored(
         refused.value
     )
     assert SLACK_TOKEN not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "field"), BUDGETS_NO_CALL_FITS, ids=[c[0] for c in BUDGETS_NO_CALL_FITS]
+)
+def test_the_spec_refuses_a_budget_no_call_fits_like_the_api_server(
+    name: str, spec: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_agent(agent(name, **spec))
+    assert field.removeprefix("spec.") in str(refused.value)
+    # One token or one cent more and a call fits.
+    roomy = json.loads(json.dumps(spec))
+    limits = roomy["limits"]
+    if "maxTokens" in limits:
+        limits["maxTokens"] += 1
+    else:
+        limits["maxCostUsd"] = 0.0615
+    parse_agent(agent(name, **roomy))
 
 
 def test_a_notify_url_from_a_secret_is_accepted(api: ApiClient, namespace: str) -> None:

@@ -661,6 +661,29 @@ class DurableAgentSpec(_Model):
         return found
 
     @model_validator(mode="after")
+    def _budget_fits_a_call(self) -> DurableAgentSpec:
+        # Every model call reserves its output first: a budget below one call's output lets
+        # no call start, which is a mistake to say now rather than a run that stops at once.
+        limits, model = self.limits, self.model
+        output = model.max_tokens + (self.behavior.thinking_budget or 0)
+        if limits.max_tokens is not None and limits.max_tokens <= output:
+            raise ValueError(
+                f"limits.maxTokens ({limits.max_tokens}) must be larger than one model call's "
+                f"output (model.maxTokens plus behavior.thinkingBudget: {output}): each call "
+                "reserves it before it starts, so no call could"
+            )
+        pricing = model.pricing
+        if limits.max_cost_usd is not None and pricing is not None:
+            most = output * pricing.output_per_m_tok / 1_000_000
+            if limits.max_cost_usd <= most:
+                raise ValueError(
+                    f"limits.maxCostUsd ({limits.max_cost_usd}) must be more than one model "
+                    f"call's output can cost ({output} tokens at {pricing.output_per_m_tok} USD "
+                    "per million): each call reserves it before it starts, so no call could"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _unique_tool_names(self) -> DurableAgentSpec:
         names = [t.name for t in self.tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})

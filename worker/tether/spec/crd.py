@@ -289,6 +289,29 @@ def _spec_schema() -> Schema:
         ),
     )
 
+    output = (
+        "self.model.maxTokens + (has(self.behavior) && has(self.behavior.thinkingBudget) ? "
+        "self.behavior.thinkingBudget : 0)"
+    )
+    _add_rules(
+        spec,
+        _rule(
+            f"!has(self.limits) || !has(self.limits.maxTokens) || self.limits.maxTokens > {output}",
+            "spec.limits.maxTokens must be larger than one model call's output (model.maxTokens "
+            "plus behavior.thinkingBudget): each call reserves it before it starts",
+            ".limits.maxTokens",
+        ),
+        _rule(
+            "!has(self.limits) || !has(self.limits.maxCostUsd) || !has(self.model.pricing) || "
+            f"self.limits.maxCostUsd * 1000000.0 > double({output}) * "
+            "self.model.pricing.outputPerMTok",
+            "spec.limits.maxCostUsd must be more than one model call's output can cost "
+            "(model.maxTokens plus behavior.thinkingBudget at model.pricing.outputPerMTok): each "
+            "call reserves it before it starts",
+            ".limits.maxCostUsd",
+        ),
+    )
+
     # Blocks with defaults of their own: an absent block gets them (validated like user input).
     defaults = DurableAgentSpec.model_fields
     for name in ("approvals", "limits", "behavior", "worker", "drain"):
