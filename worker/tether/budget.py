@@ -94,19 +94,22 @@ def usage_tokens(usage: Mapping[str, Any] | None) -> int:
     return sum(int(v) for v in (usage or {}).values() if isinstance(v, int | float))
 
 
-def input_bound(turns: Sequence[SessionTurn], prefix: Sequence[Any] = ()) -> int:
+def input_bound(turns: Sequence[SessionTurn], prefix: Sequence[Any] = (), run_id: str = "") -> int:
     """An upper bound on the input tokens of a request of `turns` (after `prefix`: the system
-    prompt and the tool schemas). A token covers at least one byte of text, so the bytes of
-    what is new bound its tokens; what the last answered call already sent is known exactly
-    from its usage (its input and cache tokens, plus its output, now part of the input)."""
-    known, new = 0, len(turns)
+    prompt and the tool schemas) in run `run_id`. A token covers at least one byte of text, so
+    the bytes of what is new bound its tokens; what the last answered call already sent is
+    known exactly from its usage (its input and cache tokens, plus its output, now part of the
+    input). A call of an earlier run may have had another system prompt or other tools: then
+    the prefix counts again, in full."""
+    prefix_bytes = len(jsoncodec.dumps(list(prefix)))
+    known, new = prefix_bytes, 0
     for index in range(len(turns) - 1, -1, -1):
         turn = turns[index]
         if turn.role == "assistant" and turn.usage:
             known, new = usage_tokens(turn.usage), index + 1
+            if turn.run_id != run_id:
+                known += prefix_bytes
             break
-    else:
-        known = len(jsoncodec.dumps(list(prefix)))
     unsent = turns[new:]
     return known + sum(len(jsoncodec.dumps(t.content)) + FRAMING_TOKENS for t in unsent)
 

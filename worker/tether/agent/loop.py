@@ -396,7 +396,8 @@ class AgentRun:
         agent, behavior = self.agent, self.behavior
         prefix = [agent.system or "", [t.spec for t in self.tool_defs]]
         output = behavior.max_output_tokens + (behavior.thinking_budget or 0)
-        return worst_case(input_bound(self.session.turns, prefix), output, agent.provider.pricing)
+        bound = input_bound(self.session.turns, prefix, self.run_id)
+        return worst_case(bound, output, agent.provider.pricing)
 
     def _ledger_key(self, name: str) -> str:
         return f"{self.run_id}/{name}"
