@@ -154,8 +154,13 @@ def mcp_observer(agent: str) -> Callable[[str, str, str, float], None]:
 def budget_observer(agent: str) -> Callable[[str, str, Any], None]:
     """Counts what the agent's budget ledgers do (a `tether.restate.budget.BudgetObserver`).
     A process releases only the holds it took: the holds of a killed worker leave the sum
-    (`livesum`) with it, and its replacement must not take them off a second time."""
+    (`livesum`) with it, and its replacement must not take them off a second time. The series
+    start at 0, so a first refusal shows as an increase."""
     held_here: set[str] = set()
+    BUDGET_DENIED.labels(agent)
+    for unit in ("usd", "tokens"):
+        BUDGET_HELD.labels(agent, unit)
+        BUDGET_SPENT.labels(agent, unit)
 
     def observe(what: str, key: str, amount: Any) -> None:
         if what == "denied":

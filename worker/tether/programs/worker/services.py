@@ -170,9 +170,8 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     # Sub-agents run at once as invocations of their own: one ledger per root run keeps them
     # all within its budget. A run alone checks its budget itself, at no cost.
     budgeted = subagents is not None and (spec.limits.max_cost_usd or spec.limits.max_tokens)
-    budget, ledger_for = budget_object(
-        manifest.metadata.name, budget_observer(manifest.metadata.name)
-    )
+    observe_budget = budget_observer(manifest.metadata.name) if budgeted else None
+    budget, ledger_for = budget_object(manifest.metadata.name, observe_budget)
     agent_series_at_zero(manifest.metadata.name, provider=provider.name, model=provider.model)
     obj = restate.VirtualObject(
         manifest.metadata.name,
