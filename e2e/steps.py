@@ -67,6 +67,7 @@ MCP_AGENT, MCP_SERVER = "clock-agent", "clock-mcp"  # examples/kubernetes/mcp-cl
 E2E = Path(__file__).resolve().parent
 TETHER = ROOT / ".venv" / "bin" / "tether"
 AGENT_LABEL = "tether.dev/agent"
+VERSION_LABEL = "tether.dev/version"
 
 
 class Platform:
@@ -852,6 +853,58 @@ def rollout_with_operator_killed(p: Platform, run: ClerkRun) -> None:
     )
 
 
+def parked_version_scales_to_zero(p: Platform) -> None:
+    """A version whose only run waits for a person goes to zero pods once a new version takes
+    the new runs (`scaling.idleAfter`); the approval, sent to the new version's sidecar, brings
+    a pod of the old one back, and the run completes on it."""
+    session = f"zero-{secrets.token_hex(4)}"
+    old = p.agent_status(CLERK)["activeVersion"]
+    invocation = p.start_run(CLERK, session, "ship the release")
+    (call,) = wait_for("the parked call", lambda: p.parked(CLERK, session), 120)
+    change = {"spec": {"system": "v3", "scaling": {"idleAfter": "5s"}}}
+    p.kubectl(
+        "-n", AGENTS_NS, "patch", "durableagent", CLERK, "--type", "merge", "-p", json.dumps(change)
+    )
+    deployment = f"{CLERK}-{old}"
+    old_pods = f"{AGENT_LABEL}={CLERK},{VERSION_LABEL}={old}"
+
+    def replicas() -> int:
+        spec = p.kubectl.json("-n", AGENTS_NS, "get", "deployment", deployment)["spec"]
+        return int(spec.get("replicas", 1))
+
+    parked_at = time.monotonic()
+    wait_for(
+        f"version {old} at zero pods",
+        lambda: replicas() == 0 and not p.kubectl.pods(AGENTS_NS, old_pods),
+        180,
+        0.5,
+    )
+    p.report.time("new version -> parked old version at zero pods", time.monotonic() - parked_at)
+    # What an HPA or KEDA would scale on, from the operator.
+    version = f'agent="{CLERK}",version="{old}"'
+    p.await_metric(f"max(tether_version_parked_runs{{{version}}})", 1)
+    p.await_metric(f"max(tether_version_replicas{{{version}}})", 0)
+    p.sidecar(CLERK).restart()  # its forward may have been to a pod of the old version
+    before = p.journal_length(invocation)
+    answered = time.time()
+    p.tether(CLERK, "resolve", call["awakeable_id"], "--value", '{"approved": true}')
+    wait_for(
+        f"a pod of version {old} ready", lambda: p.kubectl.ready_pods(AGENTS_NS, old_pods), 120
+    )
+    p.report.time("approval -> woken version's pod ready", time.time() - answered)
+    step, _ = _next_step_after(p, invocation, before, answered, 120)
+    p.report.time("approval -> next journaled step of a run on a version at zero", step)
+    result = p.result(invocation)
+    if result.get("status") != "completed" or result.get("tool_calls") != 1:
+        raise StepFailed(f"expected a completed run with one tool call, got {result}")
+    wait_for(
+        f"version {old} retired once its run completed",
+        lambda: not p.kubectl.exists(AGENTS_NS, "deployment", deployment),
+        300,
+        1,
+    )
+
+
 def no_phone_home(p: Platform) -> None:
     if p.cluster.outside_attempts is None:
         print("    (this cluster cannot list its pods' outside connections: not checked)")
@@ -887,6 +940,7 @@ def steps() -> list[Step]:
         ("NetworkPolicy in front of Restate's admin API", network_policy),
         ("an agent's pods reach DNS and Restate only", agents_egress),
         ("only Restate invokes the workers", only_restate_invokes_workers),
+        ("a parked version scales to zero; its approval wakes it", parked_version_scales_to_zero),
         ("a rollout while the operator is killed", lambda p: rollout_with_operator_killed(p, run)),
         ("no pod phoned home", no_phone_home),
     ]

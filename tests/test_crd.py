@@ -161,6 +161,7 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
         },
         webhook={"secretRef": {"name": "triage-webhook", "key": "secret"}},
         drain={"delay": "5m", "timeout": "24h"},
+        scaling={"idleAfter": "10m", "minReplicas": 1, "maxReplicas": 4},
         observability={"otlpEndpoint": "http://otel-collector.observability:4318"},
     )
     body["spec"]["model"]["baseUrl"] = None
@@ -173,10 +174,12 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
     assert spec["tools"][3]["mcp"]["transport"] == "streamable-http"
     assert spec["tools"][4]["mcp"]["env"] == [{"name": "TZ", "value": ""}]
     assert spec["observability"] == {"otlpEndpoint": "http://otel-collector.observability:4318"}
+    assert spec["scaling"] == {"idleAfter": "10m", "minReplicas": 1, "maxReplicas": 4}
 
     minimal = create(api, namespace, agent("minimal"), dry_run=False)["spec"]
     assert minimal["approvals"] == {"timeout": "1h", "onTimeout": "deny"}
     assert minimal["drain"] == {"delay": "5m", "timeout": "24h"}
+    assert "scaling" not in minimal  # unset: versions keep their replicas
     assert minimal["limits"] == {"maxTurns": 50}
     assert minimal["worker"] == {
         "replicas": 1,
@@ -433,6 +436,31 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "no-live-batches",
         {**_model(**KEY), "events": {"liveBatches": 0}},
         "spec.events.liveBatches",
+    ),
+    (
+        "zero-idle-after",
+        {**_model(**KEY), "scaling": {"idleAfter": "0s"}},
+        "spec.scaling.idleAfter",
+    ),
+    (
+        "bad-idle-after",
+        {**_model(**KEY), "scaling": {"idleAfter": "soon"}},
+        "spec.scaling.idleAfter",
+    ),
+    (
+        "min-replicas-above-max",
+        {**_model(**KEY), "scaling": {"minReplicas": 3, "maxReplicas": 2}},
+        "spec.scaling.minReplicas",
+    ),
+    (
+        "zero-min-replicas",
+        {**_model(**KEY), "scaling": {"minReplicas": 0}},
+        "spec.scaling.minReplicas",
+    ),
+    (
+        "too-many-max-replicas",
+        {**_model(**KEY), "scaling": {"maxReplicas": 101}},
+        "spec.scaling.maxReplicas",
     ),
 ]
 

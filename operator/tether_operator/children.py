@@ -13,7 +13,14 @@ from tether.spec import DurableAgent
 from . import render
 from .kube import Kube
 from .mcp_egress import mcp_egress_rules
-from .names import AGENT_LABEL, VERSION_LABEL, WORKER_PORT, version_name
+from .names import (
+    AGENT_LABEL,
+    REPLICAS_ANNOTATION,
+    SCALED_TO_ZERO_ANNOTATION,
+    VERSION_LABEL,
+    WORKER_PORT,
+    version_name,
+)
 from .settings import OperatorSettings
 
 Manifest = dict[str, Any]
@@ -27,6 +34,28 @@ class WorkerDeployment:
     hash: str
     name: str
     available: bool
+    replicas: int = 1
+    """Its `spec.replicas`."""
+    scaled_to_zero_at: str | None = None
+    """When the operator scaled it to zero (its annotation), if it did."""
+    replicas_before_zero: int | None = None
+    """The replicas it had then, to scale it back to."""
+
+
+def observed(
+    digest: str, name: str, spec: Manifest, status: Manifest, meta: Manifest
+) -> WorkerDeployment:
+    """A version's Deployment as the index (or a read of it) sees it."""
+    annotations = meta.get("annotations") or {}
+    before = str(annotations.get(REPLICAS_ANNOTATION, ""))
+    return WorkerDeployment(
+        digest,
+        name,
+        is_available(spec, status, int(meta.get("generation", 0))),
+        replicas=int(spec.get("replicas", 1)),
+        scaled_to_zero_at=annotations.get(SCALED_TO_ZERO_ANNOTATION),
+        replicas_before_zero=int(before) if before.isdigit() else None,
+    )
 
 
 def is_available(spec: dict[str, Any], status: dict[str, Any], generation: int) -> bool:

@@ -63,6 +63,12 @@ class AgentMemory:
     """The egress rules to the agent's in-cluster MCP servers last applied, and when they were
     last looked up: a Service created or changed after the agent is picked up."""
     mcp_checked_at: float = 0.0
+    resume_due: set[str] = field(default_factory=set)
+    """Versions woken from zero whose paused runs are resumed once they have pods."""
+    scaling_restored: bool = False
+    """The scaler took what it must remember from the status and the Deployments once."""
+    gauges: set[str] = field(default_factory=set)
+    """The versions whose gauges this process reports."""
 
 
 @dataclass

@@ -7,23 +7,24 @@ import time
 
 import kopf
 
-from tether.spec import DurableAgentStatus, SpecError, parse_duration
+from tether.spec import DurableAgent, DurableAgentStatus, SpecError, parse_duration
 
-from . import children
+from . import children, metrics, scaling
 from .conditions import DRAINING, READY, Verdict, merge, parse_rfc3339
 from .context import AgentMemory, Operator
+from .kube import KubeError
 from .names import sidecar_service_name
-from .restate_admin import RestateError
+from .restate_admin import InFlight, RestateError
 from .supervisor import base_status, parse, write_status
 
 POLL = 2.0
 
 
-def _drain_timeout(body: kopf.Body) -> float:
+def _agent(body: kopf.Body) -> DurableAgent | None:
     try:
-        return parse_duration(parse(body).spec.drain.timeout)
+        return parse(body)
     except SpecError:
-        return 0.0
+        return None
 
 
 async def _say(
@@ -43,6 +44,20 @@ async def _say(
     await write_status(op, body, mem, DurableAgentStatus.model_validate(status.model_dump()))
 
 
+async def _wake(
+    op: Operator, body: kopf.Body, mem: AgentMemory, agent: DurableAgent | None, in_flight: InFlight
+) -> None:
+    """Versions at zero replicas whose runs have work get their pods back: the wait is for
+    those runs to finish."""
+    previous = base_status(body, mem)
+    try:
+        versions = await scaling.wake_for_deletion(op, body, agent, previous.versions, in_flight)
+    except KubeError as error:
+        raise kopf.TemporaryError(f"scaling a version up failed: {error}", delay=POLL) from None
+    if versions != previous.versions:
+        mem.status = previous.model_copy(update={"versions": versions})
+
+
 async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -> None:
     """Raise `kopf.TemporaryError` while runs are in flight and drain.timeout has not passed."""
     meta = body["metadata"]
@@ -51,7 +66,8 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
     known = {v.hash for v in versions}
     extra = await children.versions_on_cluster(op.kube, namespace, name)
     ids = {v.hash: v.restate_deployment_id for v in versions if v.restate_deployment_id}
-    timeout = _drain_timeout(body)
+    agent = _agent(body)
+    timeout = parse_duration(agent.spec.drain.timeout) if agent is not None else 0.0
     started = parse_rfc3339(meta.get("deletionTimestamp") or time.strftime("%Y-%m-%dT%H:%M:%SZ"))
     left = started + timeout - time.time()
     try:
@@ -65,6 +81,7 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
         kopf.warn(body, reason="DrainTimeout", message=f"{error}; deleting without draining")
         pinned, waiting = {}, 0
     if waiting and left > 0:
+        await _wake(op, body, mem, agent, in_flight)
         detail = ", ".join(f"{h}: {n}" for h, n in sorted(pinned.items()) if n)
         message = (
             f"waiting for {waiting} runs in flight ({detail or 'not started yet'}) before "
@@ -96,4 +113,5 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
     for digest in known | extra:
         await children.delete_version(op.kube, namespace, name, digest)
     await op.kube.delete("v1", "Service", namespace, sidecar_service_name(name))
+    metrics.forget(namespace, name, mem.gauges)
     await _say(op, body, mem, False, "Deleted", "every version is unregistered and deleted")

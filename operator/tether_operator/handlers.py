@@ -13,7 +13,7 @@ import kopf
 from tether.programs.redact import install as install_redaction
 from tether.spec import SpecError
 
-from . import children, deletion, render, supervisor
+from . import children, deletion, metrics, render, supervisor
 from .conditions import PROGRESSING, Verdict
 from .context import AgentMemory, Operator, memory_of, operator_of
 from .kube import Kube, KubeError
@@ -71,6 +71,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 60.0
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 4
+    metrics.serve(ours.metrics_port)
     admin = RestateAdmin(ours.restate_admin_url, ours.restate_timeout)
     memo.operator = Operator(
         settings=ours,
@@ -108,8 +109,8 @@ def worker_deployments(
     agent, digest = labels.get(AGENT_LABEL), labels.get(VERSION_LABEL)
     if not agent or not digest:
         return {}
-    available = children.is_available(dict(spec), dict(status), int(meta.get("generation", 0)))
-    return {(namespace or "", agent): children.WorkerDeployment(digest, name, available)}
+    found = children.observed(digest, name, dict(spec), dict(status), dict(meta))
+    return {(namespace or "", agent): found}
 
 
 def _deployments_of(

@@ -119,15 +119,16 @@ class Kube:
         message = data.get("message") if isinstance(data, dict) else None
         return KubeError(status, f"{what}: HTTP {status}: {message or data}")
 
-    async def apply(self, manifest: Manifest) -> Manifest:
-        """Server-side apply with the operator's field manager (forced: we own these objects)."""
+    async def apply(self, manifest: Manifest, field_manager: str = FIELD_MANAGER) -> Manifest:
+        """Server-side apply with the operator's field manager (forced: we own these objects);
+        another `field_manager` owns only the fields of its own, partial, `manifest`."""
         meta = manifest["metadata"]
         path = _path(manifest["apiVersion"], manifest["kind"], meta["namespace"], meta["name"])
         status, data = await self._request(
             "PATCH",
             path,
             body=manifest,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", field_manager), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
         if status not in (200, 201):

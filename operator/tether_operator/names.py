@@ -11,6 +11,9 @@ from tether.spec.crd import GROUP, PLURAL, VERSION
 __all__ = ["GROUP", "PLURAL", "VERSION"]
 
 FIELD_MANAGER = "tether-operator"
+SCALE_FIELD_MANAGER = "tether-operator-scale"
+"""Owns a version Deployment's `spec.replicas` once the operator scaled it to zero (and back):
+the objects' own apply (`FIELD_MANAGER`) never sends a partial Deployment."""
 FINALIZER = f"{GROUP}/finalizer"
 ANNOTATION_PREFIX = GROUP
 
@@ -20,6 +23,10 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 AGENT_LABEL = f"{GROUP}/agent"
 VERSION_LABEL = f"{GROUP}/version"
+SCALED_TO_ZERO_ANNOTATION = f"{GROUP}/scaled-to-zero-at"
+"""On a version Deployment at zero replicas: when the operator scaled it there (RFC 3339)."""
+REPLICAS_ANNOTATION = f"{GROUP}/replicas"
+"""On a version Deployment at zero replicas: how many it had, to scale it back to."""
 
 WORKER_PORT = 9080
 SIDECAR_PORT = 8000

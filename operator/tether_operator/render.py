@@ -1,8 +1,9 @@
 """The Kubernetes objects of one agent version, as plain manifests for server-side apply.
 
-A version is identified by a hash of the agent spec (without `drain` and `worker.replicas`,
-which change how versions are run, not what runs) and of the pod template. Same input, same
-hash, same names: a rollback to an earlier spec maps onto the earlier version's objects.
+A version is identified by a hash of the agent spec (without `drain`, `scaling` and
+`worker.replicas`, which change how versions are run, not what runs) and of the pod template.
+Same input, same hash, same names: a rollback to an earlier spec maps onto the earlier
+version's objects.
 """
 
 from __future__ import annotations
@@ -280,6 +281,7 @@ def pod_template(
 def _hash_input(agent: DurableAgent) -> Manifest:
     spec = agent.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
     spec.pop("drain", None)
+    spec.pop("scaling", None)
     spec.get("worker", {}).pop("replicas", None)
     return spec
 

@@ -1,12 +1,14 @@
 """Restate's admin API, as the operator uses it: register and unregister versions, list
-deployments, and SQL introspection for pinned invocations and parked calls. The calls and what
-their answers mean are `tether.programs.restate_admin`'s, shared with `RestateServer`; this is
-their asynchronous transport, and what the operator asks of them (cached counts)."""
+deployments, resume paused invocations, and SQL introspection for pinned invocations and parked
+calls. The calls and what their answers mean are `tether.programs.restate_admin`'s, shared with
+`RestateServer`; this is their asynchronous transport, and what the operator asks of them
+(cached counts)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -22,16 +24,19 @@ from tether.programs.restate_admin import AdminCall, AdminRefused, parse_body, r
 
 T = TypeVar("T")
 
-PINNED_SQL = (
-    "SELECT pinned_deployment_id AS id, COUNT(*) AS n FROM sys_invocation "
-    "WHERE status != 'completed' AND pinned_deployment_id IS NOT NULL "
-    "GROUP BY pinned_deployment_id"
+IN_FLIGHT_SQL = (
+    "SELECT pinned_deployment_id AS id, target_service_name AS service, status, COUNT(*) AS n "
+    "FROM sys_invocation WHERE status != 'completed' "
+    "GROUP BY pinned_deployment_id, target_service_name, status"
 )
-UNPINNED_SQL = (
-    "SELECT target_service_name AS service, COUNT(*) AS n FROM sys_invocation "
-    "WHERE status != 'completed' AND pinned_deployment_id IS NULL "
-    "GROUP BY target_service_name"
-)
+"""Every unfinished invocation, counted by the deployment it is pinned to (none: not started on
+any, e.g. inboxed or scheduled), its service and its status: the drain, the scaler and the
+gauges of every agent read this one query."""
+PAUSED_SQL = "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id = '{}'"
+DEPLOYMENT_ID = re.compile(r"^dp_[A-Za-z0-9]+$")
+WAITING_STATUSES = frozenset({"suspended", "paused"})
+"""Statuses of an invocation that waits without a worker: for a person, a timer or another call
+(suspended), or for someone to resume it (paused)."""
 PARKED_SQL = (
     f"SELECT service_name AS service, value_utf8 AS value FROM state "
     f"WHERE key = '{PARKED_STATE_KEY}'"
@@ -102,6 +107,15 @@ class RestateAdmin:
     async def query(self, sql: str) -> list[dict[str, Any]]:
         return await self._send(admin.query(sql))
 
+    async def resume_paused(self, deployment_id: str) -> int:
+        """Resume the paused invocations pinned to `deployment_id` (on it); how many."""
+        if not DEPLOYMENT_ID.match(deployment_id):
+            raise RestateError("QueryFailed", f"not a Restate deployment id: {deployment_id!r}")
+        rows = await self.query(PAUSED_SQL.format(deployment_id))
+        for row in rows:
+            await self._send(admin.resume(str(row["id"])))
+        return len(rows)
+
 
 @dataclass
 class _Cached:
@@ -111,11 +125,39 @@ class _Cached:
 
 
 @dataclass(frozen=True)
+class Runs:
+    """The unfinished invocations pinned to one deployment, by what they wait for."""
+
+    active: int = 0
+    """Running, ready, backing off, pending or scheduled: they need a worker now (or as soon as
+    one answers). An unknown status counts here too, so nothing is taken for idle that Restate
+    did not say waits."""
+    suspended: int = 0
+    paused: int = 0
+
+    @property
+    def parked(self) -> int:
+        """Runs that wait without a worker."""
+        return self.suspended + self.paused
+
+
+@dataclass(frozen=True)
 class InFlight:
     """Invocations not completed yet: pinned to a deployment, or not started on any."""
 
     pinned: dict[str, int]
     unpinned: dict[str, int]
+    statuses: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The pinned ones by deployment, then by status."""
+
+    def runs(self, deployment_id: str | None) -> Runs:
+        counts = self.statuses.get(deployment_id or "", {})
+        waiting = {s: n for s, n in counts.items() if s in WAITING_STATUSES}
+        return Runs(
+            active=sum(counts.values()) - sum(waiting.values()),
+            suspended=waiting.get("suspended", 0),
+            paused=waiting.get("paused", 0),
+        )
 
 
 class RestateObserver:
@@ -136,11 +178,20 @@ class RestateObserver:
             return entry.value
 
     async def _load_in_flight(self) -> InFlight:
-        pinned = await self.admin.query(PINNED_SQL)
-        unpinned = await self.admin.query(UNPINNED_SQL)
+        pinned: Counter[str] = Counter()
+        unpinned: Counter[str] = Counter()
+        statuses: dict[str, Counter[str]] = {}
+        for row in await self.admin.query(IN_FLIGHT_SQL):
+            n = int(row["n"])
+            if row.get("id") is None:
+                unpinned[row["service"]] += n
+                continue
+            pinned[row["id"]] += n
+            statuses.setdefault(row["id"], Counter())[str(row["status"])] += n
         return InFlight(
-            pinned={row["id"]: int(row["n"]) for row in pinned},
-            unpinned={row["service"]: int(row["n"]) for row in unpinned},
+            pinned=dict(pinned),
+            unpinned=dict(unpinned),
+            statuses={d: dict(counts) for d, counts in statuses.items()},
         )
 
     async def in_flight(self, max_age: float | None = None) -> InFlight:

@@ -61,6 +61,9 @@ class OperatorSettings:
     derived from its private key (`TETHER_RESTATE_IDENTITY_KEY_FILE`, the chart's Secret), or
     given (`TETHER_RESTATE_IDENTITY_KEYS`, for a Restate of your own). None: the workers take
     any request that reaches them."""
+    metrics_port: int = 8000
+    """Where the operator serves its Prometheus metrics (`/metrics`, all addresses); 0: not
+    served (`TETHER_METRICS_PORT`)."""
     otlp_endpoint: str | None = None
     """The OTLP/HTTP collector of the agents that name none in `spec.observability`
     (`TETHER_OTLP_ENDPOINT`, the chart's `observability.otlpEndpoint`). None: no traces."""
@@ -95,6 +98,15 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     if value <= 0:
         raise SettingsError(f"{name}={raw!r} must be greater than zero")
     return value
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) > 65535:
+        raise SettingsError(f"{name}={raw!r} is not a port number (0 to 65535; 0: off)")
+    return int(raw)
 
 
 def _labels(raw: str) -> dict[str, str]:
@@ -184,5 +196,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
         labels=_labels(env.get("TETHER_EXTRA_LABELS", "")),
         agent_egress=_egress(env),
         restate_identity_keys=_identity_keys(env),
+        metrics_port=_port(env, "TETHER_METRICS_PORT", 8000),
         otlp_endpoint=_otlp_endpoint(env),
     )

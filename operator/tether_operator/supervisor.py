@@ -11,7 +11,9 @@ version one step towards the goal:
 - a `Draining` version stays while Restate has invocations pinned to it; once none are left and
   `drain.delay` has passed, it is unregistered, then its objects are deleted; after
   `drain.timeout` it goes regardless, with a Warning event;
-- a version that was never registered and is no longer wanted is deleted at once.
+- a version that was never registered and is no longer wanted is deleted at once;
+- with `spec.scaling.idleAfter`, a `Draining` version whose runs only wait goes to zero replicas
+  and comes back when one has work (`scaling`).
 
 Nothing is ever removed because Restate or the API server failed to answer: a failure becomes a
 condition and the step is retried with backoff.
@@ -34,7 +36,7 @@ from tether.spec import (
     parse_duration,
 )
 
-from . import children, render
+from . import children, metrics, render, scaling
 from .conditions import (
     DRAINING,
     PROGRESSING,
@@ -260,8 +262,10 @@ async def drain_old(
     desired: str,
 ) -> InFlight | None:
     draining = [v for v in versions.values() if v.hash != desired and v.state != "Active"]
+    # Fresh counts while a version drains, or waits at zero replicas for a run to wake it.
+    asleep = any(v.scaled_to_zero_at for v in versions.values())
     try:
-        in_flight = await op.observer.in_flight(max_age=1.0 if draining else 10.0)
+        in_flight = await op.observer.in_flight(max_age=1.0 if draining or asleep else 10.0)
     except RestateError as error:
         mem.restate_problem = Verdict(DRAINING, bool(draining), error.reason, str(error))
         return None
@@ -375,7 +379,11 @@ def _verdicts(
     if mem.restate_problem is not None and draining:
         drain = Verdict(DRAINING, True, mem.restate_problem.reason, mem.restate_problem.message)
     elif draining:
-        waits = ", ".join(f"{v.hash} ({v.in_flight} runs pinned)" for v in draining)
+        parts = []
+        for v in draining:
+            asleep = ", at zero replicas" if v.scaled_to_zero_at else ""
+            parts.append(f"{v.hash} ({v.in_flight} runs pinned{asleep})")
+        waits = ", ".join(parts)
         drain = Verdict(
             DRAINING,
             True,
@@ -473,13 +481,17 @@ async def converge(
     await repair_children(op, body, agent, mem, desired, available)
     if desired in versions:
         await register_desired(op, body, mem, versions, desired, available)
+    in_flight = None
     try:
-        await drain_old(op, body, agent, mem, versions, desired)
+        in_flight = await drain_old(op, body, agent, mem, versions, desired)
     except RestateError as error:  # unregistering failed: keep the version, try again
         event_once(mem, body, error.reason, str(error))
     except KubeError as error:
         log.warning("deleting an old version of %s failed: %s", meta["name"], error)
+    if in_flight is not None:  # nothing is scaled on counts Restate did not give
+        await scaling.scale(op, body, agent, mem, versions, desired, deployments, in_flight)
     status = await assemble_status(
         op, body, mem, versions, desired, available, agent.spec.drain.timeout
     )
     await write_status(op, body, mem, status)
+    metrics.report(meta["namespace"], meta["name"], status.versions, mem.gauges)

@@ -175,10 +175,10 @@ def test_watched_namespaces_get_role_bindings_only(helm_bin: Path) -> None:
     assert env["TETHER_NAMESPACES"] == "team-a,team-b"
 
 
-def test_pod_monitors_select_the_agents_and_restate(helm_bin: Path) -> None:
+def test_pod_monitors_select_the_agents_the_operator_and_restate(helm_bin: Path) -> None:
     assert by_kind(render(helm_bin), "PodMonitor") == []  # off by default: needs their CRD
     objects = render(helm_bin, "monitoring.podMonitors=true", "operator.watchNamespaces={a,b}")
-    agents, restate = by_kind(objects, "PodMonitor")
+    agents, operator, restate = by_kind(objects, "PodMonitor")
     # The operator's worker pods carry these labels (tether_operator.render).
     pod_labels = version_labels("clerk", "0123456789")
     assert agents["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
@@ -193,8 +193,16 @@ def test_pod_monitors_select_the_agents_and_restate(helm_bin: Path) -> None:
     )
     ports = {p["name"] for p in statefulset["spec"]["template"]["spec"]["containers"][0]["ports"]}
     assert restate["spec"]["podMetricsEndpoints"][0]["port"] in ports
+    # The operator's gauges per version (scale to zero, an HPA or KEDA) on its metrics port.
+    pod = one(objects, "Deployment")["spec"]["template"]
+    assert operator["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [container] = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert operator["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert str(ports["metrics"]) == env_of(container)["TETHER_METRICS_PORT"] == "8000"
     external = render(helm_bin, "monitoring.podMonitors=true", *EXTERNAL)
-    assert [m["metadata"]["name"] for m in by_kind(external, "PodMonitor")] == ["t-agents"]
+    names = [m["metadata"]["name"] for m in by_kind(external, "PodMonitor")]
+    assert names == ["t-agents", "t-operator"]
 
 
 def test_restate_is_open_to_the_operator_the_agents_and_listed_namespaces_only(

@@ -75,6 +75,7 @@ def test_the_operator_starts_with_the_charts_settings(
         # The pod's address and Restate's Service are out of reach here: loopback and a port
         # where nothing listens (registration then waits, as the condition will say).
         "TETHER_LIVENESS_URL": f"http://127.0.0.1:{liveness}/healthz",
+        "TETHER_METRICS_PORT": str(free_port()),
         "TETHER_RESTATE_ADMIN_URL": f"http://127.0.0.1:{free_port()}",
         "KUBECONFIG": str(kube.kubeconfig),
     }
@@ -103,6 +104,8 @@ def test_the_operator_starts_with_the_charts_settings(
                 return False
 
         wait_until(healthy, what="the operator's liveness endpoint")
+        metrics = f"http://127.0.0.1:{env['TETHER_METRICS_PORT']}/metrics"
+        assert httpx2.get(metrics, timeout=5).status_code == 200
         kube.kubectl("-n", namespace, "apply", "-f", str(REPO / "e2e" / "agent.yaml"))
 
         def version_deployment() -> dict[str, Any] | None:

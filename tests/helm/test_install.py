@@ -144,7 +144,7 @@ def test_the_pod_monitors_are_valid_for_the_prometheus_operator_crd(
         for o in render(helm_bin, "monitoring.podMonitors=true", namespace=namespace)
         if o["kind"] == "PodMonitor"
     ]
-    assert len(monitors) == 2
+    assert len(monitors) == 3  # the agents, the operator, Restate
     for monitor in monitors:
         checked = kube.kubectl(
             "apply", "--dry-run=server", "-f", "-", input=json.dumps(monitor), check=False

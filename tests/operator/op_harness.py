@@ -91,6 +91,8 @@ class OperatorProcess:
 
     process: GroupProcess
     liveness: str
+    metrics: str = ""
+    """Its Prometheus metrics (`TETHER_METRICS_PORT`, a free port)."""
 
     def healthy(self) -> bool:
         status, _ = http("GET", self.liveness, timeout=2)
@@ -129,15 +131,18 @@ def start_operator(
         "TETHER_WORKER_IMAGE": "ghcr.io/example/tether:test",
         "TETHER_NAMESPACES": namespace,
         "TETHER_LIVENESS_URL": liveness,
+        "TETHER_METRICS_PORT": str(free_port()),
         "TETHER_AGENT_EGRESS": json.dumps(EGRESS_RULES),
         **env,
     }
+    metrics = f"http://127.0.0.1:{full_env['TETHER_METRICS_PORT']}/metrics"
     if entry == "module":
         argv = [sys.executable, "-m", "tether_operator"]
     else:
         argv = [sys.executable, "-m", "kopf", "run", "-m", "tether_operator", "--standalone"]
         argv += ["-n", namespace, f"--liveness={liveness}"]
-    operator = OperatorProcess(GroupProcess(argv, env=full_env, log=log, cwd=REPO), liveness)
+    process = GroupProcess(argv, env=full_env, log=log, cwd=REPO)
+    operator = OperatorProcess(process, liveness, metrics)
 
     def up() -> bool:
         if not operator.process.alive():

@@ -41,6 +41,8 @@ def test_defaults_and_parsing() -> None:
     assert settings.restate_admin_url == "http://restate.restate.svc:9070"
     assert settings.namespaces == ("a", "b")
     assert settings.labels == {"t": "1"}
+    assert settings.metrics_port == 8000
+    assert settings_from_env({**ENV, "TETHER_METRICS_PORT": "0"}).metrics_port == 0
     url = settings.worker_url(
         service="triage-abc", namespace="ns", agent="triage", hash="abc", port=9080, node_port=""
     )
@@ -59,6 +61,8 @@ def test_defaults_and_parsing() -> None:
         ("TETHER_OTLP_ENDPOINT", "otel:4318", "TETHER_OTLP_ENDPOINT must be the http://"),
         ("TETHER_OTLP_ENDPOINT", "http://u:p@otel:4318", "without user information"),
         ("TETHER_OTLP_ENDPOINT", "http://otel:4318/?k=v", "must not carry a query"),
+        ("TETHER_METRICS_PORT", "http", "not a port number"),
+        ("TETHER_METRICS_PORT", "70000", "not a port number"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(name: str, value: str, message: str) -> None:
@@ -74,6 +78,8 @@ def test_the_version_follows_the_spec_and_pod_template_only() -> None:
     # How versions are run is not what runs: no new version.
     assert version_hash(agent(drain={"delay": "1s"}), "ns", settings) == base
     assert version_hash(agent(worker={"replicas": 3}), "ns", settings) == base
+    scaling = {"idleAfter": "10m", "minReplicas": 1, "maxReplicas": 4}
+    assert version_hash(agent(scaling=scaling), "ns", settings) == base
     # What runs is.
     assert version_hash(agent(system="x"), "ns", settings) != base
     assert version_hash(agent(worker={"image": "other:1"}), "ns", settings) != base

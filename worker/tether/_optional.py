@@ -37,7 +37,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
         "prometheus_client",
         "standardwebhooks",
     ),
-    "operator": ("kopf", "aiohttp"),
+    "operator": ("kopf", "aiohttp", "prometheus_client"),
     "mcp": ("mcp",),
     # Traces of agent runs (tether.programs.tracing): the SDK and its OTLP/HTTP exporter.
     "otel": ("opentelemetry",),

@@ -96,6 +96,21 @@ def deployments() -> AdminCall[list[dict[str, Any]]]:
     )
 
 
+def resume(invocation_id: str) -> AdminCall[None]:
+    """`PATCH /invocations/{id}/resume`: a paused invocation tries its deployment again (the one
+    it is pinned to). One that is not paused any more (running again, completed: 409) or gone
+    (404) is fine."""
+    return AdminCall(
+        "PATCH",
+        f"/invocations/{invocation_id}/resume",
+        None,
+        f"resuming invocation {invocation_id}",
+        "ResumeFailed",
+        lambda _: None,
+        frozenset({200, 202, 404, 409}),
+    )
+
+
 def query(sql: str) -> AdminCall[list[dict[str, Any]]]:
     """`POST /query`: SQL introspection (`sys_invocation`, `state`, ...), the rows as dicts."""
     return AdminCall("POST", "/query", {"query": sql}, "SQL introspection", "QueryFailed", _rows)

@@ -600,6 +600,59 @@ class DrainSpec(_Model):
     )
 
 
+class ScalingSpec(_Model):
+    """How many worker pods a version keeps while its runs only wait (for a person, a timer,
+    another call): none, once it has been idle long enough. Waiting runs hold no worker memory;
+    Restate keeps them, and the version stays registered."""
+
+    idle_after: Duration | None = Field(
+        default=None,
+        description="Scale a draining version's Deployment to zero replicas once Restate has "
+        "shown no run pinned to it running, ready, backing off or pending for this long "
+        "(suspended and paused runs wait without pods); it keeps its Restate registration and "
+        "is scaled back to its replicas as soon as one of its runs has work again (an approval "
+        "answered), and its paused runs are resumed. The active version keeps its replicas: it "
+        "receives the webhooks (its pods hold the sidecar that takes approvals). Unset: never "
+        "scale to zero.",
+    )
+    min_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="Fewest worker pods an HPA or KEDA may give a version while its runs are "
+        "active (scaling on the operator's tether_version_active_runs gauge); a version woken "
+        "from zero gets at least this many. The operator itself only moves a version between 0 "
+        "and its replicas.",
+    )
+    max_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="Most worker pods an HPA or KEDA may give a version while its runs are "
+        "active; a version woken from zero gets at most this many.",
+    )
+
+    @field_validator("idle_after")
+    @classmethod
+    def _positive_idle(cls, value: str | None) -> str | None:
+        if value is not None and parse_duration(value) <= 0:
+            raise ValueError("must be longer than zero")
+        return value
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> ScalingSpec:
+        low, high = self.min_replicas, self.max_replicas
+        if low is not None and high is not None and low > high:
+            raise ValueError("minReplicas must not be greater than maxReplicas")
+        return self
+
+    def bounded(self, replicas: int) -> int:
+        """`replicas` within minReplicas and maxReplicas, and at least 1."""
+        low = max(self.min_replicas or 1, 1)
+        high = self.max_replicas if self.max_replicas is not None else max(replicas, low)
+        return min(max(replicas, low), high)
+
+
 class EventsSpec(_Model):
     """How much of each session's event stream is kept (`GET /v1/sessions/<session>/events`)."""
 
@@ -641,6 +694,12 @@ class DurableAgentSpec(_Model):
     webhook: WebhookSpec | None = Field(default=None, description="Webhook signing secret.")
     drain: DrainSpec = Field(
         default_factory=DrainSpec, description="How an old version is retired after a change."
+    )
+    scaling: ScalingSpec | None = Field(
+        default=None,
+        description="When a draining version's pods go while its runs only wait (scale to "
+        "zero), and the bounds of an autoscaler's replicas. Unset: versions keep their "
+        "replicas.",
     )
     observability: ObservabilitySpec | None = Field(
         default=None, description="Where the agent's traces go (OpenTelemetry)."
@@ -721,6 +780,38 @@ class VersionStatus(_Model):
         default=None, description="When the version stopped taking new runs (RFC 3339)."
     )
     url: str | None = Field(default=None, description="The URL Restate reaches the version at.")
+    active_runs: int | None = Field(
+        default=None,
+        ge=0,
+        description="Runs pinned to it that are running, ready, backing off or pending.",
+    )
+    parked_runs: int | None = Field(
+        default=None,
+        ge=0,
+        description="Runs pinned to it that wait without a pod: suspended (for a person, a "
+        "timer or another call) or paused.",
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="Worker pods the operator wants for it now: its replicas, or 0 while it is "
+        "scaled to zero (see scaledToZeroAt).",
+    )
+    idle_since: str | None = Field(
+        default=None,
+        description="Since when none of its runs is active (RFC 3339); with spec.scaling."
+        "idleAfter, a draining version is scaled to zero after that long.",
+    )
+    scaled_to_zero_at: str | None = Field(
+        default=None,
+        description="When it was scaled to zero replicas for being idle (RFC 3339); unset "
+        "while it has pods.",
+    )
+    woke_at: str | None = Field(
+        default=None,
+        description="When it was last scaled back up from zero because a run had work again "
+        "(RFC 3339).",
+    )
 
 
 class DurableAgentStatus(_Model):

@@ -288,6 +288,20 @@ def _spec_schema() -> Schema:
             ".timeout",
         ),
     )
+    scaling = props["scaling"]
+    _add_rules(
+        scaling["properties"]["idleAfter"],
+        _rule("duration(self) > duration('0s')", "spec.scaling.idleAfter must be longer than 0s"),
+    )
+    _add_rules(
+        scaling,
+        _rule(
+            "!has(self.minReplicas) || !has(self.maxReplicas) "
+            "|| self.minReplicas <= self.maxReplicas",
+            "spec.scaling.minReplicas must not be greater than spec.scaling.maxReplicas",
+            ".minReplicas",
+        ),
+    )
 
     output = (
         "self.model.maxTokens + (has(self.behavior) && has(self.behavior.thinkingBudget) ? "

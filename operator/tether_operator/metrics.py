@@ -1,0 +1,76 @@
+"""The operator's Prometheus metrics: per version, its active and parked runs and the replicas the
+operator wants for it, for an HPA (through a metrics adapter) or KEDA (its Prometheus scaler) to
+scale a version on while its runs are active.
+
+Served at `/metrics` on `TETHER_METRICS_PORT` (default 8000; 0: not served) from a registry of
+the operator's own. The counts are Restate's (the one cached `sys_invocation` query of the
+supervision pass): at most 10 s old, 1 s while a version of the agent drains or is at zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from tether.spec import VersionStatus
+
+log = logging.getLogger("tether_operator")
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+LABELS = ("namespace", "agent", "version")
+ACTIVE_RUNS = Gauge(
+    "tether_version_active_runs",
+    "Runs pinned to the version that are running, ready, backing off or pending: they need a "
+    "worker now.",
+    LABELS,
+    registry=REGISTRY,
+)
+PARKED_RUNS = Gauge(
+    "tether_version_parked_runs",
+    "Runs pinned to the version that wait without a worker (suspended: for a person, a timer "
+    "or another call; or paused).",
+    LABELS,
+    registry=REGISTRY,
+)
+REPLICAS = Gauge(
+    "tether_version_replicas",
+    "Worker pods the operator wants for the version: its replicas, or 0 while it is scaled to "
+    "zero.",
+    LABELS,
+    registry=REGISTRY,
+)
+GAUGES = (ACTIVE_RUNS, PARKED_RUNS, REPLICAS)
+
+
+def serve(port: int) -> None:
+    """Serve `/metrics` on `port` (all addresses); 0: not at all. A port that is taken is
+    logged, and the operator runs on without metrics."""
+    if port == 0:
+        return
+    try:
+        start_http_server(port, registry=REGISTRY)
+    except OSError as error:
+        log.warning("serving metrics on port %d failed: %s; running without them", port, error)
+
+
+def report(namespace: str, agent: str, versions: list[VersionStatus], shown: set[str]) -> None:
+    """Set the gauges of the agent's `versions` and drop those of versions that are gone;
+    `shown` (the hashes reported before) is updated."""
+    for version in versions:
+        labels = (namespace, agent, version.hash)
+        ACTIVE_RUNS.labels(*labels).set(version.active_runs or 0)
+        PARKED_RUNS.labels(*labels).set(version.parked_runs or 0)
+        REPLICAS.labels(*labels).set(version.replicas or 0)
+    current = {v.hash for v in versions}
+    forget(namespace, agent, shown - current)
+    shown.clear()
+    shown.update(current)
+
+
+def forget(namespace: str, agent: str, hashes: set[str]) -> None:
+    for digest in hashes:
+        for gauge in GAUGES:
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, agent, digest)

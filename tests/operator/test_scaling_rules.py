@@ -1,0 +1,182 @@
+"""The scaler's idle rule and its bookkeeping, without a cluster (`tether_operator.scaling`);
+tests/operator/test_scale_to_zero.py runs it against the real components."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.operator.test_settings import agent
+from tether.spec import SpecError, VersionStatus
+from tether_operator.children import WorkerDeployment, observed
+from tether_operator.conditions import parse_rfc3339
+from tether_operator.context import AgentMemory
+from tether_operator.restate_admin import InFlight, Runs
+from tether_operator.scaling import Decision, decide, restore_memory, restore_replicas
+
+NOW = parse_rfc3339("2026-12-01T12:00:00Z")
+SUSPENDED = Runs(suspended=1)
+DEPLOYMENT = WorkerDeployment("abc", "triage-abc", available=True, replicas=2)
+
+
+def draining(**fields: Any) -> VersionStatus:
+    return VersionStatus(hash="abc", state="Draining", restate_deployment_id="dp_1", **fields)
+
+
+def step(
+    version: VersionStatus,
+    runs: Runs = SUSPENDED,
+    *,
+    idle_after: float | None = 2.0,
+    now: float = NOW,
+    is_draining: bool = True,
+    hold: bool = False,
+) -> Decision:
+    return decide(
+        version,
+        runs,
+        draining=is_draining,
+        idle_after=idle_after,
+        deployment=DEPLOYMENT,
+        restore=2,
+        now=now,
+        hold=hold,
+    )
+
+
+def test_a_draining_version_whose_runs_only_wait_goes_to_zero_after_idle_after() -> None:
+    first = step(draining())
+    assert first.replicas is None  # idle from now on
+    assert first.version.idle_since == "2026-12-01T12:00:00.000Z"
+    assert first.version.parked_runs == 1 and first.version.active_runs == 0
+    assert first.version.replicas == 2
+
+    early = step(first.version, now=NOW + 1.9)
+    assert early.replicas is None and early.version.idle_since == first.version.idle_since
+
+    due = step(early.version, now=NOW + 2.0)
+    assert due.replicas == 0 and due.reason == "ScaledToZero"
+    assert due.version.scaled_to_zero_at == "2026-12-01T12:00:02.000Z"
+    assert due.version.replicas == 0 and due.version.woke_at is None
+    assert "1 parked runs wait in Restate" in due.message
+
+    # At zero, waiting runs keep it there: nothing to do, pass after pass.
+    later = step(due.version, now=NOW + 60)
+    assert later.replicas is None and later.version.replicas == 0
+
+
+def test_activity_restarts_the_idle_clock() -> None:
+    idle = step(draining(), now=NOW).version
+    busy = step(idle, Runs(active=1), now=NOW + 1.5)
+    assert busy.replicas is None and busy.version.idle_since is None
+    again = step(busy.version, now=NOW + 3).version
+    assert step(again, now=NOW + 4.9).replicas is None
+    assert step(again, now=NOW + 5).replicas == 0
+
+
+@pytest.mark.parametrize(
+    ("runs", "text"),
+    [
+        (Runs(active=1, suspended=2), "1 runs need it (1 active, 0 paused)"),
+        (Runs(paused=1), "1 runs need it (0 active, 1 paused)"),
+    ],
+)
+def test_a_version_at_zero_wakes_when_a_run_has_work_or_is_paused(runs: Runs, text: str) -> None:
+    asleep = draining(scaled_to_zero_at="2026-12-01T11:00:00.000Z", replicas=0)
+    woken = step(asleep, runs, now=NOW)
+    assert woken.replicas == 2 and woken.reason == "WokeUp" and text in woken.message
+    assert woken.version.scaled_to_zero_at is None and woken.version.replicas == 2
+    assert woken.version.woke_at == "2026-12-01T12:00:00.000Z"
+    # A woken version is idle again only from its wake-up: it stays up at least idleAfter.
+    if runs.active:
+        assert woken.version.idle_since is None
+    else:
+        assert woken.version.idle_since == woken.version.woke_at
+        assert step(woken.version, runs, now=NOW + 1).replicas is None
+
+
+@pytest.mark.parametrize(
+    ("is_draining", "idle_after", "why"),
+    [
+        (False, 2.0, "it is the version that takes new runs"),
+        (True, None, "spec.scaling.idleAfter is no longer set"),
+    ],
+)
+def test_a_version_at_zero_wakes_when_it_must_keep_its_replicas(
+    is_draining: bool, idle_after: float | None, why: str
+) -> None:
+    asleep = draining(scaled_to_zero_at="2026-12-01T11:00:00.000Z", replicas=0)
+    woken = step(asleep, Runs(), is_draining=is_draining, idle_after=idle_after)
+    assert woken.replicas == 2 and why in woken.message
+
+
+@pytest.mark.parametrize(
+    ("is_draining", "idle_after", "hold"),
+    [(False, 2.0, False), (True, None, False), (True, 2.0, True)],
+    ids=["the-active-version", "no-idle-after", "paused-runs-to-resume"],
+)
+def test_never_to_zero(is_draining: bool, idle_after: float | None, hold: bool) -> None:
+    version = draining(idle_since="2026-12-01T11:00:00.000Z")
+    decision = step(version, is_draining=is_draining, idle_after=idle_after, hold=hold)
+    assert decision.replicas is None and decision.version.scaled_to_zero_at is None
+
+
+def test_paused_runs_keep_a_version_up_they_would_wake_it_at_once() -> None:
+    version = draining(idle_since="2026-12-01T11:00:00.000Z")
+    decision = step(version, Runs(suspended=1, paused=1))
+    assert decision.replicas is None and decision.version.idle_since == version.idle_since
+    unknown = version.model_copy(update={"restate_deployment_id": None})
+    assert step(unknown, Runs()).replicas is None  # Restate does not know it: no runs to see
+
+
+def test_in_flight_counts_by_status_unknown_ones_as_active() -> None:
+    counts = {"running": 1, "backing-off": 2, "suspended": 3, "paused": 4, "someday": 5}
+    in_flight = InFlight(pinned={"dp_1": 15}, unpinned={}, statuses={"dp_1": counts})
+    assert in_flight.runs("dp_1") == Runs(active=8, suspended=3, paused=4)
+    assert in_flight.runs("dp_1").parked == 7
+    assert in_flight.runs(None) == Runs() == in_flight.runs("dp_2")
+
+
+def test_a_woken_version_gets_the_replicas_it_had_within_the_bounds() -> None:
+    assert restore_replicas(agent(), None) == 1
+    assert restore_replicas(agent(), 3) == 3
+    assert restore_replicas(agent(worker={"replicas": 0}), None) == 1
+    bounded = agent(scaling={"idleAfter": "5m", "minReplicas": 2, "maxReplicas": 4})
+    assert [restore_replicas(bounded, n) for n in (None, 1, 3, 9)] == [2, 2, 3, 4]
+    assert restore_replicas(agent(scaling={"maxReplicas": 2}), 5) == 2
+
+
+@pytest.mark.parametrize(
+    ("scaling", "problem"),
+    [
+        ({"idleAfter": "0s"}, "spec.scaling.idleAfter: must be longer than zero"),
+        ({"idleAfter": "soon"}, "spec.scaling.idleAfter"),
+        ({"minReplicas": 3, "maxReplicas": 2}, "minReplicas must not be greater than maxReplicas"),
+        ({"minReplicas": 0}, "spec.scaling.minReplicas"),
+        ({"idleAfter": "5m", "replicas": 0}, "spec.scaling.replicas: unknown field"),
+    ],
+)
+def test_the_spec_refuses_bad_scaling(scaling: dict[str, Any], problem: str) -> None:
+    with pytest.raises(SpecError, match=problem.replace(".", r"\.")):
+        agent(scaling=scaling)
+
+
+def test_after_a_restart_the_scaler_finds_what_it_did() -> None:
+    """A version the status lost at zero is read from its Deployment's annotations; a version
+    woken before the restart has its paused runs resumed once it has pods."""
+    at_zero = observed(
+        "abc",
+        "triage-abc",
+        {"replicas": 0},
+        {},
+        {"annotations": {"tether.dev/scaled-to-zero-at": "2026-12-01T11:00:00.000Z",
+                         "tether.dev/replicas": "3"}},
+    )  # fmt: skip
+    assert at_zero.replicas == 0 and at_zero.replicas_before_zero == 3 and not at_zero.available
+    woken = VersionStatus(hash="def", state="Draining", woke_at="2026-12-01T11:30:00.000Z")
+    versions = {"abc": draining(), "def": woken}
+    mem = AgentMemory()
+    restore_memory(mem, versions, {"abc": at_zero})
+    assert versions["abc"].scaled_to_zero_at == "2026-12-01T11:00:00.000Z"
+    assert mem.resume_due == {"def"} and mem.scaling_restored
