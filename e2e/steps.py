@@ -892,7 +892,19 @@ def parked_version_scales_to_zero(p: Platform) -> None:
         f"a pod of version {old} ready", lambda: p.kubectl.ready_pods(AGENTS_NS, old_pods), 120
     )
     p.report.time("approval -> woken version's pod ready", time.time() - answered)
-    step, _ = _next_step_after(p, invocation, before, answered, 120)
+    # The answer itself lands in the run's journal (the awakeable's completion); the worker's
+    # first command after it is the run going on.
+    commands = (
+        "SELECT min(appended_at) AS at FROM sys_journal "
+        f"WHERE id = '{invocation}' AND index >= {before} AND entry_type LIKE 'Command%'"
+    )
+    (row,) = wait_for(
+        "the run's next journaled command",
+        lambda: [r for r in p.sql(commands) if r.get("at")],
+        120,
+        0.2,
+    )
+    step = _wall(row["at"]) - answered
     p.report.time("approval -> next journaled step of a run on a version at zero", step)
     result = p.result(invocation)
     if result.get("status") != "completed" or result.get("tool_calls") != 1:
