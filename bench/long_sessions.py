@@ -1,0 +1,225 @@
+"""How long a run takes to start on a long session, on a real local stack.
+
+    .venv/bin/python bench/long_sessions.py --sizes 10,500,5000 --repeat 5
+
+A scripted agent on a `tether.testing.AgentHarness` (restate-server, a worker process, its
+sidecar). Each session is built by real runs of the agent, one by default: its prompt, (n - 2) /
+2 instant tool turns (an assistant turn and its tool results each) and the answer; with
+`--turns-per-run m`, n / m runs of m turns each (a chat: a run per message, so as many run
+records). So the state holds what the worker itself writes (turns, run records, events), not a
+hand-made copy of it. Then each
+session gets `--repeat` more runs (a prompt and an answer), the sizes taking turns, after one
+warm-up run each. A run's start is the time from the client sending the run request to the
+worker starting the run's first model call: the `at` of the run's `model_started` live event,
+stamped by the worker just before it hands the request to the provider (one machine, one
+clock); the scripted provider answers at once, so nothing after that point is measured.
+
+Printed per size: the median start (and the spread), the Restate state of the session (keys and
+bytes, `SUM(value_length)` of the `state` table; the turns alone too), and the journal of one
+measured run (entries and bytes, `sys_invocation`); then the ratios of the medians to the
+smallest session's. Goal: the largest (5,000 turns) within 1.5x of the smallest (10 turns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tether.jsoncodec import loads
+from tether.testing import AgentHarness, wait_until
+
+AGENT = "bench-long"
+CALL = {"tool_calls": [{"name": "echo", "input": {"text": "x"}}], "text": "echoing"}
+DONE = {"text": "done"}
+TOOL = '''
+from tether import tool
+
+
+@tool
+async def echo(text: str) -> str:
+    """Echo the text."""
+    return text
+'''
+
+
+def build_runs(size: int, per_run: int) -> tuple[int, int]:
+    """The build runs of a session of `size` turns, and the tool turns of each: a run is its
+    prompt, its tool turns (an assistant turn and the tool results each) and its answer."""
+    per_run = min(per_run, size)
+    if per_run < 4 or per_run % 2 or size % per_run:
+        raise SystemExit(
+            f"a session of {size} turns in runs of {per_run}: a run has an even number of "
+            "turns, at least 4, that divides the size"
+        )
+    return size // per_run, (per_run - 2) // 2
+
+
+def write_agent(directory: Path, sizes: list[int], per_run: int, runs: int) -> Path:
+    """Per size, a script keyed by the build prompt: the build runs' tool turns and answers,
+    then one answer per later run (the scripted model picks its response by the assistant
+    turns so far)."""
+    (directory / "echo_tools.py").write_text(TOOL)
+    script: dict[str, list[dict[str, Any]]] = {}
+    for n in sizes:
+        count, tools = build_runs(n, per_run)
+        script[f"build {n}"] = ([CALL] * tools + [DONE]) * count + [DONE] * runs
+    manifest = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": AGENT},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": script},
+            "tools": [{"name": "echo", "python": "echo_tools:echo", "replay": "safe"}],
+            "limits": {"maxTurns": max(build_runs(n, per_run)[1] for n in sizes) + 5},
+        },
+    }
+    path = directory / "agent.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def state_size(agent: AgentHarness, session: str) -> dict[str, int]:
+    rows = agent.restate.server.query(
+        "SELECT key, value_length FROM state "
+        f"WHERE service_name = {quoted(AGENT)} AND service_key = {quoted(session)}"
+    )
+    turns = [r for r in rows if str(r["key"]).startswith(("tether:turn", "tether:tail"))]
+    return {
+        "keys": len(rows),
+        "bytes": sum(int(r["value_length"]) for r in rows),
+        "turn_keys": len(turns),
+        "turn_bytes": sum(int(r["value_length"]) for r in turns),
+    }
+
+
+def journal_size(agent: AgentHarness, invocation: str) -> dict[str, int]:
+    rows = agent.restate.server.query(
+        f"SELECT journal_size FROM sys_invocation WHERE id = {quoted(invocation)}"
+    )
+    entries = agent.restate.server.query(
+        f"SELECT COUNT(*) AS n, SUM(raw_length) AS bytes FROM sys_journal "
+        f"WHERE id = {quoted(invocation)}"
+    )
+    return {
+        "entries": int(rows[0]["journal_size"]) if rows else -1,
+        "bytes": int(entries[0]["bytes"] or 0) if entries else -1,
+    }
+
+
+def model_started(agent: AgentHarness, session: str, run_id: str) -> float:
+    """The `at` (epoch ms) of the run's first `model_started` live event, as the worker stamped
+    it (live events reach `<agent>-live` in batches, shortly after they happen)."""
+
+    def found() -> float | None:
+        rows = agent.restate.server.query(
+            "SELECT value_utf8 FROM state "
+            f"WHERE service_name = {quoted(AGENT + '-live')} AND service_key = {quoted(session)} "
+            "AND key LIKE 'live:%'"
+        )
+        stamps = [
+            float(e["at"])
+            for row in rows
+            for e in loads(str(row["value_utf8"]))
+            if e.get("type") == "model_started" and e.get("run") == run_id
+        ]
+        return min(stamps) if stamps else None
+
+    return wait_until(found, timeout=30, interval=0.05, what=f"model_started of {run_id}")
+
+
+def timed_start(agent: AgentHarness, session: str) -> tuple[float, str]:
+    """Milliseconds from sending a run request to its first model call; the invocation id."""
+    sent = time.time() * 1000
+    invocation = agent.start_run(session, "again")
+    result = agent.result(invocation, timeout=300)
+    if result["status"] != "completed":
+        raise RuntimeError(f"run on {session}: {result}")
+    return model_started(agent, session, result["run_id"]) - sent, invocation
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10,500,5000", help="session sizes in turns")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--turns-per-run",
+        type=int,
+        default=0,
+        help="build each session in runs of this many turns (default: one run)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON line only")
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    per_run = args.turns_per_run or max(sizes)
+
+    def say(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
+    starts: dict[int, list[float]] = {n: [] for n in sizes}
+    report: dict[str, Any] = {
+        "sizes": sizes,
+        "turns_per_run": args.turns_per_run or None,
+        "repeat": args.repeat,
+        "sessions": {},
+    }
+    with (
+        tempfile.TemporaryDirectory() as temp,
+        AgentHarness(write_agent(Path(temp), sizes, per_run, args.repeat + 1)) as agent,
+    ):
+        for n in sizes:
+            began = time.monotonic()
+            for run in range(build_runs(n, per_run)[0]):
+                result = agent.run(f"s{n}", "more" if run else f"build {n}", timeout=1800)
+                if result["status"] != "completed":
+                    raise RuntimeError(f"building s{n}: {result}")
+            say(f"built s{n}: {n} turns in {time.monotonic() - began:.1f} s")
+        for n in sizes:
+            timed_start(agent, f"s{n}")  # warm-up
+        invocations: dict[int, str] = {}
+        for repeat in range(args.repeat):
+            for n in sizes if repeat % 2 == 0 else reversed(sizes):
+                took, invocations[n] = timed_start(agent, f"s{n}")
+                starts[n].append(took)
+            say(f"repeat {repeat + 1}: " + ", ".join(f"{n}: {starts[n][-1]:.1f} ms" for n in sizes))
+        for n in sizes:
+            median = statistics.median(starts[n])
+            report["sessions"][str(n)] = {
+                "start_ms_median": round(median, 1),
+                "start_ms": [round(s, 1) for s in starts[n]],
+                "state": state_size(agent, f"s{n}"),
+                "run_journal": journal_size(agent, invocations[n]),
+            }
+    base = statistics.median(starts[sizes[0]])
+    report["ratios"] = {
+        f"{n}/{sizes[0]}": round(statistics.median(starts[n]) / base, 2) for n in sizes[1:]
+    }
+    if not args.json:
+        for n in sizes:
+            s = report["sessions"][str(n)]
+            state, journal = s["state"], s["run_journal"]
+            say(
+                f"{n:>6} turns: start {s['start_ms_median']:.1f} ms (min {min(starts[n]):.1f}, "
+                f"max {max(starts[n]):.1f}); state {state['keys']} keys, {state['bytes']:,} B "
+                f"(turns {state['turn_keys']} keys, {state['turn_bytes']:,} B); a run's journal "
+                f"{journal['entries']} entries, {journal['bytes']:,} B"
+            )
+        say("ratios: " + ", ".join(f"{k} {v}" for k, v in report["ratios"].items()))
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
