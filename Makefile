@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck unit venv bench restate-server kube-bins helm-bin mcp-servers otelcol chromium clean
+.PHONY: demo test e2e lint typecheck unit venv bench chaos restate-server kube-bins helm-bin mcp-servers otelcol chromium clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,18 @@ e2e: $(STAMP) restate-server kube-bins helm-bin
 
 bench: $(STAMP)
 	$(BIN)/python bench/sqlite_steps.py
+
+# Chaos on a local stack (tests/chaos): CHAOS_RUNS runs at once while a killer seeded with
+# CHAOS_SEED SIGKILLs the worker, restate-server and the sidecar (CHAOS_KILLS) for CHAOS_SECONDS;
+# fails if a run ended otherwise than scripted, a tool body ran twice, an approval or a budget did
+# not hold.
+CHAOS_SECONDS ?= 60
+CHAOS_SEED ?= 1
+CHAOS_RUNS ?= 100
+CHAOS_KILLS ?= worker,restate,sidecar
+chaos: $(STAMP) restate-server
+	$(BIN)/python -m tests.chaos --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) \
+		--runs $(CHAOS_RUNS) --kinds $(CHAOS_KILLS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -119,9 +120,10 @@ class DevStack(Lifecycle):
         data_dir: str | Path | None = None,
         *,
         workspace: str | Path | None = None,
+        server_env: Mapping[str, str] | None = None,
     ) -> None:
         """`workspace`: the file tools' directory (default: `TETHER_WORKSPACE`, else the
-        current directory)."""
+        current directory); `server_env`: restate-server settings (`RESTATE_*`) to add."""
         self.spec = Path(spec).resolve()
         self.agent = load_agent(self.spec).metadata.name
         where = workspace or os.environ.get("TETHER_WORKSPACE") or os.getcwd()
@@ -133,7 +135,7 @@ class DevStack(Lifecycle):
         self.metrics_dir = self.data_dir / "metrics"
         self.worker_port = free_port()
         self.sidecar_port = free_port()
-        self.server = _RestateServer(find_or_install_restate_server())
+        self.server = _RestateServer(find_or_install_restate_server(), extra_env=server_env)
         env = {
             **os.environ,
             "TETHER_WEBHOOK_SECRET": self.secret,
