@@ -18,6 +18,7 @@ def held(unit: str) -> float:
 def test_a_hold_is_released_only_by_the_process_that_took_it() -> None:
     first, replacement = budget_observer(AGENT), budget_observer(AGENT)
     first("held", "r/model:0:0", Spend(0.1, 1000))
+    first("held", "r/model:0:0", Spend(0.1, 1000))  # the handler retried: held once
     assert (held("usd"), held("tokens")) == (0.1, 1000)
     # A worker that did not take the hold (its taker was killed and left the sum) settles it.
     replacement("released", "r/model:0:0", Spend(0.1, 1000))

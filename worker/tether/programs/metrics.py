@@ -167,6 +167,8 @@ def budget_observer(agent: str) -> Callable[[str, str, Any], None]:
             BUDGET_DENIED.labels(agent).inc()
             return
         if what == "held":
+            if key in held_here:  # the handler ran again (its first run was not committed)
+                return
             held_here.add(key)
         elif what == "released":
             if key not in held_here:
