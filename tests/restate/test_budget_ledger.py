@@ -127,8 +127,8 @@ def test_parallel_children_never_spend_past_the_root_budget(
     assert result["cost_usd"] == pytest.approx(spent["cost_usd"])
     # Metrics of what the ledger did.
     assert value(metrics, "tether_budget_denied_total") >= 1
-    assert value(metrics, "tether_budget_held", unit="usd") == pytest.approx(0.0, abs=1e-9)
-    if not kill:  # a killed worker's counts went with it
+    if not kill:  # a killed worker's file keeps what it held and counted (README, metrics)
+        assert value(metrics, "tether_budget_held", unit="usd") == pytest.approx(0.0, abs=1e-9)
         assert value(metrics, "tether_budget_spent_total", unit="usd") == pytest.approx(
             spent["cost_usd"]
         )
