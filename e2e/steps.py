@@ -885,30 +885,24 @@ def parked_version_scales_to_zero(p: Platform) -> None:
     p.await_metric(f"max(tether_version_parked_runs{{{version}}})", 1)
     p.await_metric(f"max(tether_version_replicas{{{version}}})", 0)
     p.sidecar(CLERK).restart()  # its forward may have been to a pod of the old version
-    before = p.journal_length(invocation)
     answered = time.time()
     p.tether(CLERK, "resolve", call["awakeable_id"], "--value", '{"approved": true}')
-    wait_for(
-        f"a pod of version {old} ready", lambda: p.kubectl.ready_pods(AGENTS_NS, old_pods), 120
-    )
-    p.report.time("approval -> woken version's pod ready", time.time() - answered)
-    # The answer itself lands in the run's journal (the awakeable's completion); the worker's
-    # first command after it is the run going on.
-    commands = (
-        "SELECT min(appended_at) AS at FROM sys_journal "
-        f"WHERE id = '{invocation}' AND index >= {before} AND entry_type LIKE 'Command%'"
-    )
-    (row,) = wait_for(
-        "the run's next journaled command",
-        lambda: [r for r in p.sql(commands) if r.get("at")],
-        120,
-        0.2,
-    )
-    step = _wall(row["at"]) - answered
-    p.report.time("approval -> next journaled step of a run on a version at zero", step)
+    # The woken pod may finish the run and be retired within a second or two: the run's
+    # outcome and Restate's and the operator's records tell the story, not a pod seen Ready.
     result = p.result(invocation)
     if result.get("status") != "completed" or result.get("tool_calls") != 1:
         raise StepFailed(f"expected a completed run with one tool call, got {result}")
+    rows = p.sql(f"SELECT completed_at FROM sys_invocation WHERE id = '{invocation}'")
+    if rows and rows[0].get("completed_at"):  # kept while Restate retains the completion
+        done = _wall(rows[0]["completed_at"]) - answered
+        p.report.time("approval -> run completed on the version woken from zero", done)
+    woke = [
+        e
+        for e in p.kubectl.json("-n", AGENTS_NS, "get", "events")["items"]
+        if e.get("reason") == "WokeUp" and old in e.get("message", "")
+    ]
+    if not woke:
+        raise StepFailed(f"no WokeUp event for version {old}")
     wait_for(
         f"version {old} retired once its run completed",
         lambda: not p.kubectl.exists(AGENTS_NS, "deployment", deployment),
