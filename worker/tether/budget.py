@@ -101,15 +101,15 @@ def input_bound(turns: Sequence[SessionTurn], prefix: Sequence[Any] = (), run_id
     known exactly from its usage (its input and cache tokens, plus its output, now part of the
     input). A call of an earlier run may have had another system prompt or other tools: then
     the prefix counts again, in full."""
-    prefix_bytes = len(jsoncodec.dumps(list(prefix)))
-    known, new = prefix_bytes, 0
+    known, new, resend_prefix = 0, 0, True
     for index in range(len(turns) - 1, -1, -1):
         turn = turns[index]
         if turn.role == "assistant" and turn.usage:
             known, new = usage_tokens(turn.usage), index + 1
-            if turn.run_id != run_id:
-                known += prefix_bytes
+            resend_prefix = turn.run_id != run_id
             break
+    if resend_prefix:  # serialized only when it counts: the tool schemas are most of it
+        known += len(jsoncodec.dumps(list(prefix)))
     unsent = turns[new:]
     return known + sum(len(jsoncodec.dumps(t.content)) + FRAMING_TOKENS for t in unsent)
 
