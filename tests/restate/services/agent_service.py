@@ -32,15 +32,21 @@ processes; `"steps": <path>` appends `<label> enter` at each attempt of a handle
 <entry>` when its result is journaled (`live`: the body ran in this attempt; `label` is `parent`
 or `child`);
 `"tool_seconds": <float>` makes every tool body sleep that long after recording its effect (a
-run slow enough to restart the server in).
+run slow enough to restart the server in); `"tool_gate": {"path": <path>, "calls": [<id>...]}`
+makes the bodies of those calls wait, after recording their effect, until that file exists;
+with `"kill": <pid>` that process (the restate-server) is stopped (SIGSTOP) before the calls'
+journal entries are created and killed (SIGKILL) by their bodies, so it never reads them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
+import signal
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -106,6 +112,13 @@ KILL_IN_CALL = os.environ.get("TETHER_KILL_IN_CALL")
 WATCHED: dict[str, tuple[str, str]] = {}
 #: Live steps journaled by this process, across invocations (the kill counter).
 LIVE_STEPS = 0
+#: Invocation id -> (server pid, step entries) to stop the server before (`tool_gate.kill`).
+FREEZE_BEFORE: dict[str, tuple[int, set[str]]] = {}
+
+
+def signal_server(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # gone since an earlier kill
+        os.kill(pid, signum)
 
 
 def watch(ctx: restate.Context | restate.ObjectContext, path: object, label: str) -> None:
@@ -152,6 +165,9 @@ def count_runtime_steps() -> None:
             body_starts(self.run_id, str(kind), entry)
             return await fn()
 
+        freeze = FREEZE_BEFORE.get(self.run_id)
+        if freeze is not None and entry in freeze[1]:
+            signal_server(freeze[0], signal.SIGSTOP)
         started = start(self, kind, name, reported)
         started.entry = entry  # type: ignore[attr-defined]
         return started
@@ -225,14 +241,27 @@ class CountedContext:
 # Tools ----------------------------------------------------------------------------------------
 
 
-def build_tools(path: str, seconds: float = 0.0, prefix: str = "") -> list[ToolDef]:
+def wait_for_file(path: str) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.02)
+
+
+def build_tools(
+    path: str, seconds: float = 0.0, prefix: str = "", gate: dict[str, Any] | None = None
+) -> list[ToolDef]:
+    held = set(gate["calls"]) if gate else set()
+
     async def record(name: str, ctx: ToolContext) -> None:
         call = f"{prefix}{ctx.call_id}"
         effect(path, f"{name} {call}")
         if call == KILL_IN_CALL:
             die()
+        if call in held and gate.get("kill"):  # type: ignore[union-attr]
+            signal_server(int(gate["kill"]), signal.SIGKILL)  # type: ignore[index]
         if seconds:
             await asyncio.sleep(seconds)
+        if call in held:
+            await asyncio.to_thread(wait_for_file, gate["path"])  # type: ignore[index]
 
     return errand_tools(record)
 
@@ -322,7 +351,11 @@ async def run(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]
         id=ctx.key(), store=store
     )
     effects, seconds = str(req["effects"]), float(req.get("tool_seconds", 0.0))
-    tools = build_tools(effects, seconds)
+    gate = req.get("tool_gate")
+    if gate and gate.get("kill"):
+        steps = {f"tool:{call}" for call in gate["calls"]}
+        FREEZE_BEFORE[str(ctx.request().id)] = (int(gate["kill"]), steps)
+    tools = build_tools(effects, seconds, gate=gate)
     merged: list[MergedChild] = []
     matrix = bool(req.get("matrix"))
     if matrix:

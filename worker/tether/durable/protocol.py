@@ -83,9 +83,9 @@ class DurableRuntime(Protocol):
         """Run side effects at most once: journal the intent `intent`, then the calls
         (concurrently when there are several). When a replay finds the intent but not a call's
         result, the process died while that call could have been running: its value is
-        `interrupted(index)` instead of a second run of its body. A mere suspension must never
-        look like a crash: Restate tells the two apart by whether the body's own journal entry
-        exists (a body whose entry is missing never started, and runs)."""
+        `interrupted(index)` instead of a second run of its body. When the journal cannot tell
+        "died mid-call" from "never started" (on Restate: the attempt that journaled the intent
+        ended, and no process that saw how is here to say), the call is reported interrupted."""
         ...
 
     def uuid(self) -> str:

@@ -8,6 +8,7 @@ tasks that each touch the context.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -33,6 +34,7 @@ from ..session.store import MemoryToolStateStore, memory_store
 from .clock import DEFAULT_REANCHOR_EVERY, CoalescedClock
 from .errors import is_restate_control_error
 from .events import RestateEventLog
+from .intents import UNSTARTED_BODIES
 from .session import restate_session_store
 from .tool_state import restate_tool_state_store
 from .types import RestateCombinators, RestateContextLike, RestateRuntimeOptions
@@ -73,6 +75,12 @@ def journal_options(options: RunOptions[Any] | None) -> RunOptions[Any]:
 
 def _has_state(ctx: object) -> bool:
     return all(callable(getattr(ctx, name, None)) for name in ("key", "get", "set", "clear"))
+
+
+def _nonce_of(intent: JSON) -> str | None:
+    """The nonce of a journaled intent (None for intents journaled before there was one)."""
+    nonce = intent.get("nonce") if isinstance(intent, dict) else None
+    return nonce if isinstance(nonce, str) else None
 
 
 class _Started:
@@ -172,55 +180,36 @@ class RestateRuntime:
     async def guarded(
         self, intent: str, calls: Sequence[StepCall], interrupted: InterruptedFn
     ) -> list[JSON]:
-        # The intent is journaled and acknowledged by the server before any body starts. A body
-        # that ran ahead of its intent (started when the intent's closure ran, before its
-        # result reached the server) could die with nothing in the journal to say so, and the
-        # next attempt would run it again.
+        # The intent is journaled, and its acknowledgement seen, before any body starts. So a
+        # body with no result after a *replayed* intent may have run: a restate-server crash can
+        # lose a body's own command along with its result, and an attempt that died after the
+        # acknowledgement leaves the same journal as one that suspended before it. Such a body
+        # is reported interrupted (a safe call runs again there), unless this process saw the
+        # attempt end before any body started (`intents`).
+        nonce = uuid.uuid4().hex
+
         async def mark() -> JSON:
-            return [c.name for c in calls]
+            return {"calls": [c.name for c in calls], "nonce": nonce}
 
         marker = self._start("tool", intent, mark)
-        self._finish("tool", marker, await marker.future)
+        try:
+            value = await marker.future
+        except BaseException:
+            if marker.executed:  # journaled maybe, acknowledged not: no body started
+                UNSTARTED_BODIES.record(nonce)
+            raise
+        self._finish("tool", marker, value)
+        if marker.executed or UNSTARTED_BODIES.take(_nonce_of(value)):
+            return await self.all(calls)
 
-        # Then each body. Its command is journaled before its closure starts, and nothing can
-        # suspend in between, so a body whose command is already in the journal without a
-        # result was started by an attempt that died: it is reported `interrupted` (a safe call
-        # runs again there). A body with no command yet never started: the attempt that
-        # journaled the intent ended (a crash, or a suspension while awaiting the intent's
-        # acknowledgement) before creating it, so it runs now.
-        def body(index: int, call: StepCall) -> StepCall:
-            started_before = self._next_command_replayed(fallback=not marker.executed)
-            if not started_before:
-                return call
-
+        def reported(index: int, call: StepCall) -> StepCall:
             async def fn() -> JSON:
                 return await interrupted(index)
 
             return call._replace(fn=fn)
 
-        if self.promises is None or len(calls) < 2:
-            results: list[JSON] = []
-            for i, c in enumerate(calls):
-                b = body(i, c)
-                results.append(await self.step(b.kind, b.name, b.fn))
-            return results
-        started: list[_Started] = []
-        for i, c in enumerate(calls):
-            b = body(i, c)  # checked right before its own command is created
-            started.append(self._start(b.kind, b.name, b.fn))
-        await self.promises.gather(*(s.future for s in started))
-        return [
-            self._finish(c.kind, s, await s.future) for c, s in zip(calls, started, strict=True)
-        ]
-
-    def _next_command_replayed(self, *, fallback: bool) -> bool:
-        """Whether the next journal command comes from the journal of an earlier attempt.
-
-        The SDK's state machine replays until it has consumed every command of the journal it
-        was started with, so before a command is created, "replaying" means that command is
-        already journaled. A context without the SDK's state machine gives `fallback`."""
-        is_replaying = getattr(getattr(self.ctx, "vm", None), "is_replaying", None)
-        return bool(is_replaying()) if callable(is_replaying) else fallback
+        # A body whose result is journaled replays it: `fn` runs only for one without.
+        return await self.all([reported(i, c) for i, c in enumerate(calls)])
 
     # Ids, clock, timers -------------------------------------------------------------------
 
