@@ -1,0 +1,201 @@
+"""Many runs through one worker: throughput, CPU per turn and memory per active run, against raw
+SDK handlers doing the floor's steps at the same concurrency, on the same restate-server and
+worker process.
+
+    python bench/many_runs.py [--runs 100] [--tool-turns 10] [--rounds 3]
+
+Ours: `--runs` concurrent runs of a scripted agent on `restate_runtime` (`BenchAgent/run` of
+`bench/restate_bench_service.py`), each `--tool-turns` tool turns and a final answer. The floor:
+as many concurrent raw handlers (`BenchRaw/steps`), each doing the steps a run must journal (per
+safe tool turn the model step and the body, per unsafe one also the intent; the answer's model
+step). Each round runs ours and the floor once (alternating which goes first) and reports:
+
+- throughput: tool turns per second over the round's wall time (first request to last answer),
+  ours against the floor's turns (its steps divided by the steps per turn);
+- worker CPU per turn: user + system time of the worker's process group over the round;
+- worker RSS per active run: the group's peak RSS during the round above its idle RSS (after a
+  warm-up, before the first round), divided by the runs; and the RSS after each round, which
+  must level off instead of growing from round to round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tether.programs.local_http import request_json as http
+from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
+from tether.programs.restate_server import RestateServer
+from tether.testing import HypercornWorker
+
+SERVICE = Path(__file__).resolve().parent / "restate_bench_service.py"
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+# The worker's process group, from /proc -------------------------------------------------------
+
+
+def group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:  # the 5th field of stat: the process group
+                pids.append(int(entry))
+    return pids
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    total = 0
+    for pid in group_pids(pgid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICKS
+
+
+def group_rss_bytes(pgid: int) -> int:
+    total = 0
+    for pid in group_pids(pgid):
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+        except OSError:
+            continue
+    return total
+
+
+class PeakRss:
+    """Samples the group's RSS every 20 ms until stopped; the peak."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid, self.peak = pgid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, group_rss_bytes(self.pgid))
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# One side of a round --------------------------------------------------------------------------
+
+
+def call(server: RestateServer, path: str, payload: Any) -> None:
+    resp = http("POST", f"{server.ingress_url}/{path}", payload, timeout=600.0)
+    if resp.status != 200:
+        raise RuntimeError(f"{path}: HTTP {resp.status}: {resp.body[:500]!r}")
+
+
+def measure(
+    server: RestateServer, pgid: int, runs: int, one: Callable[[str], tuple[str, Any]]
+) -> dict[str, float]:
+    """`runs` concurrent calls of `one(key) -> (path, payload)`: wall, CPU and RSS figures."""
+    requests = [one(uuid.uuid4().hex[:12]) for _ in range(runs)]
+    cpu_before = group_cpu_seconds(pgid)
+    with PeakRss(pgid) as peak, ThreadPoolExecutor(max_workers=runs) as pool:
+        started = time.perf_counter()
+        for future in [pool.submit(call, server, path, payload) for path, payload in requests]:
+            future.result()
+        wall = time.perf_counter() - started
+    return {
+        "wall": wall,
+        "cpu": group_cpu_seconds(pgid) - cpu_before,
+        "rss_peak": peak.peak,
+        "rss_after": group_rss_bytes(pgid),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=100, help="concurrent runs")
+    parser.add_argument("--tool-turns", type=int, default=10, help="tool turns per run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--unsafe", action="store_true", help="unsafe tools (an intent each)")
+    args = parser.parse_args()
+
+    turns = args.tool_turns
+    per_turn = 3 if args.unsafe else 2
+    floor_steps = per_turn * turns + 1
+
+    def ours(key: str) -> tuple[str, Any]:
+        return f"BenchAgent/{key}/run", {"turns": turns + 1, "unsafe": args.unsafe}
+
+    def raw(key: str) -> tuple[str, Any]:
+        return f"BenchRaw/{key}/steps", floor_steps
+
+    with (
+        tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp,
+        RestateServer() as server,
+        HypercornWorker(f"{SERVICE}:app", log_dir=Path(tmp)) as worker,
+    ):
+        server.register(worker.url)
+        assert worker.pid is not None
+        pgid = worker.pid
+        measure(server, pgid, 10, ours)  # warm-up: imports, connections
+        measure(server, pgid, 10, raw)
+        idle = group_rss_bytes(pgid)
+        kind = "unsafe" if args.unsafe else "safe"
+        print(
+            f"{args.runs} concurrent runs of {turns} {kind} tool turns and an answer through one "
+            f"worker, against raw SDK handlers of {floor_steps} steps; restate-server "
+            f"{DEFAULT_RESTATE_VERSION}; {args.rounds} rounds; worker idle RSS "
+            f"{idle / 2**20:.0f} MiB"
+        )
+        ratios, cpu_ours, cpu_raw, per_run, after = [], [], [], [], []
+        for i in range(args.rounds):
+            sides = [("ours", ours), ("raw", raw)]
+            results = {
+                name: measure(server, pgid, args.runs, one)
+                for name, one in (sides if i % 2 == 0 else sides[::-1])
+            }
+            o, r = results["ours"], results["raw"]
+            total_turns = args.runs * turns
+            ratio = (total_turns / o["wall"]) / (total_turns / r["wall"])
+            ratios.append(ratio)
+            cpu_ours.append(o["cpu"] / total_turns)
+            cpu_raw.append(r["cpu"] / total_turns)
+            per_run.append((o["rss_peak"] - idle) / args.runs)
+            after.append(o["rss_after"])
+            print(
+                f"  round {i + 1}: ours {total_turns / o['wall']:6.0f} turns/s, floor "
+                f"{total_turns / r['wall']:6.0f} turns/s, throughput ratio {ratio:.2f}; worker CPU "
+                f"per turn {cpu_ours[-1] * 1000:.2f} ms (floor {cpu_raw[-1] * 1000:.2f} ms); RSS "
+                f"peak +{per_run[-1] / 2**10:.0f} KiB per active run (floor "
+                f"+{(r['rss_peak'] - idle) / args.runs / 2**10:.0f} KiB), after the "
+                f"round {o['rss_after'] / 2**20:.0f} MiB"
+            )
+        print(
+            f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8), CPU per "
+            f"turn {statistics.median(cpu_ours) * 1000:.2f} ms vs the floor's "
+            f"{statistics.median(cpu_raw) * 1000:.2f} ms, RSS per active run "
+            f"{max(per_run) / 2**10:.0f} KiB at most; RSS after rounds "
+            f"{', '.join(f'{a / 2**20:.0f}' for a in after)} MiB (idle {idle / 2**20:.0f} MiB)"
+        )
+
+
+if __name__ == "__main__":
+    main()
