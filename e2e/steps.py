@@ -811,6 +811,21 @@ def network_policy(p: Platform) -> None:
     )
 
 
+def leading_operator(p: Platform) -> str | None:
+    """The operator pod that acts: of the fresh keep-alive records in the release's
+    ClusterKopfPeering (kopf's identity is the pod's name), the one of highest priority."""
+    peering = p.kubectl.json("get", "clusterkopfpeering", f"{RELEASE}-operator")
+    now = datetime.datetime.now(datetime.UTC)
+    fresh = {
+        pod: record["priority"]
+        for pod, record in (peering.get("status") or {}).items()
+        if datetime.datetime.fromisoformat(record["lastseen"])
+        + datetime.timedelta(seconds=int(record["lifetime"]))
+        > now
+    }
+    return max(fresh, key=lambda pod: fresh[pod]) if fresh else None
+
+
 def rollout_with_operator_killed(p: Platform, run: ClerkRun) -> None:
     first = p.agent_status(CLERK)["activeVersion"]
     started = time.monotonic()
@@ -831,11 +846,18 @@ def rollout_with_operator_killed(p: Platform, run: ClerkRun) -> None:
         120,
         0.2,
     )
-    (operator,) = [
-        x["metadata"]["name"]
-        for x in p.kubectl.pods(SYSTEM_NS, "app.kubernetes.io/name=tether-operator")
-    ]
+    # The replica that leads (the chart runs two): kill it; the standby takes over once the
+    # dead one's peering record expires (operator.peering.lifetime).
+    operator = wait_for("a replica to lead", lambda: leading_operator(p), 60, 0.5)
+    killed = time.monotonic()
     p.kubectl("-n", SYSTEM_NS, "delete", "pod", operator, "--grace-period=0", "--force")
+    wait_for(
+        "another replica to lead",
+        lambda: leading_operator(p) not in (None, operator),
+        120,
+        0.2,
+    )
+    p.report.time("leading operator pod killed -> the standby leads", time.monotonic() - killed)
 
     def retired() -> bool:
         status = p.agent_status(CLERK)

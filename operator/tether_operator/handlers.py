@@ -1,5 +1,6 @@
 """The kopf handlers: start-up settings, rollout on create/update/resume, supervision timer,
-finalizer on delete, the Deployment index and the liveness probe."""
+finalizer on delete, the Deployment index, the liveness probe and, with peering, the step-down
+of a replica that another one paused."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import kopf
 from tether.programs.redact import install as install_redaction
 from tether.spec import SpecError
 
-from . import children, deletion, metrics, render, supervisor
+from . import children, deletion, metrics, peering, render, supervisor
 from .conditions import PROGRESSING, Verdict
 from .context import AgentMemory, Operator, memory_of, operator_of
 from .kube import Kube, KubeError
@@ -42,7 +43,11 @@ class QuietRoutine(logging.Filter):
     """Drop kopf's success lines of the routine handlers (one per agent per interval, one per
     Deployment event); failures and the rollout and delete handlers stay in the log."""
 
-    ROUTINE = ("Timer 'supervise' succeeded", "Handler 'deployment_changed' succeeded")
+    ROUTINE = (
+        "Timer 'supervise' succeeded",
+        "Handler 'deployment_changed' succeeded",
+        "Daemon 'step_down_when_paused' succeeded",
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith(self.ROUTINE)
@@ -71,11 +76,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 60.0
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 4
+    kube = Kube()
+    if peering.configure(settings, ours):
+        try:
+            await peering.wait_for_objects(kube, ours, settings.peering.clusterwide)
+        except BaseException:
+            await kube.close()
+            raise
     metrics.serve(ours.metrics_port)
     admin = RestateAdmin(ours.restate_admin_url, ours.restate_timeout)
     memo.operator = Operator(
         settings=ours,
-        kube=Kube(),
+        kube=kube,
         restate=admin,
         observer=RestateObserver(admin, in_flight_age=1.0, parked_age=ours.parked_refresh),
     )
@@ -244,6 +256,16 @@ async def _refresh_mcp_egress(op: Operator, body: kopf.Body, mem: AgentMemory) -
         logging.getLogger(__name__).warning(
             "refreshing the egress policy of %s failed: %s", agent.metadata.name, error
         )
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0)
+async def step_down_when_paused(stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """kopf stops every daemon when peering pauses this replica: one that has acted on an agent
+    (this daemon runs while it does) then exits rather than resume on stale memory
+    (`peering.py`). Standalone, it only waits."""
+    await stopped.wait()
+    if peering.paused(stopped):
+        peering.step_down()
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL)

@@ -2,7 +2,8 @@
 
 Equivalent to `kopf run -m tether_operator --standalone --liveness=<url> -n <ns>...` (or `-A`),
 with the namespaces from `TETHER_NAMESPACES` and the liveness endpoint from
-`TETHER_LIVENESS_URL` (default http://0.0.0.0:8080/healthz).
+`TETHER_LIVENESS_URL` (default http://0.0.0.0:8080/healthz); with `TETHER_PEERING` set, not
+standalone: the replicas share kopf's peering object of that name, one acts (`peering.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     from . import handlers  # noqa: F401  (registers the handlers)
 
     kopf.run(
-        standalone=True,
+        standalone=settings.peering is None,
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         liveness_endpoint=os.environ.get("TETHER_LIVENESS_URL", "http://0.0.0.0:8080/healthz"),

@@ -19,6 +19,12 @@ IDENTITY_KEY_FILE_ENV = "TETHER_RESTATE_IDENTITY_KEY_FILE"
 """Restate's request-identity private key (PEM); the operator keeps only its public key."""
 DEFAULT_WORKER_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
 DEFAULT_WEBHOOK_URL_TEMPLATE = "http://{service}.{namespace}.svc:{port}"
+DEFAULT_PEERING_LIFETIME = 15
+"""Seconds a replica's peering record stays fresh: how long a replica that died without a word
+(SIGKILL, a lost node) keeps the others waiting, at most. kopf refreshes the record 5 to 10 s
+before it expires, so that margin, not the lifetime, absorbs a slow API server or clock skew."""
+MIN_PEERING_LIFETIME = 5
+OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 URL_FIELDS = frozenset({"service", "namespace", "agent", "hash", "port", "node_port"})
 
 
@@ -67,6 +73,16 @@ class OperatorSettings:
     otlp_endpoint: str | None = None
     """The OTLP/HTTP collector of the agents that name none in `spec.observability`
     (`TETHER_OTLP_ENDPOINT`, the chart's `observability.otlpEndpoint`). None: no traces."""
+    peering: str | None = None
+    """The kopf peering object the replicas of this operator share (`TETHER_PEERING`): a
+    ClusterKopfPeering when it watches all namespaces, a KopfPeering of that name in each watched
+    namespace otherwise. One replica acts, the others wait (see `peering.py`). None: standalone,
+    a single replica (`tether dev`, the tests, a plain `kopf run --standalone`)."""
+    peering_lifetime: int = DEFAULT_PEERING_LIFETIME
+    """Seconds this replica's peering record stays fresh (`TETHER_PEERING_LIFETIME`)."""
+    peering_priority: int | None = None
+    """This replica's peering priority (`TETHER_PEERING_PRIORITY`); None: the oldest replica
+    leads (the priority falls with the process's start time)."""
 
     def worker_url(self, **values: str | int) -> str:
         return self.worker_url_template.format(**values).rstrip("/")
@@ -158,6 +174,31 @@ def _otlp_endpoint(env: Mapping[str, str]) -> str | None:
     return value
 
 
+def _peering(env: Mapping[str, str]) -> tuple[str | None, int, int | None]:
+    name = (env.get("TETHER_PEERING") or "").strip() or None
+    if name is not None and not OBJECT_NAME.match(name):
+        raise SettingsError(
+            f"TETHER_PEERING={name!r} is not a Kubernetes object name (the peering object's)"
+        )
+    raw = (env.get("TETHER_PEERING_LIFETIME") or "").strip()
+    lifetime = DEFAULT_PEERING_LIFETIME
+    if raw:
+        if not raw.isdigit() or int(raw) < MIN_PEERING_LIFETIME:
+            raise SettingsError(
+                f"TETHER_PEERING_LIFETIME={raw!r} must be a whole number of seconds, at least "
+                f"{MIN_PEERING_LIFETIME}"
+            )
+        lifetime = int(raw)
+    raw = (env.get("TETHER_PEERING_PRIORITY") or "").strip()
+    priority = None
+    if raw:
+        try:
+            priority = int(raw)
+        except ValueError:
+            raise SettingsError(f"TETHER_PEERING_PRIORITY={raw!r} is not an integer") from None
+    return name, lifetime, priority
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
     """Read `TETHER_*` variables; a missing required one is a `SettingsError` naming it."""
     env = os.environ if env is None else env
@@ -175,6 +216,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
     service_type = env.get("TETHER_WORKER_SERVICE_TYPE") or "ClusterIP"
     if service_type not in ("ClusterIP", "NodePort"):
         raise SettingsError(f"TETHER_WORKER_SERVICE_TYPE={service_type!r}: ClusterIP or NodePort")
+    peering, peering_lifetime, peering_priority = _peering(env)
     return OperatorSettings(
         restate_admin_url=env["TETHER_RESTATE_ADMIN_URL"].rstrip("/"),
         restate_ingress_url=env["TETHER_RESTATE_INGRESS_URL"].rstrip("/"),
@@ -198,4 +240,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
         restate_identity_keys=_identity_keys(env),
         metrics_port=_port(env, "TETHER_METRICS_PORT", 8000),
         otlp_endpoint=_otlp_endpoint(env),
+        peering=peering,
+        peering_lifetime=peering_lifetime,
+        peering_priority=peering_priority,
     )

@@ -47,6 +47,8 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
             "StatefulSet",
             "NetworkPolicy",
             "Secret",
+            "PodDisruptionBudget",
+            "ClusterKopfPeering",
         ]
     )
     crd = one(objects, "CustomResourceDefinition")
@@ -55,8 +57,9 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
     assert crd["spec"] == durableagent_crd()["spec"], "the chart's CRD is crds/durableagent.yaml"
 
     role = one(objects, "ClusterRole")
-    source = yaml.safe_load((REPO / "operator" / "rbac" / "clusterrole.yaml").read_text())
-    assert role["rules"] == source["rules"], "the chart grants exactly operator/rbac's rules"
+    assert role["rules"] == rbac_rules(without="kopfpeerings"), (
+        "the chart grants exactly operator/rbac's rules (of the peering kinds, the one it uses)"
+    )
     binding = one(objects, "ClusterRoleBinding")
     account = one(objects, "ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -69,7 +72,11 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
     ]
 
     operator = one(objects, "Deployment")
-    assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"]["type"] == "Recreate"
+    assert operator["spec"]["replicas"] == 2
+    assert operator["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = operator["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
     container = pod["containers"][0]
@@ -91,6 +98,13 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
         <= restate["spec"]["template"]["metadata"]["labels"].items()
     )
     assert env["TETHER_NAMESPACES"] == ""
+    # The replicas peer through the ClusterKopfPeering of the release; kopf's identity in it is
+    # the pod's name.
+    peering = one(objects, "ClusterKopfPeering")
+    assert env["TETHER_PEERING"] == peering["metadata"]["name"] == "t-operator"
+    assert env["TETHER_PEERING_LIFETIME"] == "15"
+    [pod_id] = [e for e in container["env"] if e["name"] == "POD_ID"]
+    assert pod_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     claim = restate["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
     assert env_of(restate["spec"]["template"]["spec"]["containers"][0])["DO_NOT_TRACK"] == "1"
@@ -171,8 +185,61 @@ def test_watched_namespaces_get_role_bindings_only(helm_bin: Path) -> None:
     bindings = by_kind(objects, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["roleRef"]["kind"] == "ClusterRole" for b in bindings)
+    # Peering through a KopfPeering in each watched namespace; no cluster-wide peering rule.
+    assert by_kind(objects, "ClusterKopfPeering") == []
+    peerings = by_kind(objects, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert {p["metadata"]["name"] for p in peerings} == {"t-operator"}
+    assert one(objects, "ClusterRole")["rules"] == rbac_rules(without="clusterkopfpeerings")
     env = env_of(one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0])
     assert env["TETHER_NAMESPACES"] == "team-a,team-b"
+
+
+def rbac_rules(without: str) -> list[dict[str, Any]]:
+    """operator/rbac/clusterrole.yaml's rules but the one for the peering kind `without`."""
+    source = yaml.safe_load((REPO / "operator" / "rbac" / "clusterrole.yaml").read_text())
+    rules: list[dict[str, Any]] = [r for r in source["rules"] if without not in r["resources"]]
+    assert len(rules) == len(source["rules"]) - 1
+    return rules
+
+
+def test_the_operator_runs_in_high_availability(helm_bin: Path) -> None:
+    """Two peering replicas, spread over nodes where there are several, one kept up by a
+    PodDisruptionBudget; kopf's peering CRDs come from the chart's crds/ (installed if absent)."""
+    objects = render(helm_bin)
+    operator = one(objects, "Deployment")
+    pod = operator["spec"]["template"]
+    [preferred] = pod["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in str(pod["spec"]["affinity"])
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"] == operator["spec"]["selector"]
+    # One replica: no budget (it would block a node drain), the same peering.
+    single = render(helm_bin, "operator.replicas=1")
+    assert by_kind(single, "PodDisruptionBudget") == []
+    assert one(single, "ClusterKopfPeering")["metadata"]["name"] == "t-operator"
+    # An affinity of one's own replaces the default.
+    mine = render(helm_bin, "operator.affinity.nodeAffinity.x=1")
+    assert one(mine, "Deployment")["spec"]["template"]["spec"]["affinity"] == {
+        "nodeAffinity": {"x": 1}
+    }
+    lifetime = render(helm_bin, "operator.peering.lifetime=30")
+    env = env_of(one(lifetime, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["TETHER_PEERING_LIFETIME"] == "30"
+    # The CRDs: kopf's definitions, as crds/kopfpeering.yaml has them.
+    args = ["template", "t", str(CHART), "--include-crds"]
+    rendered = [d for d in yaml.safe_load_all(helm(helm_bin, *args).stdout) if d]
+    crds = {c["metadata"]["name"]: c for c in by_kind(rendered, "CustomResourceDefinition")}
+    source = list(yaml.safe_load_all((REPO / "crds" / "kopfpeering.yaml").read_text()))
+    for crd in source:
+        assert crds[crd["metadata"]["name"]] == crd
+        assert "subresources" not in crd["spec"]["versions"][0]  # kopf patches the object
+    assert {c["spec"]["names"]["kind"] for c in source} == {"KopfPeering", "ClusterKopfPeering"}
 
 
 def test_pod_monitors_select_the_agents_the_operator_and_restate(helm_bin: Path) -> None:
@@ -264,7 +331,8 @@ BAD_VALUES = {
         ("restate.external.adminUrl=http://r:9070",),
         "set both adminUrl and ingressUrl",
     ),
-    "two operators": (("operator.replicas=2",), "/operator/replicas"),
+    "replicas": (("operator.replicas=-1",), "/operator/replicas"),
+    "peering lifetime": (("operator.peering.lifetime=2",), "/operator/peering/lifetime"),
     "pull policy": (("image.pullPolicy=Sometimes",), "/image/pullPolicy"),
     "namespace name": (("operator.watchNamespaces={Team_A}",), "/operator/watchNamespaces/0"),
     "unknown value": (("operator.replica=1",), "replica"),

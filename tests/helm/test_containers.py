@@ -78,12 +78,21 @@ def test_the_operator_starts_with_the_charts_settings(
         "TETHER_METRICS_PORT": str(free_port()),
         "TETHER_RESTATE_ADMIN_URL": f"http://127.0.0.1:{free_port()}",
         "KUBECONFIG": str(kube.kubeconfig),
+        "POD_ID": "tether-operator-0",  # the downward API's pod name
     }
-    # The chart's CRD (other tests of the session may have applied it already).
+    # The chart's CRD, and kopf's peering CRDs from its crds/ (other tests of the session may
+    # have applied them already).
     crd = one(objects, "CustomResourceDefinition")
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
     kube.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")
+    peering_crds = REPO / "helm" / "tether" / "crds" / "kopfpeering.yaml"
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(peering_crds))
+    kube.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev")
     kube.kubectl("create", "namespace", namespace)
+    # The replicas' peering object, as the chart renders it for the watched namespace.
+    peering = one(objects, "KopfPeering")
+    assert settings["TETHER_PEERING"] == peering["metadata"]["name"]
+    kube.kubectl("apply", "-f", "-", input=json.dumps(peering))
     kube.kubectl("-n", namespace, "create", "secret", "generic", "e2e-webhook",
                  "--from-literal=secret=not-a-real-secret-0123456789")  # fmt: skip
     log = (tmp_path / "operator.log").open("wb")
@@ -130,6 +139,10 @@ def test_the_operator_starts_with_the_charts_settings(
             return any(c.get("reason") == "RestateUnreachable" for c in conditions)
 
         wait_until(unreachable, what="Registered=False RestateUnreachable")
+        # It acted as the leader of the peering, under the pod's name.
+        got = kube.kubectl("-n", namespace, "get", "kopfpeering", settings["TETHER_PEERING"],
+                           "-o", "json")  # fmt: skip
+        assert set(json.loads(got.stdout)["status"]) == {"tether-operator-0"}
         kube.kubectl("-n", namespace, "delete", "durableagent", "e2e-clerk", "--wait=false")
     finally:
         stop_group(operator, grace=10)

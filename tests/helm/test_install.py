@@ -104,6 +104,15 @@ def test_install_upgrade_uninstall(
     assert not can(kube, account, "delete", "namespaces", namespace)
     assert not can(kube, account, "create", "clusterroles.rbac.authorization.k8s.io", namespace)
     assert not can(kube, account, "patch", "durableagents.tether.dev", "default")
+    # Peering: its KopfPeering in the watched namespace, listed, watched and patched only.
+    peering = ["-n", namespace, "get", "kopfpeering", operator, "-o", "name"]
+    assert kube.kubectl(*peering).stdout.strip() == f"kopfpeering.kopf.dev/{operator}"
+    for verb in ("list", "watch", "patch"):
+        assert can(kube, account, verb, "kopfpeerings.kopf.dev", namespace)
+    for verb in ("get", "create", "delete"):
+        assert not can(kube, account, verb, "kopfpeerings.kopf.dev", namespace)
+    assert not can(kube, account, "patch", "kopfpeerings.kopf.dev", "default")
+    assert not can(kube, account, "patch", "clusterkopfpeerings.kopf.dev", namespace)
 
     # Watching all namespaces is one value away; Restate's signing key stays what it was (the
     # workers registered so far check with its public half).
@@ -115,6 +124,10 @@ def test_install_upgrade_uninstall(
     assert json.loads(kube.kubectl(*identity, "-o", "json").stdout)["data"]["private.pem"] == key
     assert can(kube, account, "patch", "durableagents.tether.dev", "default")
     assert not can(kube, account, "list", "secrets", "default")
+    # Cluster-wide, the replicas peer through the release's ClusterKopfPeering instead.
+    assert kube.kubectl("get", "clusterkopfpeering", operator, "-o", "name").returncode == 0
+    assert can(kube, account, "patch", "clusterkopfpeerings.kopf.dev", namespace)
+    assert not can(kube, account, "patch", "kopfpeerings.kopf.dev", "default")
 
     # Uninstalling removes the platform but keeps the CRD (and so every DurableAgent).
     helm(helm_bin, "uninstall", release, "-n", namespace, "--wait", env=env)
@@ -123,6 +136,7 @@ def test_install_upgrade_uninstall(
     assert left.stdout.strip() == ""
     gone = kube.kubectl("get", "clusterrolebinding", operator, check=False)
     assert gone.returncode != 0
+    assert kube.kubectl("get", "clusterkopfpeering", operator, check=False).returncode != 0
 
 
 def test_helm_is_the_pinned_build(helm_bin: Path) -> None:

@@ -14,12 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 
 from tests.kube.conftest import kube_cluster  # noqa: F401  (the shared tier-2 control plane)
 from tests.kube.controlplane import ControlPlane
 from tests.operator.op_harness import (
+    REPO,
     Cluster,
     OperatorFactory,
     OperatorProcess,
@@ -61,6 +63,32 @@ def kube_api(kube_cluster: ControlPlane) -> Iterator[ApiClient]:  # noqa: F811
 
 
 @pytest.fixture(scope="session")
+def peering_crds(kube_api: ApiClient) -> None:
+    """kopf's KopfPeering and ClusterKopfPeering CRDs (crds/kopfpeering.yaml), Established."""
+    crds = client.ApiextensionsV1Api(kube_api)
+    names = []
+    for crd in yaml.safe_load_all((REPO / "crds" / "kopfpeering.yaml").read_text()):
+        crds.patch_custom_resource_definition(
+            crd["metadata"]["name"],
+            crd,
+            field_manager="tether-tests",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+        )
+        names.append(crd["metadata"]["name"])
+
+    def established() -> bool:
+        for name in names:
+            status = crds.read_custom_resource_definition(name).to_dict().get("status") or {}
+            conditions = status.get("conditions") or []
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                return False
+        return True
+
+    wait_for(established, timeout=30, what="kopf's peering CRDs to be Established")
+
+
+@pytest.fixture(scope="session")
 def restate() -> Iterator[Restate]:
     with RestateServer(find_or_install_restate_server(), extra_env=RESTATE_ENV) as server:
         yield Restate(server)
@@ -91,15 +119,16 @@ def run_operator(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[OperatorFactory]:
-    """Start the operator for the test's namespace (call again after a kill: same log file).
+    """Start the operator for the test's namespace (call again after a kill: same log file,
+    unless `log` names another, e.g. one per replica).
 
     At the end every DurableAgent of the namespace is deleted while an operator still runs, so
     the finalizers complete, then the operator stops and the namespace goes.
     """
     started: list[OperatorProcess] = []
-    log = tmp_path / "operator.log"
+    logs: dict[str, Path] = {}
 
-    def start(entry: str = "kopf", **env: str) -> OperatorProcess:
+    def start(entry: str = "kopf", log: str = "operator.log", **env: str) -> OperatorProcess:
         settings = {
             "TETHER_RESTATE_ADMIN_URL": restate.server.admin_url,
             "TETHER_RESTATE_INGRESS_URL": restate.server.ingress_url,
@@ -108,8 +137,9 @@ def run_operator(
             "TETHER_PARKED_REFRESH": "1",
             **env,
         }
+        logs[log] = tmp_path / log
         operator = start_operator(
-            kube_cluster.kubeconfig, cluster.namespace, settings, log, entry=entry
+            kube_cluster.kubeconfig, cluster.namespace, settings, logs[log], entry=entry
         )
         started.append(operator)
         return operator
@@ -127,9 +157,10 @@ def run_operator(
             operator.process.stop()
         failed = getattr(request.node, "rep_call", None)
         if (failed is not None and failed.failed) or os.environ.get("TETHER_SHOW_OPERATOR_LOG"):
-            sys.stderr.write(
-                f"\n----- operator log -----\n{log.read_text(errors='replace')[-20000:]}\n"
-            )
+            for name, path in logs.items():
+                sys.stderr.write(
+                    f"\n----- {name} -----\n{path.read_text(errors='replace')[-20000:]}\n"
+                )
         client.CoreV1Api(cluster.api).delete_namespace(cluster.namespace)
 
 

@@ -4,11 +4,13 @@ and Restate look-ups, and polling with deadlines (no fixed sleeps)."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import socket
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +100,20 @@ class OperatorProcess:
         status, _ = http("GET", self.liveness, timeout=2)
         return status == 200
 
+    def supervises(self, namespace: str, agent: str) -> bool:
+        """Whether this process acts on the agent: each supervision pass reports the agent's
+        versions on its /metrics, so one that never acted has none (False once it is gone)."""
+        try:
+            with urllib.request.urlopen(self.metrics, timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return False
+        labels = (f'namespace="{namespace}"', f'agent="{agent}"')
+        return any(
+            line.startswith("tether_version_replicas{") and all(x in line for x in labels)
+            for line in text.splitlines()
+        )
+
 
 OperatorFactory = Callable[..., OperatorProcess]
 """The `run_operator` fixture: start the operator for the test's namespace, settings as kwargs."""
@@ -139,7 +155,9 @@ def start_operator(
     if entry == "module":
         argv = [sys.executable, "-m", "tether_operator"]
     else:
-        argv = [sys.executable, "-m", "kopf", "run", "-m", "tether_operator", "--standalone"]
+        argv = [sys.executable, "-m", "kopf", "run", "-m", "tether_operator"]
+        if not full_env.get("TETHER_PEERING"):
+            argv.append("--standalone")  # else TETHER_PEERING makes the replicas peer
         argv += ["-n", namespace, f"--liveness={liveness}"]
     process = GroupProcess(argv, env=full_env, log=log, cwd=REPO)
     operator = OperatorProcess(process, liveness, metrics)
@@ -248,12 +266,34 @@ class Cluster:
             },
         }
 
+    def create_peering(self, name: str) -> None:
+        """kopf's KopfPeering object `name` in the namespace (the chart creates it)."""
+        body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name}}
+        self.objects.create_namespaced_custom_object(
+            "kopf.dev", "v1", self.namespace, "kopfpeerings", body
+        )
+
+    def peers(self, name: str) -> dict[str, dict[str, Any]]:
+        """The keep-alive records in the KopfPeering `name`, by kopf identity."""
+        found: Any = self.objects.get_namespaced_custom_object(
+            "kopf.dev", "v1", self.namespace, "kopfpeerings", name
+        )
+        records: dict[str, dict[str, Any]] = found.get("status") or {}
+        return records
+
     def events(self, name: str) -> list[dict[str, Any]]:
         listed = self.core.list_namespaced_event(
             self.namespace,
             field_selector=f"involvedObject.kind=DurableAgent,involvedObject.name={name}",
         )
         return [{"type": e.type, "reason": e.reason, "message": e.message} for e in listed.items]
+
+
+def seconds_fresh(record: dict[str, Any]) -> float:
+    """How long a peering keep-alive record stays fresh from now (kopf: lastseen + lifetime)."""
+    seen = datetime.datetime.fromisoformat(record["lastseen"])
+    deadline = seen + datetime.timedelta(seconds=int(record["lifetime"]))
+    return (deadline - datetime.datetime.now(datetime.UTC)).total_seconds()
 
 
 # ------------------------------------------------------------------------------------------

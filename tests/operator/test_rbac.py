@@ -1,4 +1,5 @@
-"""The operator works with nothing but the rules in operator/rbac/, bound in its namespace."""
+"""The operator works with nothing but the rules in operator/rbac/, bound in its namespace, with
+peering on (as the chart runs it): kopf keeps its record in the namespace's KopfPeering."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.operator.op_harness import REPO, Cluster, OperatorFactory, Restate, w
 from tests.operator.test_children import AGENT, manifest, registered, with_secrets
 
 RBAC = REPO / "operator" / "rbac"
+PEERING = "tether-operator"
 
 
 def service_account_kubeconfig(cluster: Cluster, admin: Path, target: Path) -> Path:
@@ -56,6 +58,7 @@ def test_the_operator_needs_no_more_than_its_rbac_manifests(
     run_operator: OperatorFactory,
     kube_cluster: ControlPlane,
     tmp_path: Path,
+    peering_crds: None,
 ) -> None:
     kubeconfig = service_account_kubeconfig(
         cluster, kube_cluster.kubeconfig, tmp_path / "operator.kubeconfig"
@@ -72,7 +75,15 @@ def run_with_service_account(
     cluster: Cluster, run_operator: OperatorFactory, kubeconfig: Path
 ) -> None:
     with_secrets(cluster)
-    operator = run_operator(KUBECONFIG=str(kubeconfig))
+    cluster.create_peering(PEERING)
+    operator = run_operator(KUBECONFIG=str(kubeconfig), POD_ID="rbac", TETHER_PEERING=PEERING)
+    # Peering works under these rules: its keep-alive is in the object, and it leads.
+    wait_for(lambda: "rbac" in cluster.peers(PEERING), timeout=30, what="its peering record")
+    wait_for(
+        lambda: "Resuming operations" in operator.process.log_tail(200_000),
+        timeout=30,
+        what="the operator to lead",
+    )
     cluster.apply_agent(manifest(system="v1"))
     wait_for(lambda: registered(cluster), timeout=60, what="v1 registered")
     first = cluster.status(AGENT)["activeVersion"]
@@ -90,3 +101,5 @@ def run_with_service_account(
     wait_for(lambda: cluster.agent(AGENT) is None, timeout=60, what="the agent deleted")
     log = operator.process.log_tail(200_000)
     assert "Forbidden" not in log and " 403" not in log, log[-4000:]
+    # It lists, watches and patches the peering object all along (keep-alives every 5-10 s).
+    assert "rbac" in cluster.peers(PEERING)

@@ -63,11 +63,34 @@ def test_defaults_and_parsing() -> None:
         ("TETHER_OTLP_ENDPOINT", "http://otel:4318/?k=v", "must not carry a query"),
         ("TETHER_METRICS_PORT", "http", "not a port number"),
         ("TETHER_METRICS_PORT", "70000", "not a port number"),
+        ("TETHER_PEERING", "Tether_Operator", "not a Kubernetes object name"),
+        ("TETHER_PEERING_LIFETIME", "3", "at least 5"),
+        ("TETHER_PEERING_LIFETIME", "15.5", "whole number of seconds"),
+        ("TETHER_PEERING_PRIORITY", "high", "not an integer"),
     ],
 )
 def test_bad_settings_say_what_is_wrong(name: str, value: str, message: str) -> None:
     with pytest.raises(SettingsError, match=message.replace("[", r"\[")):
         settings_from_env({**ENV, name: value})
+
+
+def test_peering_is_off_unless_named() -> None:
+    """Standalone by default (one replica: `tether dev`, the tests); the chart names it."""
+    settings = settings_from_env(ENV)
+    assert settings.peering is None and settings.peering_lifetime == 15
+    assert settings.peering_priority is None
+    peered = settings_from_env(
+        {
+            **ENV,
+            "TETHER_PEERING": "tether-operator",
+            "TETHER_PEERING_LIFETIME": "30",
+            "TETHER_PEERING_PRIORITY": "-7",
+        }
+    )
+    assert peered.peering == "tether-operator" and peered.peering_lifetime == 30
+    assert peered.peering_priority == -7
+    # Replicas render the same versions, whatever their peering settings.
+    assert version_hash(agent(), "ns", peered) == version_hash(agent(), "ns", settings)
 
 
 def test_the_version_follows_the_spec_and_pod_template_only() -> None:

@@ -1,0 +1,169 @@
+"""High availability: several replicas of the operator, one of which acts at a time (kopf's
+peering).
+
+With `TETHER_PEERING=<name>` every replica writes a keep-alive record (its priority, lifetime and
+last-seen time) into the status of kopf's peering object `<name>`: the ClusterKopfPeering when the
+operator watches all namespaces, the KopfPeering of that name in each watched namespace
+otherwise. kopf pauses ("freezes") a replica while another one with a higher priority has a
+fresh record: its watches and timers stop. The others resume when that record goes stale
+(`lifetime` seconds after its last keep-alive, at most `TETHER_PEERING_LIFETIME`, 15 s) or is
+removed (a replica that stops cleanly removes its own record: the next one takes over at once).
+
+Choices made here, on top of kopf's mechanism:
+
+- Peering is mandatory once named: a replica starts paused and acts only after it has seen the
+  peering object and no live replica above it (kopf would otherwise act until its first look).
+  The object must exist (the chart creates it); start-up waits for it, then fails, rather than
+  run paused for ever.
+- The oldest replica leads: the priority falls with the process's start time (microseconds), so
+  a replica that starts or restarts never takes over from one that runs, and a rolling update
+  moves the lead once, when the old leader stops. Two replicas of the same priority would both
+  pause (kopf's rule), so priorities are distinct; `TETHER_PEERING_PRIORITY` overrides, and
+  `kopf freeze` (priority 100) pauses all replicas, for maintenance.
+- A replica that has acted and is then paused steps down: it exits (Kubernetes starts it again,
+  as the youngest, a standby). Its memory of the agents (the status it last wrote, what it
+  applied) and kopf's index of the Deployments would be stale by the time it resumed, and
+  starting afresh is the crash recovery every pass is built for (`supervisor.sync_once`).
+
+Peering is not a lock. A leader that stalls (or loses the API server) for longer than the margin
+between its keep-alives and their expiry (5 to 10 s) is taken for dead; when it comes back it
+leads again (it is older) and the other steps down, but until then both may act, and the old
+leader goes on from a memory that misses what the other did. Every step is idempotent and
+re-checked against Restate and the cluster (registering a URL again keeps its deployment,
+unregistering or deleting what is gone is a no-op, a version is retired only on a fresh count of
+zero runs), so that repeats steps rather than losing runs; the tests kill replicas, they do not
+stall one. The clocks of the nodes must agree (NTP): a record's expiry is read on another node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+
+import kopf
+
+from .kube import Kube, KubeError
+from .settings import OperatorSettings
+
+log = logging.getLogger("tether_operator")
+
+GROUP = "kopf.dev"
+VERSION = "v1"
+STARTED_AT_US = time.time_ns() // 1000
+"""When this process started (imported the operator), in microseconds: its default priority is
+the negative of it, so the oldest replica has the highest."""
+OBJECT_WAIT = 60.0
+"""Seconds start-up waits for the peering object(s) to exist before it gives up."""
+HARD_EXIT_AFTER = 20.0
+"""Seconds a replica that steps down is given to stop cleanly before it is ended."""
+
+_stepping_down = False
+
+
+def priority(ours: OperatorSettings) -> int:
+    return ours.peering_priority if ours.peering_priority is not None else -STARTED_AT_US
+
+
+def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> bool:
+    """Set kopf's peering from `TETHER_PEERING*` (they win over kopf's own flags); False when
+    standalone (then kopf's settings stay as its flags made them)."""
+    if ours.peering is None:
+        return False
+    settings.peering.standalone = False
+    settings.peering.mandatory = True
+    settings.peering.name = ours.peering
+    settings.peering.lifetime = ours.peering_lifetime
+    settings.peering.priority = priority(ours)
+    settings.peering.stealth = True  # no log line per keep-alive
+    log.info(
+        "peering %r: priority %d, lifetime %ds; this replica acts while no live replica has a "
+        "higher priority",
+        ours.peering,
+        settings.peering.priority,
+        ours.peering_lifetime,
+    )
+    return True
+
+
+def _path(namespace: str | None) -> str:
+    if namespace is None:
+        return f"/apis/{GROUP}/{VERSION}/clusterkopfpeerings"
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/kopfpeerings"
+
+
+async def missing_objects(kube: Kube, name: str, namespaces: list[str | None]) -> list[str]:
+    """The peering objects named `name` that do not exist (or whose kind is not served)."""
+    missing = []
+    for namespace in namespaces:
+        kind = "ClusterKopfPeering" if namespace is None else f"KopfPeering in {namespace}"
+        found = await kube.list_named(_path(namespace), name)
+        if found is None:
+            missing.append(f"{kind} {name} (its CRD is not installed: crds/kopfpeering.yaml)")
+        elif not found:
+            missing.append(f"{kind} {name}")
+    return missing
+
+
+async def wait_for_objects(kube: Kube, ours: OperatorSettings, clusterwide: bool) -> None:
+    """Wait until the peering objects exist: a replica without one would stay paused, silently.
+    Raise `kopf.PermanentError` (the operator exits) after `OBJECT_WAIT` seconds."""
+    assert ours.peering is not None
+    namespaces: list[str | None] = [None] if clusterwide else list(ours.namespaces)
+    if not namespaces:
+        log.warning(
+            "peering %r: the watched namespaces are unknown (TETHER_NAMESPACES is empty), so "
+            "their KopfPeering objects are not checked",
+            ours.peering,
+        )
+        return
+    deadline = time.monotonic() + OBJECT_WAIT
+    warned = ""
+    while True:
+        try:
+            missing = await missing_objects(kube, ours.peering, namespaces)
+        except KubeError as error:
+            if error.status in (401, 403):
+                raise kopf.PermanentError(
+                    f"peering: {error}; the operator needs list, watch and patch on kopf.dev's "
+                    "peering objects (operator/rbac/clusterrole.yaml)"
+                ) from None
+            missing = [str(error)]
+        if not missing:
+            return
+        problem = "; ".join(missing)
+        if time.monotonic() >= deadline:
+            raise kopf.PermanentError(
+                f"peering: gave up after {OBJECT_WAIT:.0f}s waiting for {problem}; create it "
+                "(the chart does), or unset TETHER_PEERING to run one replica standalone"
+            )
+        if problem != warned:
+            log.warning("peering: waiting for %s", problem)
+            warned = problem
+        await asyncio.sleep(1.0)
+
+
+def step_down() -> None:
+    """This replica was paused after it acted: stop cleanly (kopf removes its peering record),
+    and end for good after `HARD_EXIT_AFTER` seconds if stopping hangs."""
+    global _stepping_down
+    if _stepping_down:
+        return
+    _stepping_down = True
+    log.warning(
+        "another replica of the operator leads now: this one exits, to start again as a "
+        "standby that remembers nothing stale"
+    )
+    timer = threading.Timer(HARD_EXIT_AFTER, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def paused(stopped: kopf.DaemonStopped) -> bool:
+    """Whether kopf stopped a daemon because this replica was paused (peering)."""
+    reason = stopped.reason
+    return reason is not None and bool(reason & kopf.DaemonStoppingReason.OPERATOR_PAUSING)
