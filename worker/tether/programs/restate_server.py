@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -34,6 +35,9 @@ __all__ = ["RestatePorts", "RestateServer", "RestateServerError", "free_port"]
 
 IDENTITY_KEY_FILE = "request-identity.pem"
 """In the data directory: the private key the server signs its requests to deployments with."""
+
+START_MARKER = "=== starting restate-server at "
+"""Begins the line the log gets at every start of the server (its output follows)."""
 
 _SERVER_ENV_PREFIXES = ("RESTATE_",)
 _SERVER_ENV_DROP = ("RUST_LOG", "RESTATE_CONFIG")
@@ -221,10 +225,7 @@ class RestateServer(Lifecycle):
         """Start the server and wait until ingress and admin answer their health checks."""
         if self.is_running():
             return
-        if self._binary is None:
-            self._binary = find_or_install_restate_server(self._version)
-        if self._base_dir is None:
-            self._base_dir = Path(tempfile.mkdtemp(prefix="tether-restate-"))
+        self._prepare()
         # A random port can be taken between probing and binding; retry with fresh ports unless
         # the caller fixed them (restarts keep the ports of the first start).
         attempts = 1 if (self._fixed_ports or self._ports is not None) else 3
@@ -233,7 +234,7 @@ class RestateServer(Lifecycle):
                 self._ports = RestatePorts.random()
             self._spawn()
             try:
-                self._wait_healthy(self._startup_timeout)
+                self.wait_ready()
                 return
             except RestateServerError:
                 exited = not self.is_running()
@@ -241,6 +242,32 @@ class RestateServer(Lifecycle):
                 self._terminate(grace=5.0)
                 if not (exited and in_use) or attempt == attempts - 1:
                     raise
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to be ready (:meth:`wait_ready`), on the
+        ports of an earlier start (once they are free) or those given. The nodes of a cluster
+        start this way, all at once: none is ready before its peers are up."""
+        if self.is_running():
+            return
+        self._prepare()
+        if self._ports is None:
+            self._ports = RestatePorts.random()
+        else:
+            self._wait_ports_free(self._startup_timeout)
+        self._spawn()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until ingress and admin answer their health checks and an introspection query
+        succeeds (the partitions have leaders: invocations can be processed);
+        `RestateServerError` if the process exits or ``timeout`` (default: the startup timeout)
+        passes first."""
+        self._wait_healthy(self._startup_timeout if timeout is None else timeout)
+
+    def _prepare(self) -> None:
+        if self._binary is None:
+            self._binary = find_or_install_restate_server(self._version)
+        if self._base_dir is None:
+            self._base_dir = Path(tempfile.mkdtemp(prefix="tether-restate-"))
 
     def _spawn(self) -> None:
         assert self._binary is not None and self._base_dir is not None and self._ports is not None
@@ -251,7 +278,7 @@ class RestateServer(Lifecycle):
         else:
             self._identity_public_key = write_private_key(key)
         with open(self.log_path, "ab") as log:
-            log.write(f"\n=== starting restate-server at {time.ctime()} ===\n".encode())
+            log.write(f"\n{START_MARKER}{time.ctime()} ===\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
                 [str(self._binary), "--no-logo"],
@@ -296,9 +323,9 @@ class RestateServer(Lifecycle):
                 )
             time.sleep(0.05)
 
-    def _terminate(self, grace: float) -> None:
+    def _terminate(self, grace: float, sig: int = signal.SIGTERM) -> None:
         if self._proc is not None:
-            stop_group(self._proc, grace=grace)
+            stop_group(self._proc, grace=grace, sig=sig)
             self._proc = None
 
     def stop(self, timeout: float | None = None) -> None:
@@ -306,8 +333,8 @@ class RestateServer(Lifecycle):
         self._terminate(self._stop_timeout if timeout is None else timeout)
 
     def kill(self) -> None:
-        """SIGKILL the process group at once (a crash of the server)."""
-        self._terminate(0.0)
+        """SIGKILL the process group at once (a crash of the server: no SIGTERM first)."""
+        self._terminate(0.0, signal.SIGKILL)
 
     def restart(self, *, graceful: bool = True) -> None:
         """Stop (SIGTERM, or SIGKILL if not ``graceful``) and start again, same ports and data."""
