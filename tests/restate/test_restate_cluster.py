@@ -2,9 +2,9 @@
 
 Three `restate-server` nodes (`RestateCluster`: replication 2, 4 partitions, replicated
 metadata) and one real hypercorn worker serving the scripted agent of
-`services/agent_service.py` (`CrashAgent` on `restate_runtime`, through
-`services/cluster_agent_service.py`; registered through one node). Every run is started through
-one node's ingress and followed (attached) through it, and through another when that node dies.
+`services/agent_service.py` (`CrashAgent` on `restate_runtime`; registered through one node).
+Every run is started through one node's ingress and followed (attached) through it, and
+through another when that node dies.
 Runs of three kinds are in the cluster when a node is lost:
 
 - held: its third turn's concurrent group runs, with a safe `lookup` (`call_2_0`) and an unsafe
@@ -468,7 +468,7 @@ def worker(
     cluster: RestateCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HypercornWorker]:
     log_dir = tmp_path_factory.mktemp("cluster-worker")
-    with HypercornWorker(service_app("cluster_agent_service"), log_dir=log_dir) as running:
+    with HypercornWorker(service_app("agent_service"), log_dir=log_dir) as running:
         cluster.register(running.url)
         yield running
 

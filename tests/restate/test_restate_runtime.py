@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.restate.support import ServedApp, http
+from tests.restate.support import ServedApp, http, wait_until
 from tether.programs.restate_server import RestateServer
 
 ALL_CALLS = [f"call_{t}_{i}" for t, n in enumerate([1, 1, 3, 1, 2, 1, 1]) for i in range(n)]
@@ -57,3 +58,44 @@ def test_every_await_suspending_gives_the_same_run(
     lines = effects.read_text().splitlines()
     assert Counter(line.split()[1] for line in lines) == Counter(ALL_CALLS)
     check_transcript(call(served.server, "transcript", key))
+
+
+def test_tools_holding_every_thread_of_the_pool_stall_no_other_run(
+    serve_app: Any, tmp_path: Path
+) -> None:
+    """Tool bodies blocked in threads (`asyncio.to_thread`) fill the event loop's default
+    executor, where the SDK runs `ctx.time()`'s action. The runtime's clock reads do not use it
+    (`journaled_time`), so a run that needs no thread goes on while they are held."""
+    served: ServedApp = serve_app("agent_service")
+    server = served.server
+    gate = tmp_path / "gate"
+    hold = {"path": str(gate), "calls": ["call_0_0"]}
+    threads = min(32, (os.cpu_count() or 1) + 4)  # the default executor's size
+    held = []
+    for i in range(threads):
+        effects = tmp_path / f"held-{i}"
+        url = f"{server.ingress_url}/CrashAgent/held-{i}-{uuid.uuid4().hex[:6]}/run/send"
+        response = http("POST", url, {"effects": str(effects), "tool_gate": hold})
+        assert response.status == 202, response.text
+        held.append((response.json()["invocationId"], effects))
+    wait_until(
+        lambda: all(e.exists() and e.read_text().strip() for _, e in held),
+        timeout=120,
+        what="every held body to take its thread",
+    )
+    free = tmp_path / "free"
+    url = f"{server.ingress_url}/CrashAgent/free-{uuid.uuid4().hex[:6]}/run/send"
+    response = http("POST", url, {"effects": str(free)})
+    assert response.status == 202, response.text
+    invocation_id = response.json()["invocationId"]
+
+    def done(invocation: str) -> bool:
+        rows = server.query(f"SELECT status FROM sys_invocation WHERE id = '{invocation}'")
+        return bool(rows) and rows[0]["status"] == "completed"
+
+    try:
+        wait_until(lambda: done(invocation_id), timeout=60, what="the run that holds no thread")
+        assert not any(done(i) for i, _ in held)
+    finally:
+        gate.touch()
+    wait_until(lambda: all(done(i) for i, _ in held), timeout=120, what="the held runs")

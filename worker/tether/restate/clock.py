@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import time
+
+from restate import RunOptions
+from restate.serde import JsonSerde
+
 from .types import RestateContextLike
 
 DEFAULT_REANCHOR_EVERY = 8
 
+_TIME_OPTIONS: RunOptions[float] = RunOptions(serde=JsonSerde[float]())
+
+
+async def _wall_seconds() -> float:
+    return time.time()
+
+
+async def journaled_time(ctx: RestateContextLike) -> float:
+    """`ctx.time()`, the same journal entry (`timestamp`), without a thread: the SDK runs its
+    synchronous action in the event loop's default executor, which tools that block threads
+    (`asyncio.to_thread`, held across a crash) can fill, and then every run of the worker waits
+    at its next clock read."""
+    return float(await ctx.run_typed("timestamp", _wall_seconds, _TIME_OPTIONS))
+
 
 class CoalescedClock:
-    """`now()` that journals a real `ctx.time()` anchor every `reanchor_every` reads and derives
-    a strictly increasing sequence in between (anchor + 1 ms per read). Timestamps inside a
-    window are logical, not wall-accurate; the number and order of journaled reads depend only
-    on the number of `now()` calls, never on wall time."""
+    """`now()` that journals a real clock anchor (`journaled_time`) every `reanchor_every`
+    reads and derives a strictly increasing sequence in between (anchor + 1 ms per read).
+    Timestamps inside a window are logical, not wall-accurate; the number and order of
+    journaled reads depend only on the number of `now()` calls, never on wall time."""
 
     def __init__(self, ctx: RestateContextLike, reanchor_every: int | None) -> None:
         self._ctx = ctx
@@ -22,7 +41,7 @@ class CoalescedClock:
 
     async def now(self) -> float:
         if self._every is None or self._reads % self._every == 0:
-            self._anchor = await self._ctx.time() * 1000
+            self._anchor = await journaled_time(self._ctx) * 1000
             offset = 0.0
         else:
             offset = float(self._reads % self._every)

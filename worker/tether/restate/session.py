@@ -35,6 +35,7 @@ from .. import jsoncodec
 from ..errors import TetherError
 from ..session.store import Clock
 from ..session.types import SessionRecord, SessionRun, SessionTurn
+from .clock import journaled_time
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
 
 META_KEY = "tether:session"
@@ -252,7 +253,7 @@ class RestateSessionStore:
         """An older session's turns and runs (encoded) and keys, for the move to segments."""
 
     async def _context_clock(self) -> float:
-        return float(await self._ctx.time()) * 1000
+        return await journaled_time(self._ctx) * 1000
 
     def _writable(self) -> None:
         if self._read_only:
@@ -373,7 +374,7 @@ def restate_session_store(
     """A `SessionStore` backed by the bound virtual object's state. Single-tenant: bind one
     object key per session. `read_only=True` for a shared handler's context (Restate forbids
     writes there): reads work, every write raises. `clock` stamps timestamps replay-stably
-    (default: `ctx.time()`; `restate_runtime` passes its own, coalesced, clock)."""
+    (default: `journaled_time`; `restate_runtime` passes its own, coalesced, clock)."""
     if options is not None:
         clock, read_only = options.clock, options.read_only
     return RestateSessionStore(ctx, clock=clock, read_only=read_only)
