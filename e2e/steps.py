@@ -14,7 +14,8 @@ The steps, in order (each checks what a user would look at, and times what a use
  6. a signed webhook through the sidecar's Service approves it; the run completes with its
     gated tool run once; a second answer is refused; Prometheus saw the replay once and the
     parked gauge back at 0;
- 7. a worker pod killed mid-tool, on 1 and on 2 replicas: how long the run stands still;
+ 7. a worker pod killed mid-tool, on 1 and on 2 replicas: how long the run stands still; on 2,
+    a drain evicts one worker and its PodDisruptionBudget refuses the second;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
@@ -476,6 +477,44 @@ def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
                     lambda pod=ready: p.kubectl.ok("-n", AGENTS_NS, "exec", pod, *REMOVE_MARKER),
                     60,
                 )
+    if replicas > 1:
+        drain_one_at_a_time(p, selector, replicas)
+
+
+def evict(p: Platform, pod: str) -> bool:
+    """Evict `pod` as a node drain does (the Eviction API); whether it was allowed."""
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": AGENTS_NS},
+    }
+    path = f"/api/v1/namespaces/{AGENTS_NS}/pods/{pod}/eviction"
+    out = p.kubectl("create", "--raw", path, "-f", "-", input=json.dumps(body), check=False)
+    return '"Success"' in out
+
+
+def drain_one_at_a_time(p: Platform, selector: str, replicas: int) -> None:
+    """A drain of the node evicts one worker of the version: its PodDisruptionBudget refuses the
+    second eviction until the first worker's replacement is ready."""
+
+    def allowing_one() -> dict[str, Any] | None:
+        budgets = p.kubectl.json("-n", AGENTS_NS, "get", "pdb", "-l", selector)["items"]
+        return next(
+            (b for b in budgets if b.get("status", {}).get("disruptionsAllowed") == 1), None
+        )
+
+    budget = wait_for("the version's PodDisruptionBudget to allow one eviction", allowing_one, 120)
+    first, second = p.kubectl.ready_pods(AGENTS_NS, selector)[:2]
+    if not evict(p, first):
+        raise StepFailed(f"the first eviction was refused ({budget['metadata']['name']})")
+    if evict(p, second):
+        raise StepFailed("a second worker was evicted while the first was still being replaced")
+    p.report.fact("drain", f"1 of {replicas} workers evicted, the second refused until replaced")
+    wait_for(
+        f"{replicas} ready pods after the eviction",
+        lambda: len(p.kubectl.ready_pods(AGENTS_NS, selector)) == replicas,
+        180,
+    )
 
 
 def kill_restate(p: Platform) -> None:

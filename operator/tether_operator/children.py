@@ -24,7 +24,12 @@ from .names import (
 from .settings import OperatorSettings
 
 Manifest = dict[str, Any]
-KINDS = (("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"))
+KINDS = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("policy/v1", "PodDisruptionBudget"),
+)
 
 
 @dataclass(frozen=True)
@@ -119,7 +124,13 @@ async def apply_version(
     namespace = str(body["metadata"]["namespace"])
     objects = render.version_objects(agent, namespace, settings)
     sidecar = render.sidecar_service(agent.metadata.name, namespace, settings)
-    manifests = [objects.config_map, objects.service, objects.deployment, sidecar]
+    manifests = [
+        objects.config_map,
+        objects.service,
+        objects.disruption_budget,
+        objects.deployment,
+        sidecar,
+    ]
     egress = await egress_policy(kube, settings, agent, namespace)
     if egress is not None:  # before the pods it confines start
         manifests.insert(0, egress)

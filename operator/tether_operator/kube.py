@@ -26,6 +26,7 @@ _PLURALS = {
     ("v1", "Secret"): "secrets",
     ("apps/v1", "Deployment"): "deployments",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     (f"{GROUP}/{VERSION}", "DurableAgent"): PLURAL,
 }
 

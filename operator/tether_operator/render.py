@@ -55,6 +55,7 @@ class VersionObjects:
     config_map: Manifest
     deployment: Manifest
     service: Manifest
+    disruption_budget: Manifest
 
     @property
     def name(self) -> str:
@@ -261,6 +262,16 @@ def pod_template(
                 "fsGroup": RUN_AS,
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
+            # Replicas of a version go to different nodes where there are several, never
+            # left unscheduled where there is one.
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": selector(name, version_hash)},
+                }
+            ],
             "containers": [
                 _worker_container(agent, namespace, settings, image),
                 _sidecar_container(agent, namespace, settings, image),
@@ -301,7 +312,8 @@ def _metadata(
 def version_objects(
     agent: DurableAgent, namespace: str, settings: OperatorSettings
 ) -> VersionObjects:
-    """ConfigMap, Deployment and worker Service of the agent's current version."""
+    """ConfigMap, Deployment, worker Service and PodDisruptionBudget of the agent's current
+    version."""
     name = agent.metadata.name
     digest = version_hash(agent, namespace, settings)
     object_name = version_name(name, digest)
@@ -347,7 +359,15 @@ def version_objects(
             ],
         },
     }
-    return VersionObjects(digest, config_map, deployment, service)
+    # A node drain evicts one worker of a version at a time: with 2+ replicas a run's next step
+    # always has a pod, with one the drain is never blocked.
+    disruption_budget: Manifest = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(object_name, namespace, labels, settings),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name, digest)}},
+    }
+    return VersionObjects(digest, config_map, deployment, service, disruption_budget)
 
 
 def sidecar_service(agent: str, namespace: str, settings: OperatorSettings) -> Manifest:

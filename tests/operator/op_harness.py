@@ -183,6 +183,7 @@ class Cluster:
         self.namespace = namespace
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
+        self.policy = client.PolicyV1Api(api)
         self.objects = client.CustomObjectsApi(api)
 
     def apply_agent(self, manifest: dict[str, Any]) -> None:
@@ -263,6 +264,13 @@ class Cluster:
                 c.metadata.name
                 for c in self.core.list_namespaced_config_map(ns, label_selector=selector).items
                 if c.metadata and c.metadata.name
+            },
+            "poddisruptionbudgets": {
+                b.metadata.name
+                for b in self.policy.list_namespaced_pod_disruption_budget(
+                    ns, label_selector=selector
+                ).items
+                if b.metadata and b.metadata.name
             },
         }
 

@@ -71,6 +71,7 @@ def test_killed_operator_converges_without_orphans(
         "deployments": {name},
         "services": {name, f"{AGENT}-sidecar"},
         "configmaps": {name},
+        "poddisruptionbudgets": {name},
     }
     prefix = f"/{cluster.namespace}/{AGENT}/"
     stray = [d for d in restate.deployments().values() if prefix in d["uri"]]

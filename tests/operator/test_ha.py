@@ -215,6 +215,7 @@ def test_one_replica_acts_and_another_takes_over_a_rollout_when_it_is_killed(
         "deployments": {name},
         "services": {name, f"{AGENT}-sidecar"},
         "configmaps": {name},
+        "poddisruptionbudgets": {name},
     }
     # Nothing registered twice: one Restate deployment per version URL for the whole test, one
     # registration of v1 (by a) and, unless a had registered v2 just before it died, of v2.

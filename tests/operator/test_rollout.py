@@ -77,6 +77,7 @@ def test_a_change_drains_the_old_version_then_retires_it(
     assert children["deployments"] == {f"{AGENT}-{new}"}
     assert children["services"] == {f"{AGENT}-{new}", f"{AGENT}-sidecar"}
     assert children["configmaps"] == {f"{AGENT}-{new}"}
+    assert children["poddisruptionbudgets"] == {f"{AGENT}-{new}"}
     assert cluster.condition(AGENT, "Draining")["status"] == "False"
     wait_for(lambda: cluster.status(AGENT)["parkedCalls"] == 0, timeout=30, what="parked 0")
     reasons = [e["reason"] for e in cluster.events(AGENT)]
@@ -153,6 +154,7 @@ def test_deleting_waits_for_the_run_in_flight(
         "deployments": set(),
         "services": set(),
         "configmaps": set(),
+        "poddisruptionbudgets": set(),
     }
 
 

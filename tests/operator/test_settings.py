@@ -113,6 +113,19 @@ def test_the_version_follows_the_spec_and_pod_template_only() -> None:
     assert objects.name == f"triage-{base}"
 
 
+def test_a_versions_workers_spread_over_nodes_and_a_drain_evicts_one_at_a_time() -> None:
+    objects = version_objects(agent(worker={"replicas": 2}), "ns", settings_from_env(ENV))
+    pods = {"tether.dev/agent": "triage", "tether.dev/version": objects.hash}
+    [spread] = objects.deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # one node still schedules them all
+    assert spread["labelSelector"] == {"matchLabels": pods}
+    budget = objects.disruption_budget
+    assert budget["kind"] == "PodDisruptionBudget" and budget["metadata"]["name"] == objects.name
+    # maxUnavailable, not minAvailable: a version of one replica never blocks a drain.
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": pods}}
+
+
 def test_the_command_stops_with_a_clear_message_without_settings() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "tether_operator"],
