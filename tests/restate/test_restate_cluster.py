@@ -498,9 +498,15 @@ def test_the_nodes_form_one_cluster(
     leaders = cluster.wait_for_leaders()
     assert sorted(leaders) == list(range(cluster.partitions)), leaders
     assert set(leaders.values()) <= set(cluster.live()), leaders
+
+    def knows_the_worker(server: RestateServer) -> bool:
+        return worker.url in {d["uri"].rstrip("/") for d in server.deployments()}
+
     for server in cluster.nodes:
-        uris = {d["uri"].rstrip("/") for d in server.deployments()}
-        assert worker.url in uris, (server.admin_url, uris)
+        # The registration reaches the other nodes' metadata a moment later: poll.
+        wait_until(
+            functools.partial(knows_the_worker, server), timeout=DEADLINE, what=server.admin_url
+        )
     run = start(cluster, Run("formed", tmp_path / "formed", ingress=0))
     url = f"{cluster.ingress_url(2)}/restate/invocation/{run.invocation_id}/attach"
     resp = http("GET", url, timeout=DEADLINE)
