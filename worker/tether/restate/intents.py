@@ -33,9 +33,6 @@ class UnstartedBodies:
         attempt may trust the record again."""
         return nonce is not None and self._nonces.pop(nonce, False) is None
 
-    def __len__(self) -> int:
-        return len(self._nonces)
-
 
 UNSTARTED_BODIES = UnstartedBodies()
 """The process's record, shared by every invocation it serves."""
