@@ -289,7 +289,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             await forget_children(ctx)
         return dict(result)
 
-    @obj.handler(kind="shared")
+    # The shared handlers read a few keys. Lazily: Restate would otherwise send the object's
+    # whole state (every turn and event of the session) with each call, and the sidecar polls
+    # `events` while a stream is open (70 ms a poll on a 2,000-turn session, 21 ms lazily).
+    @obj.handler(kind="shared", enable_lazy_state=True)
     async def session(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
         store = restate_session_store(ctx, read_only=True)  # type: ignore[arg-type]
         loaded = await load_session(store, ctx.key())
@@ -302,7 +305,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             "status": loaded.runs[-1].status if loaded.runs else None,
         }
 
-    @obj.handler(kind="shared")
+    @obj.handler(kind="shared", enable_lazy_state=True)
     async def pending(ctx: restate.ObjectSharedContext) -> list[dict[str, Any]]:
         """The calls parked in this session and in the children its runs are waiting for,
         without their awakeable ids: an id answers its call through Restate's own API, and this
@@ -318,7 +321,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
                 calls += await ctx.object_call(pending, key=child_session, arg=None)
         return sorted(calls, key=lambda call: call["created_at"])
 
-    @obj.handler(kind="shared")
+    @obj.handler(kind="shared", enable_lazy_state=True)
     async def events(ctx: restate.ObjectSharedContext, after: str | None) -> list[dict[str, Any]]:
         """The session's durable events after the event id `after` (`tether.session.events`);
         the sidecar streams them with the live ones of `<agent>-live`."""
