@@ -16,7 +16,8 @@ clock); the scripted provider answers at once, so nothing after that point is me
 
 Printed per size: the median start (and the spread), the Restate state of the session (keys and
 bytes, `SUM(value_length)` of the `state` table; the turns alone too), and the journal of one
-measured run (entries and bytes, `sys_invocation`); then the ratios of the medians to the
+measured run (entries and bytes, `sys_invocation`), and the median time of an events poll (the
+sidecar's read of the session's durable events while a stream is open); then the ratios of the medians to the
 smallest session's. Goal: the largest (5,000 turns) within 1.5x of the smallest (10 turns).
 """
 
@@ -34,6 +35,7 @@ from typing import Any
 import yaml
 
 from tether.jsoncodec import loads
+from tether.programs.local_http import request_json as http
 from tether.testing import AgentHarness, wait_until
 
 AGENT = "bench-long"
@@ -149,6 +151,20 @@ def timed_start(agent: AgentHarness, session: str) -> tuple[float, str]:
     return model_started(agent, session, result["run_id"]) - sent, invocation
 
 
+def poll_ms(agent: AgentHarness, session: str, polls: int = 20) -> float:
+    """The median time of the sidecar's poll of a session's durable events (the shared
+    `events` handler, asked for those after the newest: an idle stream's poll)."""
+    url = f"{agent.ingress_url}/{AGENT}/{session}/events"
+    took = []
+    for _ in range(polls):
+        started = time.perf_counter()
+        response = http("POST", url, str(10**9))
+        if response.status != 200:
+            raise RuntimeError(f"events of {session}: HTTP {response.status}")
+        took.append((time.perf_counter() - started) * 1000)
+    return statistics.median(took)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="10,500,5000", help="session sizes in turns")
@@ -198,6 +214,7 @@ def main() -> int:
             median = statistics.median(starts[n])
             report["sessions"][str(n)] = {
                 "start_ms_median": round(median, 1),
+                "events_poll_ms": round(poll_ms(agent, f"s{n}"), 1),
                 "start_ms": [round(s, 1) for s in starts[n]],
                 "state": state_size(agent, f"s{n}"),
                 "run_journal": journal_size(agent, invocations[n]),
@@ -214,7 +231,8 @@ def main() -> int:
                 f"{n:>6} turns: start {s['start_ms_median']:.1f} ms (min {min(starts[n]):.1f}, "
                 f"max {max(starts[n]):.1f}); state {state['keys']} keys, {state['bytes']:,} B "
                 f"(turns {state['turn_keys']} keys, {state['turn_bytes']:,} B); a run's journal "
-                f"{journal['entries']} entries, {journal['bytes']:,} B"
+                f"{journal['entries']} entries, {journal['bytes']:,} B; an events poll "
+                f"{s['events_poll_ms']:.1f} ms"
             )
         say("ratios: " + ", ".join(f"{k} {v}" for k, v in report["ratios"].items()))
     print(json.dumps(report))
