@@ -2,7 +2,8 @@
 deployments, resume paused invocations, and SQL introspection for pinned invocations and parked
 calls. The calls and what their answers mean are `tether.programs.restate_admin`'s, shared with
 `RestateServer`; this is their asynchronous transport, and what the operator asks of them
-(cached counts)."""
+(cached counts). The admin API is one URL or a cluster's nodes' (comma-separated): a call whose
+connection fails goes to the next (`tether.programs.restate_endpoints`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tether.errors import TetherError
 from tether.parked import PARKED_STATE_KEY
 from tether.programs import restate_admin as admin
 from tether.programs.restate_admin import AdminCall, AdminRefused, parse_body, retry_delay
+from tether.programs.restate_endpoints import Endpoints
 
 T = TypeVar("T")
 
@@ -37,6 +39,9 @@ DEPLOYMENT_ID = re.compile(r"^dp_[A-Za-z0-9]+$")
 WAITING_STATUSES = frozenset({"suspended", "paused"})
 """Statuses of an invocation that waits without a worker: for a person, a timer or another call
 (suspended), or for someone to resume it (paused)."""
+CONNECTION_FAILED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+"""The connection to a node failed (refused, reset, closed before the whole answer, not made
+within the connect timeout): the call goes to another."""
 PARKED_SQL = (
     f"SELECT service_name AS service, value_utf8 AS value FROM state "
     f"WHERE key = '{PARKED_STATE_KEY}'"
@@ -55,8 +60,10 @@ class RestateAdmin:
     """The admin calls of `tether.programs.restate_admin`, sent with aiohttp."""
 
     def __init__(self, base_url: str, timeout: float) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self.endpoints = Endpoints(base_url)
+        self.base_url = str(self.endpoints)
+        # A node that is gone (its machine, not only its process) is given up on quickly.
+        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 3.0))
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -71,25 +78,31 @@ class RestateAdmin:
     async def _send(self, call: AdminCall[T]) -> T:
         """`call`'s value; a busy Restate is asked twice more, and anything else that goes
         wrong is a `RestateError` whose reason the DurableAgent's conditions show."""
-        url = f"{self.base_url}{call.path}"
+
+        async def send(base: str) -> tuple[int, float | None, Any]:
+            async with self._client().request(
+                call.method,
+                f"{base}{call.path}",
+                json=call.payload,
+                headers={"accept": "application/json"},
+            ) as response:
+                body = parse_body(await response.text())
+                return response.status, retry_delay(response.status, response.headers, 0.5), body
+
         for attempt in range(3):
             try:
-                async with self._client().request(
-                    call.method, url, json=call.payload, headers={"accept": "application/json"}
-                ) as response:
-                    body = parse_body(await response.text())
-                    wait = retry_delay(response.status, response.headers, 0.5)
-                    if wait is not None and attempt < 2:
-                        await asyncio.sleep(wait)
-                        continue
+                status, wait, body = await self.endpoints.call(send, CONNECTION_FAILED)
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
                 raise RestateError(
                     "RestateUnreachable",
                     f"Restate's admin API at {self.base_url} did not answer "
                     f"{call.method} {call.path}: {error or type(error).__name__}",
                 ) from None
+            if wait is not None and attempt < 2:
+                await asyncio.sleep(wait)
+                continue
             try:
-                return call.answer(response.status, body)
+                return call.answer(status, body)
             except AdminRefused as refused:
                 raise RestateError(refused.failure, f"Restate refused: {refused}") from None
         raise AssertionError("unreachable")  # pragma: no cover

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.errors import ConfigError
+from tether.programs.restate_endpoints import split_urls
 from tether.programs.restate_identity import identity_keys_from_env, public_key_of
 from tether.spec import URL_QUERY, URL_USERINFO
 
@@ -35,9 +36,11 @@ class SettingsError(ConfigError):
 @dataclass(frozen=True)
 class OperatorSettings:
     restate_admin_url: str
-    """Restate's admin API, e.g. http://restate.restate.svc:9070 (`TETHER_RESTATE_ADMIN_URL`)."""
+    """Restate's admin API, e.g. http://restate.restate.svc:9070 (`TETHER_RESTATE_ADMIN_URL`);
+    or its nodes', separated by commas, tried in turn (`tether.programs.restate_endpoints`)."""
     restate_ingress_url: str
-    """Restate's ingress, e.g. http://restate.restate.svc:8080 (`TETHER_RESTATE_INGRESS_URL`)."""
+    """Restate's ingress, e.g. http://restate.restate.svc:8080 (`TETHER_RESTATE_INGRESS_URL`),
+    or its nodes'; given as it is to the workers and the sidecars."""
     worker_image: str
     """Image of the worker and sidecar containers unless `spec.worker.image` says otherwise."""
     namespaces: tuple[str, ...] = ()
@@ -83,6 +86,11 @@ class OperatorSettings:
     peering_priority: int | None = None
     """This replica's peering priority (`TETHER_PEERING_PRIORITY`); None: the oldest replica
     leads (the priority falls with the process's start time)."""
+
+    @property
+    def public_ingress_url(self) -> str:
+        """The ingress URL a status shows (the first of several)."""
+        return split_urls(self.restate_ingress_url)[0]
 
     def worker_url(self, **values: str | int) -> str:
         return self.worker_url_template.format(**values).rstrip("/")
@@ -134,6 +142,16 @@ def _labels(raw: str) -> dict[str, str]:
             raise SettingsError(f"TETHER_EXTRA_LABELS: {pair!r} is not key=value")
         labels[key] = value
     return labels
+
+
+def _urls(env: Mapping[str, str], name: str) -> str:
+    try:
+        return ",".join(split_urls(env[name]))
+    except ValueError:
+        raise SettingsError(
+            f"{name} must be an http:// or https:// URL, or several separated by commas (the "
+            "nodes of one Restate cluster)"
+        ) from None
 
 
 def _egress(env: Mapping[str, str]) -> tuple[dict[str, Any], ...] | None:
@@ -218,8 +236,8 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> OperatorSettings:
         raise SettingsError(f"TETHER_WORKER_SERVICE_TYPE={service_type!r}: ClusterIP or NodePort")
     peering, peering_lifetime, peering_priority = _peering(env)
     return OperatorSettings(
-        restate_admin_url=env["TETHER_RESTATE_ADMIN_URL"].rstrip("/"),
-        restate_ingress_url=env["TETHER_RESTATE_INGRESS_URL"].rstrip("/"),
+        restate_admin_url=_urls(env, "TETHER_RESTATE_ADMIN_URL"),
+        restate_ingress_url=_urls(env, "TETHER_RESTATE_INGRESS_URL"),
         worker_image=env["TETHER_WORKER_IMAGE"],
         namespaces=tuple(
             n.strip() for n in env.get("TETHER_NAMESPACES", "").split(",") if n.strip()

@@ -436,7 +436,7 @@ async def assemble_status(
         versions=ordered,
         active_version=active,
         ready_versions=f"{ready}/{len(ordered)}",
-        endpoint=f"{op.settings.restate_ingress_url}/{name}/{{session}}/run",
+        endpoint=f"{op.settings.public_ingress_url}/{name}/{{session}}/run",
         webhook_url=render.sidecar_url(op.settings, name, namespace),
         parked_calls=parked,
     )

@@ -112,8 +112,13 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
 
 @pytest.mark.parametrize(
     "sets",
-    [(), EXTERNAL, ("restate.persistence.enabled=false", "operator.watchNamespaces={a}")],
-    ids=["default", "external-restate", "no-persistence"],
+    [
+        (),
+        EXTERNAL,
+        ("restate.persistence.enabled=false", "operator.watchNamespaces={a}"),
+        ("restate.replicas=3",),
+    ],
+    ids=["default", "external-restate", "no-persistence", "restate-cluster"],
 )
 def test_every_pod_meets_the_restricted_pod_security_standard(
     helm_bin: Path, sets: tuple[str, ...]

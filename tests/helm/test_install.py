@@ -171,3 +171,52 @@ def test_the_pod_monitors_are_valid_for_the_prometheus_operator_crd(
         "apply", "--dry-run=server", "-f", "-", input=json.dumps(broken), check=False
     )
     assert refused.returncode != 0
+
+
+def test_a_restate_cluster_installs_under_the_restricted_standard(
+    helm_bin: Path,
+    kube_cluster: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """`restate.replicas=3`: the API server takes every object of the cluster (StatefulSet,
+    headless Service, ConfigMap, PodDisruptionBudget, NetworkPolicy) and admits its three pods
+    in a namespace that enforces the restricted standard; kwok makes them Ready. A release with
+    a single node is not turned into a cluster by `helm upgrade`: the API server refuses the
+    StatefulSet's new service name and pod management (helm/README.md says what to do)."""
+    kube = kube_cluster
+    env = kube.env() | {
+        f"HELM_{kind}_HOME": str(tmp_path / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")
+    }
+    release = namespace
+    adopt_crd(kube, release, namespace)
+    install = [
+        "install", release, str(CHART), "-n", namespace,
+        "--set", "restate.persistence.enabled=false",
+        "--set", f"operator.watchNamespaces={{{namespace}}}",
+        "--wait", "--timeout", "180s",
+    ]  # fmt: skip
+    helm(helm_bin, *install, env=env)
+    upgrade = ["upgrade", release, str(CHART), "-n", namespace, "--reuse-values"]
+    refused = helm(helm_bin, *upgrade, "--set", "restate.replicas=3", env=env, check=False)
+    assert refused.returncode != 0
+    assert "StatefulSet" in refused.stderr and "Forbidden" in refused.stderr, refused.stderr
+    helm(helm_bin, "uninstall", release, "-n", namespace, "--wait", env=env)
+
+    installed = helm(helm_bin, *install, "--set", "restate.replicas=3", env=env)
+    assert "Restate nodes:   3, each partition on 2 of them" in installed.stdout
+    restate = f"{release}-restate"
+    kube.kubectl("-n", namespace, "rollout", "status", f"statefulset/{restate}", "--timeout=60s")
+    pods = json.loads(
+        kube.kubectl(
+            "-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name=restate", "-o", "json"
+        ).stdout
+    )
+    assert sorted(p["metadata"]["name"] for p in pods["items"]) == [
+        f"{restate}-{i}" for i in range(3)
+    ]
+    budget = json.loads(kube.kubectl("-n", namespace, "get", "pdb", restate, "-o", "json").stdout)
+    assert budget["spec"]["maxUnavailable"] == 1
+    headless = ["-n", namespace, "get", "service", f"{restate}-cluster", "-o", "json"]
+    assert json.loads(kube.kubectl(*headless).stdout)["spec"]["clusterIP"] == "None"
+    helm(helm_bin, "uninstall", release, "-n", namespace, "--wait", env=env)

@@ -26,6 +26,7 @@ from tests.restate.support import (
     wait_until,
     without_capabilities,
 )
+from tether.errors import ConfigError
 from tether.programs.dev import DevStack
 from tether.programs.webhooks import sign_request, signed_link
 
@@ -54,29 +55,34 @@ def approvals(stack: DevStack) -> list[dict[str, Any]]:
     return parked
 
 
-def start_run(stack: DevStack, session: str) -> str:
-    url = f"{stack.server.ingress_url}/{stack.agent}/{session}/run/send"
+def start_run(stack: DevStack, session: str, node: int = 0) -> str:
+    """Start a run through the ingress of Restate node `node` (the only one of a one-node
+    stack)."""
+    url = f"{stack.ingress_urls[node]}/{stack.agent}/{session}/run/send"
     response = httpx2.post(url, json={"prompt": "write it"}, timeout=30)
     assert response.status_code == 202, response.text
     invocation: str = response.json()["invocationId"]
     return invocation
 
 
-def result_of(stack: DevStack, invocation: str) -> Any:
-    url = f"{stack.server.ingress_url}/restate/invocation/{invocation}/attach"
+def result_of(stack: DevStack, invocation: str, node: int = 0) -> Any:
+    url = f"{stack.ingress_urls[node]}/restate/invocation/{invocation}/attach"
     return httpx2.get(url, timeout=120).json()
 
 
-def approve_and_finish(stack: DevStack, invocation: str, workspace: Path) -> dict[str, Any]:
+def approve_and_finish(
+    stack: DevStack, invocation: str, workspace: Path, node: int = 0
+) -> dict[str, Any]:
     """Approve the one parked call by its signed link (its page, then the page's Approve); the
-    run completes and writes out.txt. Returns the call's record."""
+    run completes (its result read through node `node`) and writes out.txt. Returns the call's
+    record."""
     [call] = wait_until(lambda: approvals(stack), what="a parked call")
     expires = int(time.time()) + 600
     link = signed_link(
         stack.sidecar_url, stack.secret.encode(), "approve", call["awakeable_id"], expires
     )
     assert decide_by_link(link).status == 200
-    assert result_of(stack, invocation)["status"] == "completed"
+    assert result_of(stack, invocation, node)["status"] == "completed"
     assert (workspace / "out.txt").read_text() == "yes"
     return call
 
@@ -386,3 +392,40 @@ def test_no_process_of_the_dev_stack_lets_the_same_user_read_its_secret(tmp_path
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+def test_a_three_node_stack_goes_on_when_the_sidecars_node_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`DevStack(nodes=3)` (`tether dev --nodes 3`): a replicated Restate cluster; the worker and
+    the sidecar get every node's ingress, first node first. A run completes; with a second run
+    parked on its approval, the first node (the one the sidecar and the worker were using) is
+    SIGKILLed, and the approval sent through the sidecar still reaches the run."""
+    monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
+    monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
+    data_dir = tmp_path.with_name(f"{tmp_path.name}-dev")
+    spec = approval_manifest(tmp_path, "dev-cluster", SCRIPT)
+    with DevStack(spec, data_dir, nodes=3) as stack:
+        cluster = stack.cluster
+        assert cluster is not None and cluster.live() == [0, 1, 2]
+        every = [cluster.ingress_url(i) for i in range(3)]
+        assert stack.sidecar.env["RESTATE_INGRESS_URL"] == ",".join(every)
+        assert stack.worker.env["RESTATE_INGRESS_URL"] == ",".join(every)
+        assert "other nodes:" in stack.describe()
+
+        approve_and_finish(stack, start_run(stack, "a", node=1), tmp_path, node=1)
+        (tmp_path / "out.txt").unlink()
+
+        second = start_run(stack, "b", node=2)
+        wait_until(lambda: approvals(stack), what="the second parked call")
+        cluster.kill(0)  # the sidecar's first node: its connections to it fail from now on
+        approve_and_finish(stack, second, tmp_path, node=2)
+        assert cluster.live() == [1, 2]
+        log = (stack.data_dir / "sidecar.log").read_text()
+        assert f"Restate at {every[0]} did not answer" in log  # it did fail over
+
+
+def test_two_nodes_are_refused(tmp_path: Path) -> None:
+    spec = approval_manifest(tmp_path, "dev-two", SCRIPT)
+    with pytest.raises(ConfigError, match=r"--nodes 2: use 1 .* or 3 or more"):
+        DevStack(spec, tmp_path.with_name(f"{tmp_path.name}-dev"), nodes=2)

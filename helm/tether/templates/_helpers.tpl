@@ -106,3 +106,57 @@ TETHER_AGENT_EGRESS: JSON NetworkPolicyEgressRules. */}}
 {{- end -}}
 {{- toJson $rules -}}
 {{- end -}}
+
+{{/* "true" when the chart installs Restate as a replicated cluster (restate.replicas of 3 and
+more), "" for a single node; values a cluster cannot work with are refused, saying why. */}}
+{{- define "tether.restateCluster" -}}
+{{- $replicas := int .Values.restate.replicas -}}
+{{- $replication := int .Values.restate.replication -}}
+{{- if eq $replicas 2 -}}
+{{- fail "restate.replicas=2: a replicated Restate cluster needs at least 3 nodes. Its metadata store needs a majority of its nodes up and replication 2 needs 2 live nodes to write to, so a 2-node cluster stops when either node is lost. Use 1 (a single node) or 3 or more." -}}
+{{- else if gt $replicas 2 -}}
+{{- if gt $replication $replicas -}}
+{{- fail (printf "restate.replication=%d is more than restate.replicas=%d: a partition's log and state cannot be kept on more nodes than the cluster has." $replication $replicas) -}}
+{{- else if eq $replication $replicas -}}
+{{- fail (printf "restate.replication=%d with restate.replicas=%d: every node would hold every copy, so losing any one of them stops the cluster's writes. Keep restate.replication below restate.replicas (2 for 3 nodes)." $replication $replicas) -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The headless Service that gives each node of a Restate cluster its DNS name. */}}
+{{- define "tether.restateClusterName" -}}{{ include "tether.name" (dict "root" . "suffix" "restate-cluster") }}{{- end -}}
+
+{{/* Where the other nodes reach Restate node `index` (its pod, through the headless Service). */}}
+{{- define "tether.restateNodeAddress" -}}
+{{- printf "http://%s-%d.%s.%s.svc:5122/" (include "tether.restateName" .root) (int .index) (include "tether.restateClusterName" .root) .root.Release.Namespace -}}
+{{- end -}}
+
+{{/* The configuration file of node `index` of a Restate cluster (restate-server --config-file):
+its name (its pod's), the cluster's, its address for the other nodes, every node's address for
+the replicated metadata store, and the replication of logs and partitions. Only the first node
+provisions the cluster; the others wait for it and join. Settings a single node has too stay in
+the environment; none of these is set there (the environment wins over the file). */}}
+{{- define "tether.restateNodeConfig" -}}
+{{- $root := .root -}}
+{{- $addresses := list -}}
+{{- range $i := until (int $root.Values.restate.replicas) -}}
+{{- $addresses = append $addresses (include "tether.restateNodeAddress" (dict "root" $root "index" $i)) -}}
+{{- end -}}
+node-name = {{ printf "%s-%d" (include "tether.restateName" $root) (int .index) | quote }}
+cluster-name = {{ $root.Release.Name | quote }}
+auto-provision = {{ eq (int .index) 0 }}
+default-replication = {{ int $root.Values.restate.replication }}
+advertised-address = {{ include "tether.restateNodeAddress" . | quote }}
+
+[metadata-client]
+type = "replicated"
+addresses = {{ toJson $addresses }}
+{{- end -}}
+
+{{/* Every node's configuration file, for the checksum that rolls the nodes when one changes. */}}
+{{- define "tether.restateConfigFiles" -}}
+{{- range $i := until (int .Values.restate.replicas) -}}
+{{ include "tether.restateNodeConfig" (dict "root" $ "index" $i) }}
+{{ end -}}
+{{- end -}}

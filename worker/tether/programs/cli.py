@@ -118,6 +118,13 @@ def _dev_parser(commands: Any) -> None:
         default=_dev_dir(),
         help="logs, secret and metrics, outside the workspace (default: %(default)s)",
     )
+    dev.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="restate-server nodes: 1 (default), or 3 and more for a replicated cluster "
+        "(replication 2; the worker and the sidecar fail over to a live node)",
+    )
 
 
 def _resolve_parser(commands: Any) -> None:
@@ -224,7 +231,7 @@ def dev_command(args: argparse.Namespace) -> int:
     require_extra("tether dev", "sidecar")
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    with DevStack(args.spec, args.data_dir) as stack:
+    with DevStack(args.spec, args.data_dir, nodes=args.nodes) as stack:
         print(stack.describe(), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             stopped.wait()

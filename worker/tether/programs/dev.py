@@ -1,6 +1,11 @@
 """`tether dev`: a local stack for one agent — a real restate-server, the worker and the sidecar.
 
 Everything runs on loopback, in process groups of its own, and stops when the stack stops.
+With `nodes` of 3 or more, Restate is a replicated cluster of that many restate-server nodes
+(`RestateCluster`: replication 2, the first node provisioning it) instead of one: the worker is
+registered through any live node, and the worker and the sidecar are given every node's ingress
+(`RESTATE_INGRESS_URL`, comma-separated), which they try in turn when one's connection fails
+(`tether.programs.restate_endpoints`): a node can be killed under a running stack.
 The webhook secret is generated once and kept in the data directory, so `tether resolve` can
 sign resolutions for the running stack.
 
@@ -27,15 +32,19 @@ from typing import Self
 
 import httpx2
 
+from ..errors import ConfigError
 from ..spec import load_agent
 from .hardening import refuse_state_in_workspace, state_dir
 from .lifecycle import Lifecycle
 from .process_group import signal_group, stop_group
+from .restate_cluster import RestateCluster
 from .restate_identity import IDENTITY_KEYS_ENV
 from .restate_install import find_or_install_restate_server
 from .restate_server import RestatePorts, RestateServer, free_port
 
 SECRET_FILE = "webhook-secret"
+CLUSTER_REPLICATION = 2
+"""Copies of each partition's log and state in a `tether dev` cluster: one node can be lost."""
 
 
 def webhook_secret(data_dir: Path) -> str:
@@ -112,7 +121,8 @@ def wait_for(url: str, what: str, process: Process, timeout: float = 60) -> None
 
 
 class DevStack(Lifecycle):
-    """restate-server + `tether worker` + `tether sidecar` for one DurableAgent manifest."""
+    """restate-server (or a cluster of them) + `tether worker` + `tether sidecar` for one
+    DurableAgent manifest."""
 
     def __init__(
         self,
@@ -121,9 +131,16 @@ class DevStack(Lifecycle):
         *,
         workspace: str | Path | None = None,
         server_env: Mapping[str, str] | None = None,
+        nodes: int = 1,
     ) -> None:
         """`workspace`: the file tools' directory (default: `TETHER_WORKSPACE`, else the
-        current directory); `server_env`: restate-server settings (`RESTATE_*`) to add."""
+        current directory); `server_env`: restate-server settings (`RESTATE_*`) to add;
+        `nodes`: 1, one restate-server, or 3 and more, a replicated cluster."""
+        if nodes < 1 or nodes == 2:
+            raise ConfigError(
+                f"--nodes {nodes}: use 1 (one restate-server) or 3 or more (a replicated "
+                "cluster; with 2 nodes, losing either one stops it)"
+            )
         self.spec = Path(spec).resolve()
         self.agent = load_agent(self.spec).metadata.name
         where = workspace or os.environ.get("TETHER_WORKSPACE") or os.getcwd()
@@ -135,7 +152,20 @@ class DevStack(Lifecycle):
         self.metrics_dir = self.data_dir / "metrics"
         self.worker_port = free_port()
         self.sidecar_port = free_port()
-        self.server = _RestateServer(find_or_install_restate_server(), extra_env=server_env)
+        binary = find_or_install_restate_server()
+        self.cluster: RestateCluster | None = None
+        self._server: RestateServer | None = None
+        if nodes == 1:
+            self._server = _RestateServer(binary, extra_env=server_env)
+        else:
+            self.cluster = RestateCluster(
+                binary,
+                size=nodes,
+                replication=CLUSTER_REPLICATION,
+                extra_env=server_env,
+                cluster_name="tether-dev",
+                server_class=_RestateServer,
+            )
         env = {
             **os.environ,
             "TETHER_WEBHOOK_SECRET": self.secret,
@@ -169,6 +199,26 @@ class DevStack(Lifecycle):
         )
 
     @property
+    def server(self) -> RestateServer:
+        """The restate-server of a one-node stack."""
+        if self._server is None:
+            raise RuntimeError("a stack of several Restate nodes has no one server: see .cluster")
+        return self._server
+
+    @property
+    def ingress_urls(self) -> list[str]:
+        """Every node's ingress (one for a one-node stack), once started."""
+        if self.cluster is not None:
+            return [self.cluster.ingress_url(i) for i in range(len(self.cluster.nodes))]
+        return [self.server.ingress_url]
+
+    @property
+    def ingress_url(self) -> str:
+        """Restate's ingress as the worker and the sidecar take it (a cluster's: every node's,
+        comma-separated)."""
+        return ",".join(self.ingress_urls)
+
+    @property
     def sidecar_url(self) -> str:
         return f"http://127.0.0.1:{self.sidecar_port}"
 
@@ -181,14 +231,19 @@ class DevStack(Lifecycle):
             for stale in self.metrics_dir.glob("*.db"):
                 stale.unlink()
         self.metrics_dir.mkdir(parents=True, exist_ok=True)
-        self.server.start()
+        if self.cluster is not None:
+            self.cluster.start()
+            identity = self.cluster.identity_public_key  # every node signs with it
+        else:
+            self.server.start()
+            identity = self.server.identity_public_key
         self.sidecar.env |= {
-            "RESTATE_INGRESS_URL": self.server.ingress_url,
+            "RESTATE_INGRESS_URL": self.ingress_url,
         }
         # The worker takes requests only from this server (tether.programs.restate_identity),
         # and sends the sessions' live events through its ingress.
-        self.worker.env[IDENTITY_KEYS_ENV] = self.server.identity_public_key
-        self.worker.env["RESTATE_INGRESS_URL"] = self.server.ingress_url
+        self.worker.env[IDENTITY_KEYS_ENV] = identity
+        self.worker.env["RESTATE_INGRESS_URL"] = self.ingress_url
         self.start_worker()
         self.sidecar.start()
         wait_for(f"{self.sidecar_url}/healthz", "sidecar", self.sidecar)
@@ -197,7 +252,10 @@ class DevStack(Lifecycle):
     def start_worker(self) -> None:
         self.worker.start()
         wait_for(f"{self.worker_url}/health", "worker", self.worker)
-        self.server.register(self.worker_url)
+        if self.cluster is not None:
+            self.cluster.register(self.worker_url)  # through any live node
+        else:
+            self.server.register(self.worker_url)
 
     def stop(self) -> None:
         # Both are told at once, so stopping takes the longer of their shutdowns, not the sum.
@@ -206,17 +264,23 @@ class DevStack(Lifecycle):
                 signal_group(process.popen, signal.SIGTERM)
         self.sidecar.kill(signal.SIGTERM)
         self.worker.kill(signal.SIGTERM)
-        self.server.close()
+        if self.cluster is not None:
+            self.cluster.close()
+        else:
+            self.server.close()
 
     close = stop
 
     def describe(self) -> str:
+        first, *others = self.ingress_urls
+        nodes = [f"  other nodes:  {', '.join(others)}  (any node's ingress will do)"]
         return "\n".join(
             [
                 f"agent {self.agent} is up:",
-                f"  start a run:  curl {self.server.ingress_url}/{self.agent}/<session>/run "
+                f"  start a run:  curl {first}/{self.agent}/<session>/run "
                 "-H 'content-type: application/json' -d '{\"prompt\": \"...\"}'",
-                f"  ingress:      {self.server.ingress_url}",
+                f"  ingress:      {first}",
+                *(nodes if others else []),
                 f"  webhooks:     {self.sidecar_url}/v1/awakeables/<id>/resolve  "
                 f"(parked calls: {self.sidecar_url}/v1/approvals)",
                 f"  metrics:      {self.sidecar_url}/metrics",

@@ -36,7 +36,7 @@ import shutil
 import string
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http.client import HTTPException
 from pathlib import Path
 from typing import Any, TypeVar
@@ -97,6 +97,12 @@ class RestateCluster(Lifecycle):
     ``extra_env`` adds or overrides server settings on every node (as for `RestateServer`). All
     nodes sign their requests to deployments with one key (:attr:`identity_public_key`).
     :meth:`close` SIGKILLs every node and deletes the data directories.
+
+    ``node_configs``, given the nodes' loopback addresses (node ``i`` is reached at the ``i``-th),
+    returns each node's configuration file (TOML), e.g. the Helm chart's with its addresses
+    replaced: the nodes then take their cluster settings (names, provisioning, replication,
+    metadata store) from those files alone, not from this class (``replication`` is then only
+    checked against ``size``). ``server_class`` runs each node (a `RestateServer` subclass).
     """
 
     def __init__(
@@ -110,6 +116,8 @@ class RestateCluster(Lifecycle):
         extra_env: Mapping[str, str] | None = None,
         cluster_name: str = "tether-test",
         startup_timeout: float = 90.0,
+        node_configs: Callable[[list[str]], Sequence[str]] | None = None,
+        server_class: type[RestateServer] = RestateServer,
     ) -> None:
         if size < 1 or not 1 <= replication <= size:
             raise RestateServerError(f"cannot replicate {replication} times over {size} node(s)")
@@ -121,6 +129,8 @@ class RestateCluster(Lifecycle):
         self._extra_env = dict(extra_env or {})
         self._cluster_name = cluster_name
         self._startup_timeout = startup_timeout
+        self._node_configs = node_configs
+        self._server_class = server_class
         self._root: Path | None = None
         self.nodes: list[RestateServer] = []
 
@@ -129,27 +139,37 @@ class RestateCluster(Lifecycle):
     def _make_nodes(self) -> None:
         self._root = Path(tempfile.mkdtemp(prefix="tether-restate-cluster-"))
         ports = _distinct_ports(self.size)
-        metadata = json.dumps([f"http://127.0.0.1:{p.node}/" for p in ports])
+        addresses = [f"http://127.0.0.1:{p.node}/" for p in ports]
+        configs = None if self._node_configs is None else list(self._node_configs(addresses))
+        if configs is not None and len(configs) != self.size:
+            raise RestateServerError(f"{len(configs)} configuration files for {self.size} nodes")
         for i, node_ports in enumerate(ports):
             env = {
-                "RESTATE_CLUSTER_NAME": self._cluster_name,
-                "RESTATE_AUTO_PROVISION": "true" if i == 0 else "false",
-                "RESTATE_DEFAULT_REPLICATION": str(self.replication),
                 "RESTATE_DEFAULT_NUM_PARTITIONS": str(self.partitions),
-                "RESTATE_METADATA_CLIENT__TYPE": "replicated",
-                "RESTATE_METADATA_CLIENT__ADDRESSES": metadata,
                 "RESTATE_ADMIN__QUERY_ENGINE__MEMORY_SIZE": "64MiB",
                 PRIVATE_KEY_ENV: str(self._root / IDENTITY_KEY_FILE),
-                **self._extra_env,
             }
+            config_file = None
+            if configs is None:
+                env |= {
+                    "RESTATE_CLUSTER_NAME": self._cluster_name,
+                    "RESTATE_AUTO_PROVISION": "true" if i == 0 else "false",
+                    "RESTATE_DEFAULT_REPLICATION": str(self.replication),
+                    "RESTATE_METADATA_CLIENT__TYPE": "replicated",
+                    "RESTATE_METADATA_CLIENT__ADDRESSES": json.dumps(addresses),
+                }
+            else:
+                config_file = self._root / f"n{i + 1}.toml"
+                config_file.write_text(configs[i])
             self.nodes.append(
-                RestateServer(
+                self._server_class(
                     self._binary,
                     base_dir=self._root / f"n{i + 1}",
                     ports=node_ports,
-                    extra_env=env,
+                    extra_env={**env, **self._extra_env},
                     node_name=f"n{i + 1}",
                     startup_timeout=self._startup_timeout,
+                    config_file=config_file,
                 )
             )
 

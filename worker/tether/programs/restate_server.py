@@ -17,6 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ START_MARKER = "=== starting restate-server at "
 
 _SERVER_ENV_PREFIXES = ("RESTATE_",)
 _SERVER_ENV_DROP = ("RUST_LOG", "RESTATE_CONFIG")
+_NODE_IDENTITY_ENV = ("RESTATE_NODE_NAME", "RESTATE_CLUSTER_NAME", "RESTATE_AUTO_PROVISION")
 _READY_QUERY = "SELECT id FROM sys_invocation LIMIT 1"
 
 
@@ -57,6 +59,20 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def config_variables(config: Mapping[str, Any], prefix: str = "RESTATE_") -> list[str]:
+    """The environment variables that would set the settings of a configuration file (parsed
+    TOML): ``advertised-address`` is ``RESTATE_ADVERTISED_ADDRESS``, ``addresses`` of the table
+    ``[metadata-client]`` ``RESTATE_METADATA_CLIENT__ADDRESSES``."""
+    names: list[str] = []
+    for key, value in config.items():
+        name = prefix + key.upper().replace("-", "_")
+        if isinstance(value, Mapping):
+            names += config_variables(value, name + "__")
+        else:
+            names.append(name)
+    return names
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,6 +109,12 @@ class RestateServer(Lifecycle):
     ``{"RESTATE_DEFAULT_RETRY_POLICY__MAX_INTERVAL": "1s"}``. Inherited ``RESTATE_*`` variables
     are not passed through, so the server sees only this configuration.
 
+    ``config_file`` is a configuration file (TOML) to start with, e.g. one the Helm chart gives a
+    node of a cluster: its settings win over this class's (none of the variables it sets is
+    passed), and only it names the node, its cluster and whether it provisions one (else
+    Restate's defaults). The ports, data directory, memory and logs stay this class's where the
+    file leaves them out.
+
     The data directory survives :meth:`stop` and :meth:`restart`; :meth:`close` (and leaving the
     ``with`` block) stops the server and deletes the directory if this object created it.
 
@@ -112,6 +134,7 @@ class RestateServer(Lifecycle):
         node_name: str = "tether-dev",
         startup_timeout: float = 60.0,
         stop_timeout: float = 30.0,
+        config_file: Path | None = None,
     ) -> None:
         self._binary = binary
         self._version = version
@@ -121,6 +144,7 @@ class RestateServer(Lifecycle):
         self._ports = ports
         self._extra_env = dict(extra_env or {})
         self._node_name = node_name
+        self._config_file = config_file
         self._startup_timeout = startup_timeout
         self._stop_timeout = stop_timeout
         self._proc: subprocess.Popen[bytes] | None = None
@@ -219,6 +243,11 @@ class RestateServer(Lifecycle):
             }
         )
         env.update(self._extra_env)
+        if self._config_file is not None:
+            config = tomllib.loads(self._config_file.read_text())
+            for name in (*_NODE_IDENTITY_ENV, *config_variables(config)):
+                env.pop(name, None)
+            env["RESTATE_CONFIG"] = str(self._config_file)
         return env
 
     def start(self) -> None:

@@ -4,6 +4,10 @@ admin API, which reads and kills every agent's runs): idempotent sends to the ag
 output, the signed read of the agent's parked calls, and the ingress health check. Failures
 become `Rejection`s (502/503).
 
+The ingress is one URL or the comma-separated URLs of a cluster's nodes
+(`tether.programs.restate_endpoints`): a call whose connection fails goes to the next one (or,
+with one URL, once more on a new connection), which every call here can afford.
+
 Every call that acts is a send with an `Idempotency-Key`, so Restate, not this process, decides
 whether it acts: a key it has seen (within the handler's idempotency retention) starts nothing
 and answers `PreviouslyAccepted`.
@@ -25,12 +29,17 @@ import aiohttp
 
 from ...parked import INDEX_KEY
 from ...spec import restate_services
+from ..restate_endpoints import Endpoints
 from .rejection import Rejection
 
 log = logging.getLogger("tether.programs.sidecar")
-TIMEOUT = aiohttp.ClientTimeout(total=10.0)
-LIST_TIMEOUT = aiohttp.ClientTimeout(total=3.0)
+# A node that is gone (its machine, not only its process) is given up on after sock_connect.
+TIMEOUT = aiohttp.ClientTimeout(total=10.0, sock_connect=3.0)
+LIST_TIMEOUT = aiohttp.ClientTimeout(total=3.0, sock_connect=1.0)
 ACCEPTED = "Accepted"
+CONNECTION_FAILED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+"""The connection to the node failed (refused, reset, closed or cut short before the whole
+answer, not made within `sock_connect`): another node is tried."""
 
 
 JSON = "application/json"
@@ -41,9 +50,13 @@ def _key(text: str) -> str:
     return quote(text, safe=":")
 
 
+class _Unhealthy(Exception):
+    """A node's ingress answered its health check with an error."""
+
+
 class RestateClient:
     def __init__(self, ingress_url: str) -> None:
-        self._ingress = ingress_url.rstrip("/")
+        self._ingress = Endpoints(ingress_url)
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -63,9 +76,34 @@ class RestateClient:
         if self._session is not None:
             await self._session.close()
 
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        limit: aiohttp.ClientTimeout = TIMEOUT,
+    ) -> tuple[int, bytes]:
+        """`method {ingress}{path}` through the first node that answers: its status and body,
+        or a 503 `Rejection` when none does."""
+
+        async def send(base: str) -> tuple[int, bytes]:
+            request = self._client().request(
+                method, f"{base}{path}", data=body, headers=headers, timeout=limit
+            )
+            async with request as response:
+                return response.status, await response.read()
+
+        try:
+            return await self._ingress.call(send, CONNECTION_FAILED)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            log.warning("%s: Restate did not answer: %s", what, type(error).__name__)
+            raise Rejection(503, "restate_unavailable", "Restate is not reachable") from None
+
     async def _post(
         self,
-        url: str,
+        path: str,
         body: bytes,
         content_type: str,
         what: str,
@@ -74,19 +112,13 @@ class RestateClient:
     ) -> tuple[int, bytes]:
         headers = {"content-type": content_type, "accept": "application/json"}
         headers.update(extra_headers or {})
-        try:
-            post = self._client().post(url, data=body, headers=headers, timeout=limit)
-            async with post as response:
-                return response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError) as error:
-            log.warning("%s: Restate did not answer: %s", what, type(error).__name__)
-            raise Rejection(503, "restate_unavailable", "Restate is not reachable") from None
+        return await self._request("POST", path, what, body, headers, limit)
 
     async def _call_json(
-        self, url: str, body: bytes, what: str, headers: dict[str, str] | None = None
+        self, path: str, body: bytes, what: str, headers: dict[str, str] | None = None
     ) -> dict[str, Any]:
         """POST JSON to a handler through the ingress; its JSON answer, or a 502 `Rejection`."""
-        status, answer = await self._post(url, body, "application/json", what, headers)
+        status, answer = await self._post(path, body, "application/json", what, headers)
         if not 200 <= status < 300:
             log.warning("%s: Restate answered HTTP %s: %s", what, status, answer[:300])
             raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
@@ -100,8 +132,8 @@ class RestateClient:
         `{"invocationId", "status"}`, where `status` is `Accepted` for a new invocation and
         `PreviouslyAccepted` (with the first one's id) when the key was seen before, through
         whichever client, replica or restart."""
-        url = f"{self._ingress}/{target}/send"
-        return await self._call_json(url, body, what, {"idempotency-key": idempotency_key})
+        path = f"/{target}/send"
+        return await self._call_json(path, body, what, {"idempotency-key": idempotency_key})
 
     async def send_run(
         self, agent: str, session: str, request_json: bytes, idempotency_key: str
@@ -135,14 +167,9 @@ class RestateClient:
     async def output(self, invocation_id: str) -> Any:
         """The output of an invocation, once it has one (`GET .../restate/invocation/{id}/attach`);
         a 502 `Rejection` if it failed."""
-        url = f"{self._ingress}/restate/invocation/{_key(invocation_id)}/attach"
+        path = f"/restate/invocation/{_key(invocation_id)}/attach"
         what = f"output of {invocation_id}"
-        try:
-            async with self._client().get(url, headers={"accept": "application/json"}) as response:
-                status, answer = response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError) as error:
-            log.warning("%s: Restate did not answer: %s", what, type(error).__name__)
-            raise Rejection(503, "restate_unavailable", "Restate is not reachable") from None
+        status, answer = await self._request("GET", path, what, headers={"accept": JSON})
         if status != 200:
             log.warning("%s: Restate answered HTTP %s: %s", what, status, answer[:300])
             raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
@@ -151,10 +178,10 @@ class RestateClient:
     async def parked_calls(self, agent: str, token: dict[str, Any]) -> list[dict[str, Any]]:
         """The records of the agent's parked calls, read from its index with a listing token
         (`tether.programs.worker.parked_index`); a 502 `Rejection` if the worker refuses it."""
-        url = f"{self._ingress}/{restate_services(agent).parked}/{INDEX_KEY}/calls"
+        path = f"/{restate_services(agent).parked}/{INDEX_KEY}/calls"
         # Served by the worker: while it is down this fails fast, and the caller decides.
         status, raw = await self._post(
-            url, json.dumps(token).encode(), "application/json", "list", limit=LIST_TIMEOUT
+            path, json.dumps(token).encode(), "application/json", "list", limit=LIST_TIMEOUT
         )
         if status != 200:
             log.warning("parked calls: Restate answered HTTP %s: %s", status, raw[:300])
@@ -169,8 +196,8 @@ class RestateClient:
         then the live ones from `<agent>-live`, each list in stream order."""
         body = json.dumps(after).encode()
         durable, live = await asyncio.gather(
-            self._post(f"{self._ingress}/{agent}/{_key(session)}/events", body, JSON, "events"),
-            self._post(f"{self._ingress}/{agent}-live/{_key(session)}/read", body, JSON, "live"),
+            self._post(f"/{agent}/{_key(session)}/events", body, JSON, "events"),
+            self._post(f"/{agent}-live/{_key(session)}/read", body, JSON, "live"),
         )
         events: list[dict[str, Any]] = []
         for status, raw in (durable, live):
@@ -182,8 +209,15 @@ class RestateClient:
         return events
 
     async def ingress_healthy(self) -> bool:
+        """Whether a node's ingress answers its health check."""
+
+        async def health(base: str) -> bool:
+            async with self._client().get(f"{base}/restate/health") as response:
+                if response.status != 200:
+                    raise _Unhealthy(response.status)
+                return True
+
         try:
-            async with self._client().get(f"{self._ingress}/restate/health") as response:
-                return response.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+            return await self._ingress.call(health, (*CONNECTION_FAILED, _Unhealthy, TimeoutError))
+        except (aiohttp.ClientError, TimeoutError, _Unhealthy):
             return False

@@ -2,7 +2,7 @@
 
 | variable | meaning |
 |---|---|
-| `RESTATE_INGRESS_URL` | Restate's ingress, e.g. `http://restate:8080` (required) |
+| `RESTATE_INGRESS_URL` | Restate's ingress, e.g. `http://restate:8080`, or its nodes' (required) |
 | `TETHER_AGENT` | the agent's Restate service name (required) |
 | `TETHER_WEBHOOK_SECRET` | the HMAC secret of webhooks and links, from a Secret (required) |
 | `PROMETHEUS_MULTIPROC_DIR` | the directory the worker writes its metrics to (optional) |
@@ -12,6 +12,8 @@
 | `TETHER_SLACK_RESPONSE_URL_PREFIX` | where replies to clicks go (`https://hooks.slack.com/`) |
 
 Without `TETHER_SLACK_SIGNING_SECRET`, `/v1/slack/interactions` refuses every click.
+`RESTATE_INGRESS_URL` may list a cluster's nodes, comma-separated (`http://n1:8080,http://n2:8080`):
+a call whose connection fails goes to the next.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from ...errors import ConfigError
 from ...spec import PREVIOUS_SECRET_ENV, SLACK_SIGNING_SECRET_ENV
+from ..restate_endpoints import split_urls
 
 MIN_SECRET_LENGTH = 16
 
@@ -51,6 +54,7 @@ class SidecarSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     restate_ingress_url: str
+    """One URL, or a cluster's nodes' separated by commas (tried in turn)."""
     agent: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
     webhook_secret: SecretStr = Field(min_length=MIN_SECRET_LENGTH)
     previous_webhook_secret: SecretStr | None = Field(default=None, min_length=MIN_SECRET_LENGTH)
@@ -68,9 +72,12 @@ class SidecarSettings(BaseModel):
     @field_validator("restate_ingress_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")) or len(value) < 8:
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        try:
+            return ",".join(split_urls(value))
+        except ValueError:
+            raise ValueError(
+                "must be an http:// or https:// URL, or several separated by commas"
+            ) from None
 
     @field_validator("slack_response_url_prefix")
     @classmethod

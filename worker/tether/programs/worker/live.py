@@ -23,6 +23,7 @@ import restate
 
 from ...messages import JSON
 from ...session.events import Cursor
+from ..restate_endpoints import Endpoints
 from ..webhooks import live_signature, live_signed
 
 log = logging.getLogger(__name__)
@@ -102,11 +103,13 @@ def _number(meta: dict[str, Any], after: int, event: JSON) -> JSON:
 
 class LivePublisher:
     """The worker's `LiveSink`: queues live events and posts them, batched per session, to
-    `<agent>-live/<session>/push/send`. Best effort: a failed post is dropped and logged."""
+    `<agent>-live/<session>/push/send` through the ingress (a cluster's nodes in turn, when the
+    connection to one cannot be made: `tether.programs.restate_endpoints`; a post that may have
+    arrived is not sent twice). Best effort: a failed post is dropped and logged."""
 
     def __init__(self, agent: str, ingress_url: str, secret: bytes | None) -> None:
         self.agent = agent
-        self.ingress_url = ingress_url.rstrip("/")
+        self.ingress = Endpoints(ingress_url) if ingress_url else None
         self.secret = secret
         self._pending: dict[str, list[JSON]] = defaultdict(list)
         self._task: asyncio.Task[None] | None = None
@@ -127,11 +130,17 @@ class LivePublisher:
         body: dict[str, Any] = {"events": events}
         if self.secret:
             body["sig"] = live_signature(self.secret, session, events)
+        if self.ingress is None:
+            return
         if self._client is None:
             self._client = httpx2.AsyncClient(timeout=5.0, trust_env=False)
-        target = f"{self.ingress_url}/{self.agent}-live/{quote(session, safe='')}/push/send"
+        client = self._client
+        path = f"/{self.agent}-live/{quote(session, safe='')}/push/send"
         try:
-            response = await self._client.post(target, json=body)
+            response = await self.ingress.call(
+                lambda base: client.post(f"{base}{path}", json=body),
+                (httpx2.ConnectError, httpx2.ConnectTimeout),
+            )
             if response.status_code >= 300:
                 log.warning("live events: Restate answered HTTP %s", response.status_code)
         except httpx2.HTTPError as error:

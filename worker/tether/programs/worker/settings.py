@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...errors import ConfigError
 from ...spec import NOTIFY_URL, PREVIOUS_SECRET_ENV, DurableAgent, SpecError, load_agent
+from ..restate_endpoints import split_urls
 from ..restate_identity import identity_keys_from_env
 
 
@@ -31,7 +33,8 @@ class WorkerSettings:
     identity_keys: tuple[str, ...] = ()
     """Restate's request identity keys: requests not signed with one are refused (401)."""
     ingress_url: str | None = None
-    """Restate's ingress (`RESTATE_INGRESS_URL`), where live events go; none: no live events."""
+    """Restate's ingress (`RESTATE_INGRESS_URL`: one URL, or a cluster's nodes' separated by
+    commas), where live events go; none: no live events."""
 
     @property
     def agent_name(self) -> str:
@@ -74,8 +77,20 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
         env=env,
         notify_url=notify_url_from_env(manifest, env),
         identity_keys=tuple(identity_keys_from_env(env)),
-        ingress_url=env.get("RESTATE_INGRESS_URL") or None,
+        ingress_url=_ingress_url(env),
     )
+
+
+def _ingress_url(env: Mapping[str, str]) -> str | None:
+    value = env.get("RESTATE_INGRESS_URL", "").strip()
+    if not value:
+        return None
+    try:
+        return ",".join(split_urls(value))
+    except ValueError:
+        raise ConfigError(
+            "RESTATE_INGRESS_URL must be an http:// or https:// URL, or several separated by commas"
+        ) from None
 
 
 def notify_url_from_env(manifest: DurableAgent, env: Mapping[str, str]) -> str | None:

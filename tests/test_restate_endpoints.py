@@ -1,0 +1,213 @@
+"""Restate given as several nodes' URLs (`tether.programs.restate_endpoints`): a call whose
+connection fails goes to the next node, for the sidecar's ingress calls and the operator's admin
+calls alike; the settings of the sidecar, the worker and the operator take such lists."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tether.errors import ConfigError
+from tether.programs.restate_endpoints import Endpoints, split_urls
+from tether.programs.restate_server import free_port
+from tether.programs.sidecar.restate_client import RestateClient
+from tether.programs.sidecar.settings import SidecarConfigError
+from tether.programs.sidecar.settings import settings_from_env as sidecar_settings
+from tether.programs.worker.settings import settings_from_env as worker_settings
+from tether_operator.restate_admin import RestateAdmin
+from tether_operator.settings import SettingsError
+from tether_operator.settings import settings_from_env as operator_settings
+
+
+def test_a_list_of_urls_is_split_and_checked() -> None:
+    assert split_urls("http://a:8080/") == ("http://a:8080",)
+    assert split_urls(" http://a:8080/, https://b:8080/x ,") == (
+        "http://a:8080",
+        "https://b:8080/x",
+    )
+    for bad in ("", " , ", "a:8080", "http://a:8080,b:8080"):
+        with pytest.raises(ValueError):
+            split_urls(bad)
+
+
+async def test_a_failed_connection_moves_to_the_next_url_and_stays_there() -> None:
+    endpoints = Endpoints("http://n1,http://n2,http://n3")
+    down = {"http://n1", "http://n2"}
+    tried: list[str] = []
+
+    async def send(base: str) -> str:
+        tried.append(base)
+        if base in down:
+            raise ConnectionRefusedError(base)
+        return base
+
+    assert await endpoints.call(send, (ConnectionRefusedError,)) == "http://n3"
+    assert tried == ["http://n1", "http://n2", "http://n3"]
+    tried.clear()
+    down = {"http://n3"}  # the one that answered last is asked first, then the others in order
+    assert await endpoints.call(send, (ConnectionRefusedError,)) == "http://n1"
+    assert tried == ["http://n3", "http://n1"]
+    down = {"http://n1", "http://n2", "http://n3"}
+    with pytest.raises(ConnectionRefusedError, match="n3"):  # the last error, every node down
+        await endpoints.call(send, (ConnectionRefusedError,))
+    # An error that is not a failed connection (an answer) is not sent again.
+    tried.clear()
+
+    async def refuses(base: str) -> str:
+        tried.append(base)
+        raise ValueError("HTTP 400")
+
+    with pytest.raises(ValueError):
+        await endpoints.call(refuses, (ConnectionRefusedError,))
+    assert len(tried) == 1
+
+
+async def test_one_url_is_tried_twice() -> None:
+    """Behind a Service, a second connection may reach another node."""
+    endpoints = Endpoints("http://restate:8080")
+    calls = 0
+
+    async def send(base: str) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionResetError()
+        return base
+
+    assert await endpoints.call(send, (ConnectionResetError,)) == "http://restate:8080"
+    assert calls == 2
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[str, list[str]]]:
+    """A live "node" answering like Restate's ingress and admin API; the paths it was sent."""
+    seen: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.path}")
+        if request.path == "/restate/health":
+            return web.json_response({"services": []})
+        if request.path == "/deployments":
+            return web.json_response({"deployments": [{"id": "dp_1"}]})
+        return web.json_response({"invocationId": "inv_1", "status": "Accepted"}, status=202)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}", seen
+    await runner.cleanup()
+
+
+async def dropping_node() -> tuple[str, web.AppRunner]:
+    """A "node" that closes every connection without answering (a node dying mid-request)."""
+
+    async def handle(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        request.transport.close()
+        raise ConnectionResetError
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return f"http://127.0.0.1:{port}", runner
+
+
+async def test_the_sidecar_and_the_operator_reach_a_live_node(
+    node: tuple[str, list[str]],
+) -> None:
+    live, seen = node
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused
+    dropping, runner = await dropping_node()
+    try:
+        client = RestateClient(f"{dead},{dropping},{live}")
+        sent = await client.send_run("clerk", "s1", b'{"prompt": "x"}', "key-1")
+        assert sent == {"invocationId": "inv_1", "status": "Accepted"}
+        assert await client.ingress_healthy()
+        await client.close()
+        assert seen == ["POST /clerk/s1/run/send", "GET /restate/health"]
+
+        admin = RestateAdmin(f"{dropping}/,{dead}/,{live}/", timeout=10.0)
+        assert await admin.deployments() == [{"id": "dp_1"}]
+        await admin.close()
+        assert seen[-1] == "GET /deployments"
+
+        none_live = RestateClient(f"{dead},{dropping}")
+        assert not await none_live.ingress_healthy()
+        await none_live.close()
+    finally:
+        await runner.cleanup()
+
+
+def test_the_settings_take_a_cluster_s_nodes(tmp_path: Path) -> None:
+    nodes = "http://n1:8080/, http://n2:8080"
+    sidecar = sidecar_settings(
+        {"RESTATE_INGRESS_URL": nodes, "TETHER_AGENT": "clerk", "TETHER_WEBHOOK_SECRET": "s" * 32}
+    )
+    assert sidecar.restate_ingress_url == "http://n1:8080,http://n2:8080"
+    with pytest.raises(SidecarConfigError, match="or several separated by commas"):
+        sidecar_settings(
+            {
+                "RESTATE_INGRESS_URL": "http://n1:8080,n2:8080",
+                "TETHER_AGENT": "clerk",
+                "TETHER_WEBHOOK_SECRET": "s" * 32,
+            }
+        )
+
+    operator = operator_settings(
+        {
+            "TETHER_RESTATE_ADMIN_URL": "http://n1:9070/,http://n2:9070/",
+            "TETHER_RESTATE_INGRESS_URL": nodes,
+            "TETHER_WORKER_IMAGE": "tether:1",
+        }
+    )
+    assert operator.restate_admin_url == "http://n1:9070,http://n2:9070"
+    assert operator.restate_ingress_url == "http://n1:8080,http://n2:8080"
+    assert operator.public_ingress_url == "http://n1:8080"  # what a status shows
+    with pytest.raises(SettingsError, match="TETHER_RESTATE_ADMIN_URL must be"):
+        operator_settings(
+            {
+                "TETHER_RESTATE_ADMIN_URL": "n1:9070",
+                "TETHER_RESTATE_INGRESS_URL": nodes,
+                "TETHER_WORKER_IMAGE": "tether:1",
+            }
+        )
+
+    spec = tmp_path / "agent.yaml"
+    spec.write_text(
+        json.dumps(
+            {
+                "apiVersion": "tether.dev/v1alpha1",
+                "kind": "DurableAgent",
+                "metadata": {"name": "clerk"},
+                "spec": {
+                    "model": {"provider": "scripted", "name": "s", "script": [{"text": "hi"}]}
+                },
+            }
+        )
+    )
+    worker = worker_settings({"TETHER_SPEC": str(spec), "RESTATE_INGRESS_URL": nodes})
+    assert worker.ingress_url == "http://n1:8080,http://n2:8080"
+    with pytest.raises(ConfigError, match="RESTATE_INGRESS_URL must be"):
+        worker_settings({"TETHER_SPEC": str(spec), "RESTATE_INGRESS_URL": "n1:8080"})
+
+
+def test_aiohttp_names_a_dropped_connection_as_the_endpoints_expect() -> None:
+    """The errors the sidecar and the operator move on after are aiohttp's connection errors."""
+    from tether.programs.sidecar.restate_client import CONNECTION_FAILED
+    from tether_operator.restate_admin import CONNECTION_FAILED as OPERATOR_FAILED
+
+    for errors in (CONNECTION_FAILED, OPERATOR_FAILED):
+        assert issubclass(aiohttp.ServerDisconnectedError, errors)
+        assert issubclass(aiohttp.ClientConnectorError, errors)
+        assert issubclass(aiohttp.ConnectionTimeoutError, errors)
