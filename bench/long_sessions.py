@@ -17,8 +17,9 @@ clock); the scripted provider answers at once, so nothing after that point is me
 Printed per size: the median start (and the spread), the Restate state of the session (keys and
 bytes, `SUM(value_length)` of the `state` table; the turns alone too), and the journal of one
 measured run (entries and bytes, `sys_invocation`), and the median time of an events poll (the
-sidecar's read of the session's durable events while a stream is open); then the ratios of the medians to the
-smallest session's. Goal: the largest (5,000 turns) within 1.5x of the smallest (10 turns).
+sidecar's read of the session's durable events while a stream is open); then the ratios of the
+medians to the smallest session's. Goal: the largest (5,000 turns) within 1.5x of the smallest
+(10 turns).
 """
 
 from __future__ import annotations
