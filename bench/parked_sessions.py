@@ -114,17 +114,28 @@ async def bench(stack: DevStack, sessions: int, concurrency: int) -> dict[str, A
         starts = [f"{ingress}/{stack.agent}/s{i}/run/send" for i in range(sessions)]
         await bounded([lambda url=url: post(url, prompt, {}) for url in starts], concurrency)
         await wait_for(lambda: count(stack, "suspended") >= sessions, "all runs suspended")
+        parked_at = time.monotonic()
         parked_rss = rss_mib(worker_pid)
+
+        async def listed() -> list[str]:
+            headers = sign_request(secret, b"", path="/v1/approvals")
+            async with client.get(f"{sidecar}/v1/approvals", headers=headers) as response:
+                return [call["awakeable_id"] for call in (await response.json())["parked"]]
+
+        # Each run adds its call to the agent's index with a one-way send, after it parked.
+        ids = await listed()
+        while len(ids) < sessions:
+            if time.monotonic() - parked_at > 300:
+                raise TimeoutError(f"{len(ids)} parked calls listed, expected {sessions}")
+            await asyncio.sleep(0.2)
+            ids = await listed()
+        index_lag = time.monotonic() - parked_at
         # A fresh worker while every run stays parked: parked runs live in Restate, not here.
         stack.worker.kill()
         stack.start_worker()
         worker_pid = stack.worker.popen.pid if stack.worker.popen else 0
         fresh_rss = rss_mib(worker_pid)
-        headers = sign_request(secret, b"", path="/v1/approvals")
-        async with client.get(f"{sidecar}/v1/approvals", headers=headers) as response:
-            listed = (await response.json())["parked"]
-        ids = [call["awakeable_id"] for call in listed]
-        assert len(ids) == sessions, f"{len(ids)} parked calls listed, expected {sessions}"
+        assert len(await listed()) == sessions, "the fresh worker's index lost parked calls"
         answer = json.dumps({"answer": "yes"}).encode()
 
         async def via_sidecar(awakeable: str) -> None:
@@ -175,6 +186,7 @@ async def bench(stack: DevStack, sessions: int, concurrency: int) -> dict[str, A
         "rss_parked": parked_rss,
         "rss_fresh": fresh_rss,
         "rss_after": after,
+        "index_lag": index_lag,
         "rates": rates,
         "cpu_ms": {key: 1000 * value / resolved for key, value in cpu.items()},
         "completed": count(stack, "completed"),
@@ -242,6 +254,10 @@ def main() -> None:
         f"  worker RSS: {r['rss_before']:.0f} MiB before, {r['rss_parked']:.0f} MiB with all "
         f"parked (suspended), {r['rss_fresh']:.0f} MiB for a fresh worker while all stay parked, "
         f"{r['rss_after']:.0f} MiB after all finished"
+    )
+    print(
+        f"  the sidecar listed all {args.sessions} parked calls {r['index_lag']:.1f} s after the "
+        "last run parked (each run adds its call to the agent's index after it parks)"
     )
     rates = r["rates"]
     print(
