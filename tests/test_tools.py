@@ -60,6 +60,30 @@ def test_validation_errors_name_the_field() -> None:
     assert validation_error(schema, {"n": 1, "tags": [1]}) == "tags/0: 1 is not of type 'string'"
 
 
+def test_the_validation_shortcut_never_accepts_what_jsonschema_rejects() -> None:
+    from tether.tools.validation import _surely_valid, validator_for
+
+    kinds = ["string", "integer", "number", "boolean", "null", "array", "object", ["string"]]
+    values = ["a", 1, 1.0, 2.5, True, None, [1], {"a": 1}]
+    shortcuts = 0
+    for kind in kinds:
+        for extra in ({}, {"minLength": 2}, {"enum": ["a"]}, {"title": "A", "default": 1}):
+            for additional in (True, False, {"type": "string"}):
+                schema = {
+                    "type": "object",
+                    "properties": {"a": {"type": kind, **extra}},
+                    "required": ["a"],
+                    "additionalProperties": additional,
+                }
+                validator = validator_for(schema)
+                for value in values:
+                    for arguments in ({"a": value}, {"a": value, "b": value}, {"b": value}):
+                        if _surely_valid(validator.schema, arguments):
+                            shortcuts += 1
+                            assert validator.is_valid(arguments), (schema, arguments)
+    assert shortcuts  # the usual schemas do take the shortcut
+
+
 async def test_file_tools_stay_inside_the_workspace(tmp_path: Path) -> None:
     from tether.tools.builtin import file_tools
 

@@ -57,6 +57,9 @@ class Database:
         self._conn.executescript(SCHEMA)
         self._staged: list[tuple[str, Params]] = []
         self._lock = threading.Lock()
+        # One cursor for every commit: `Connection.execute` builds a new one per statement, a
+        # share of each step's commit.
+        self._writer = self._conn.cursor()
 
     def query(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -71,13 +74,14 @@ class Database:
             batch, self._staged = [*self._staged, *writes], []
             if not batch:
                 return
-            self._conn.execute("BEGIN IMMEDIATE")
+            writer = self._writer
+            writer.execute("BEGIN IMMEDIATE")
             try:
                 for sql, params in batch:
-                    self._conn.execute(sql, params)
-                self._conn.execute("COMMIT")
+                    writer.execute(sql, params)
+                writer.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                writer.execute("ROLLBACK")
                 raise
 
     def close(self) -> None:

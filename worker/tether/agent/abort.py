@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -38,11 +39,33 @@ class AbortSignal:
             if asyncio.iscoroutine(work):
                 work.close()
             raise Aborted
-        task = asyncio.ensure_future(work)
-        await asyncio.wait((task, self._future), return_when=asyncio.FIRST_COMPLETED)
+        # Every model and tool call races: rather than `asyncio.wait` (its sets, and a done
+        # callback that takes a loop pass of its own), the work's task wakes the racer as it
+        # ends, and an abort wakes it through a callback.
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(_waking(work, waiter))
+        on_abort = functools.partial(_wake, waiter)
+        self._future.add_done_callback(on_abort)
+        try:
+            await waiter
+        finally:
+            self._future.remove_done_callback(on_abort)
         if task.done():
             return task.result()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         raise Aborted
+
+
+def _wake(waiter: asyncio.Future[None], _: object = None) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _waking(work: Awaitable[T], waiter: asyncio.Future[None]) -> T:
+    """`work`, then wake whoever waits on `waiter`, however it ended."""
+    try:
+        return await work
+    finally:
+        _wake(waiter)

@@ -55,7 +55,8 @@ def build_tool(
     schema.pop("title", None)
 
     async def execute(input: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        arguments = dict(model.model_validate(input))
+        # iter(): dict() of a model first asks it for `keys`, a slow miss in pydantic's __getattr__
+        arguments = dict(iter(model.model_validate(input)))
         if context_param:
             arguments[context_param] = ctx
         return await fn(**arguments)
