@@ -92,12 +92,19 @@ class _Stream:
     last: int = 0
     live_count: int = 0
     """Live events numbered so far in the session (never reset)."""
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set (and replaced) at each new event: followers wait on the one they saw."""
+    _changed: asyncio.Event | None = None
+    """Set (and dropped) at each new event: followers wait on the one they saw. Made only when
+    one is asked for: most streams have no follower, and every step notifies."""
+
+    def changed(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
 
     def notify(self) -> None:
-        self.changed.set()
-        self.changed = asyncio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
 
 class MemoryEventLog:
@@ -110,7 +117,10 @@ class MemoryEventLog:
         self._streams: dict[str, _Stream] = {}
 
     def _stream(self, session_id: str) -> _Stream:
-        return self._streams.setdefault(session_id, _Stream())
+        stream = self._streams.get(session_id)
+        if stream is None:
+            stream = self._streams[session_id] = _Stream()
+        return stream
 
     async def append(self, session_id: str, events: Sequence[JSON]) -> None:
         stream = self._stream(session_id)
@@ -139,7 +149,7 @@ class MemoryEventLog:
         stream = self._stream(session_id)
         cursor = Cursor.parse(after)
         while True:
-            changed = stream.changed
+            changed = stream.changed()
             events = self.read(session_id, cursor)
             if not events:
                 await changed.wait()
