@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -69,14 +69,18 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / TICKS
 
 
-def group_rss_bytes(pgid: int) -> int:
+def rss_of(pids: Sequence[int]) -> int:
     total = 0
-    for pid in group_pids(pgid):
+    for pid in pids:
         try:
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
         except OSError:
             continue
     return total
+
+
+def group_rss_bytes(pgid: int) -> int:
+    return rss_of(group_pids(pgid))
 
 
 class PeakRss:

@@ -89,7 +89,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from many_runs import PAGE, SERVICE, TICKS, group_cpu_seconds, group_pids
+from many_runs import SERVICE, TICKS, group_cpu_seconds, group_pids, rss_of
 
 from tether.programs.local_http import request_json as http
 from tether.programs.restate_cluster import RestateCluster, partition_of_key
@@ -128,16 +128,6 @@ def machine_cpu() -> tuple[float, float, float]:
 def client_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def rss_of(pids: Sequence[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-        except OSError:
-            continue
-    return total
 
 
 class PeakRss:
