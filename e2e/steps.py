@@ -75,13 +75,22 @@ class Platform:
     """The e2e's view of an installed Tether: the cluster, forwards to its services, the
     webhook secret, and the report."""
 
-    def __init__(self, cluster: Cluster, report: Report) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        report: Report,
+        *,
+        system_ns: str = SYSTEM_NS,
+        agents_ns: str = AGENTS_NS,
+        release: str = RELEASE,
+    ) -> None:
         self.cluster = cluster
         self.kubectl = Kubectl(cluster)
         self.report = report
         self.secret = secrets.token_urlsafe(32)
-        self.ingress = PortForward(self.kubectl, SYSTEM_NS, RESTATE, 8080)
-        self.admin = PortForward(self.kubectl, SYSTEM_NS, RESTATE, 9070)
+        self.agents_ns = agents_ns
+        self.ingress = PortForward(self.kubectl, system_ns, f"{release}-restate", 8080)
+        self.admin = PortForward(self.kubectl, system_ns, f"{release}-restate", 9070)
         self.prometheus = PortForward(self.kubectl, MONITORING_NS, "prometheus", 9090)
         self.sidecars: dict[str, PortForward] = {}
 
@@ -93,7 +102,7 @@ class Platform:
 
     def agent_status(self, agent: str) -> dict[str, Any]:
         status: dict[str, Any] = self.kubectl.json(
-            "-n", AGENTS_NS, "get", "durableagent", agent
+            "-n", self.agents_ns, "get", "durableagent", agent
         ).get("status", {})
         return status
 
@@ -105,13 +114,15 @@ class Platform:
         document = yaml.safe_load(path.read_text())
         document["spec"].update(spec_changes)
         document["spec"]["webhook"] = {"secretRef": {"name": "e2e-webhook", "key": "secret"}}
-        self.kubectl.apply([document], AGENTS_NS)
+        self.kubectl.apply([document], self.agents_ns)
         name: str = document["metadata"]["name"]
         return name
 
     def sidecar(self, agent: str) -> PortForward:
         if agent not in self.sidecars:
-            self.sidecars[agent] = PortForward(self.kubectl, AGENTS_NS, f"{agent}-sidecar", 8000)
+            self.sidecars[agent] = PortForward(
+                self.kubectl, self.agents_ns, f"{agent}-sidecar", 8000
+            )
         return self.sidecars[agent]
 
     def tether(self, agent: str, *args: str, check: bool = True) -> str:
@@ -235,17 +246,10 @@ def _quote(text: str) -> str:
 # The steps
 
 
-def install_platform(p: Platform) -> None:
-    cluster = p.cluster
+def image_values(cluster: Cluster) -> list[str]:
+    """The chart's values (`--set`) for the images already on the cluster's nodes."""
     repository, _, tag = cluster.tether_image.rpartition(":")
-    values = [
-        f"image.repository={repository}",
-        f"image.tag={tag}",
-        "image.pullPolicy=Never",
-        f"restate.networkPolicy.scrapeFromNamespaces[0]={MONITORING_NS}",
-        f"restate.networkPolicy.ingressFromNamespaces[0]={CLIENTS_NS}",
-        "monitoring.dashboard.enabled=true",
-    ]
+    values = [f"image.repository={repository}", f"image.tag={tag}", "image.pullPolicy=Never"]
     if cluster.restate_image:
         restate_repository, _, restate_tag = cluster.restate_image.rpartition(":")
         values += [
@@ -253,6 +257,17 @@ def install_platform(p: Platform) -> None:
             f"restate.image.tag={restate_tag}",
             "restate.image.pullPolicy=Never",
         ]
+    return values
+
+
+def install_platform(p: Platform) -> None:
+    cluster = p.cluster
+    values = [
+        *image_values(cluster),
+        f"restate.networkPolicy.scrapeFromNamespaces[0]={MONITORING_NS}",
+        f"restate.networkPolicy.ingressFromNamespaces[0]={CLIENTS_NS}",
+        "monitoring.dashboard.enabled=true",
+    ]
     started = time.monotonic()
     subprocess.run(
         [

@@ -173,7 +173,7 @@ def test_each_node_reads_its_own_file(helm_bin: Path) -> None:
         assert "RESTATE_NODE_NAME" in variables and not variables & env
     pods = [f"t-restate-{i}" for i in range(3)]  # the StatefulSet's pod names
     assert sorted(files) == [f"{p}.toml" for p in pods]
-    addresses = [f"http://{p}.t-restate-cluster.{NAMESPACE}.svc:5122/" for p in pods]
+    addresses = [f"http://{p}.t-restate-cluster.{NAMESPACE}.svc.cluster.local:5122/" for p in pods]
     for i, name in enumerate(pods):
         assert files[f"{name}.toml"] == {
             "node-name": name,
@@ -329,7 +329,7 @@ def test_the_charts_node_files_form_a_cluster_that_survives_a_node_loss(
         for text in texts:
             for chart_address, local in zip(addresses, loopback, strict=True):
                 text = text.replace(f'"{chart_address}"', f'"{local}"')
-            assert ".svc:" not in text
+            assert ".svc." not in text
             localised.append(text)
         return localised
 

@@ -127,9 +127,10 @@ true
 {{/* The headless Service that gives each node of a Restate cluster its DNS name. */}}
 {{- define "tether.restateClusterName" -}}{{ include "tether.name" (dict "root" . "suffix" "restate-cluster") }}{{- end -}}
 
-{{/* Where the other nodes reach Restate node `index` (its pod, through the headless Service). */}}
+{{/* Where the other nodes reach Restate node `index` (its pod, through the headless Service), fully
+qualified: a name of the cluster's own domain is never looked up outside it. */}}
 {{- define "tether.restateNodeAddress" -}}
-{{- printf "http://%s-%d.%s.%s.svc:5122/" (include "tether.restateName" .root) (int .index) (include "tether.restateClusterName" .root) .root.Release.Namespace -}}
+{{- printf "http://%s-%d.%s.%s.svc.%s:5122/" (include "tether.restateName" .root) (int .index) (include "tether.restateClusterName" .root) .root.Release.Namespace .root.Values.restate.clusterDomain -}}
 {{- end -}}
 
 {{/* The configuration file of node `index` of a Restate cluster (restate-server --config-file):
