@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from ...errors import TetherError
 from ...parked import INDEX_KEY
 from ...spec import restate_services
 from ..restate_endpoints import Endpoints
@@ -50,7 +51,7 @@ def _key(text: str) -> str:
     return quote(text, safe=":")
 
 
-class _Unhealthy(Exception):
+class _Unhealthy(TetherError):
     """A node's ingress answered its health check with an error."""
 
 
