@@ -3,23 +3,24 @@
     .venv/bin/python bench/long_sessions.py --sizes 10,500,5000 --repeat 5
 
 A scripted agent on a `tether.testing.AgentHarness` (restate-server, a worker process, its
-sidecar). Each session is built by real runs of the agent, one by default: its prompt, (n - 2) /
-2 instant tool turns (an assistant turn and its tool results each) and the answer; with
-`--turns-per-run m`, n / m runs of m turns each (a chat: a run per message, so as many run
-records). So the state holds what the worker itself writes (turns, run records, events), not a
-hand-made copy of it. Then each
-session gets `--repeat` more runs (a prompt and an answer), the sizes taking turns, after one
-warm-up run each. A run's start is the time from the client sending the run request to the
-worker starting the run's first model call: the `at` of the run's `model_started` live event,
-stamped by the worker just before it hands the request to the provider (one machine, one
-clock); the scripted provider answers at once, so nothing after that point is measured.
+sidecar). Each session is built by real runs of the agent, n / 4 of them: each a prompt, an
+instant tool turn (an assistant turn and its tool result) and the answer, so the state holds
+what the worker itself writes (turns, run records, events), not a hand-made copy of it. The
+agent compacts its requests to the model's context window (`--context-window`, tokens; 0: no
+compaction, every turn goes to the model). Then each session gets `--repeat` more runs, the
+sizes taking turns, after one warm-up run each. A run's start is the time from the client
+sending the run request to the worker starting the run's first model call: the `at` of the run's
+`model_started` live event, stamped by the worker just before it hands the request to the
+provider (one machine, one clock); the scripted provider answers at once, so nothing after that
+point is measured.
 
 Printed per size: the median start (and the spread), the Restate state of the session (keys and
 bytes, `SUM(value_length)` of the `state` table; the turns alone too), and the journal of one
 measured run (entries and bytes, `sys_invocation`), and the median time of an events poll (the
 sidecar's read of the session's durable events while a stream is open); then the ratios of the
 medians to the smallest session's. Goal: the largest (5,000 turns) within 1.5x of the smallest
-(10 turns).
+(10 turns), with compaction (without it every turn is read and sent: the work grows with the
+session by design).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tether.programs.local_http import request_json as http
 from tether.testing import AgentHarness, wait_until
 
 AGENT = "bench-long"
+TURNS_PER_RUN = 4
 CALL = {"tool_calls": [{"name": "echo", "input": {"text": "x"}}], "text": "echoing"}
 DONE = {"text": "done"}
 TOOL = '''
@@ -53,36 +55,24 @@ async def echo(text: str) -> str:
 '''
 
 
-def build_runs(size: int, per_run: int) -> tuple[int, int]:
-    """The build runs of a session of `size` turns, and the tool turns of each: a run is its
-    prompt, its tool turns (an assistant turn and the tool results each) and its answer."""
-    per_run = min(per_run, size)
-    if per_run < 4 or per_run % 2 or size % per_run:
-        raise SystemExit(
-            f"a session of {size} turns in runs of {per_run}: a run has an even number of "
-            "turns, at least 4, that divides the size"
-        )
-    return size // per_run, (per_run - 2) // 2
-
-
-def write_agent(directory: Path, sizes: list[int], per_run: int, runs: int) -> Path:
-    """Per size, a script keyed by the build prompt: the build runs' tool turns and answers,
-    then one answer per later run (the scripted model picks its response by the assistant
-    turns so far)."""
+def write_agent(directory: Path, runs: int, context_window: int) -> Path:
+    """An agent whose every run is a tool turn and an answer: the scripted model picks its
+    response by the session's assistant turns so far, two per run."""
     (directory / "echo_tools.py").write_text(TOOL)
-    script: dict[str, list[dict[str, Any]]] = {}
-    for n in sizes:
-        count, tools = build_runs(n, per_run)
-        script[f"build {n}"] = ([CALL] * tools + [DONE]) * count + [DONE] * runs
+    model: dict[str, Any] = {"provider": "scripted", "name": "s", "script": [CALL, DONE] * runs}
+    spec: dict[str, Any] = {
+        "model": model,
+        "tools": [{"name": "echo", "python": "echo_tools:echo", "replay": "safe"}],
+        "limits": {"maxTurns": 5},
+    }
+    if context_window:
+        model["contextWindow"] = context_window
+        spec["behavior"] = {"compactStrategy": "tail"}
     manifest = {
         "apiVersion": "tether.dev/v1alpha1",
         "kind": "DurableAgent",
         "metadata": {"name": AGENT},
-        "spec": {
-            "model": {"provider": "scripted", "name": "s", "script": script},
-            "tools": [{"name": "echo", "python": "echo_tools:echo", "replay": "safe"}],
-            "limits": {"maxTurns": max(build_runs(n, per_run)[1] for n in sizes) + 5},
-        },
+        "spec": spec,
     }
     path = directory / "agent.yaml"
     path.write_text(yaml.safe_dump(manifest))
@@ -98,7 +88,7 @@ def state_size(agent: AgentHarness, session: str) -> dict[str, int]:
         "SELECT key, value_length FROM state "
         f"WHERE service_name = {quoted(AGENT)} AND service_key = {quoted(session)}"
     )
-    turns = [r for r in rows if str(r["key"]).startswith(("tether:turn", "tether:tail"))]
+    turns = [r for r in rows if str(r["key"]).startswith("tether:turn")]
     return {
         "keys": len(rows),
         "bytes": sum(int(r["value_length"]) for r in rows),
@@ -171,15 +161,17 @@ def main() -> int:
     parser.add_argument("--sizes", default="10,500,5000", help="session sizes in turns")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument(
-        "--turns-per-run",
+        "--context-window",
         type=int,
-        default=0,
-        help="build each session in runs of this many turns (default: one run)",
+        default=20_000,
+        help="the model's context window in tokens, which requests are compacted to "
+        "(0: no compaction)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON line only")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
-    per_run = args.turns_per_run or max(sizes)
+    if any(n % TURNS_PER_RUN for n in sizes):
+        raise SystemExit(f"session sizes are built {TURNS_PER_RUN} turns a run: {sizes}")
 
     def say(text: str) -> None:
         if not args.json:
@@ -188,18 +180,22 @@ def main() -> int:
     starts: dict[int, list[float]] = {n: [] for n in sizes}
     report: dict[str, Any] = {
         "sizes": sizes,
-        "turns_per_run": args.turns_per_run or None,
+        "context_window": args.context_window or None,
         "repeat": args.repeat,
         "sessions": {},
     }
     with (
         tempfile.TemporaryDirectory() as temp,
-        AgentHarness(write_agent(Path(temp), sizes, per_run, args.repeat + 1)) as agent,
+        AgentHarness(
+            write_agent(
+                Path(temp), max(sizes) // TURNS_PER_RUN + args.repeat + 1, args.context_window
+            )
+        ) as agent,
     ):
         for n in sizes:
             began = time.monotonic()
-            for run in range(build_runs(n, per_run)[0]):
-                result = agent.run(f"s{n}", "more" if run else f"build {n}", timeout=1800)
+            for _ in range(n // TURNS_PER_RUN):
+                result = agent.run(f"s{n}", "more", timeout=60)
                 if result["status"] != "completed":
                     raise RuntimeError(f"building s{n}: {result}")
             say(f"built s{n}: {n} turns in {time.monotonic() - began:.1f} s")

@@ -92,3 +92,46 @@ async def test_without_an_inbox_the_journal_is_unchanged() -> None:
     await make_agent(journal, RecordingProvider([{"text": "hi"}]), [], None).run("hello")
     names = journal.names()
     assert names and not [name for name in names if name.startswith("inbox:")]
+
+
+async def test_quick_tool_turns_take_the_inbox_once_a_second_and_the_answer_always(
+    monkeypatch: Any,
+) -> None:
+    journal = MemoryJournal()
+    inbox = MemoryInbox()
+
+    @tool
+    async def step(n: int) -> str:
+        """Steps."""
+        if n == 2:
+            inbox.post("use the blue cluster")
+        return f"step {n}"
+
+    script = [*(calls("step", step={"n": n}) for n in range(1, 5)), {"text": "done"}]
+    script.append({"text": "done, blue"})
+    agent = make_agent(journal, RecordingProvider(script), [step], inbox)
+    stats = await agent.run("go")
+    # the first boundary takes; the next ones come within a second of it; the answer takes
+    assert [n for n in journal.names() if n.startswith("inbox:")] == [
+        "inbox:0",
+        "inbox:4",
+        "inbox:5",
+    ]
+    assert (stats.status, stats.text) == ("completed", "done, blue")
+    assert agent.session is not None
+    assert [texts(t.content) for t in agent.session.turns[-3:]] == [
+        ["done"],
+        ["use the blue cluster"],
+        ["done, blue"],
+    ]
+
+    # turns a second apart take at every boundary: the message joins the tool's results
+    monkeypatch.setattr("tether.agent.loop.STEERING_EVERY_MS", 0.0)
+    journal, inbox = MemoryJournal(), MemoryInbox()
+    agent = make_agent(journal, RecordingProvider(script), [step], inbox)
+    await agent.run("go")
+    assert [n for n in journal.names() if n.startswith("inbox:")] == [
+        f"inbox:{n}" for n in range(5)
+    ]
+    assert agent.session is not None
+    assert texts(agent.session.turns[4].content) == ["use the blue cluster"]

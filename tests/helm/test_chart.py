@@ -12,6 +12,7 @@ import yaml
 
 from tests.helm.chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
 from tether.programs.restate_identity import public_key_of
+from tether.programs.restate_server import EAGER_STATE_LIMIT
 from tether.spec.crd import CRD_NAME, durableagent_crd
 from tether_operator.names import version_labels
 
@@ -107,7 +108,10 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
     assert pod_id["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     claim = restate["spec"]["volumeClaimTemplates"][0]
     assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
-    assert env_of(restate["spec"]["template"]["spec"]["containers"][0])["DO_NOT_TRACK"] == "1"
+    restate_env = env_of(restate["spec"]["template"]["spec"]["containers"][0])
+    assert restate_env["DO_NOT_TRACK"] == "1"
+    # as `tether dev` and the test harness run it: a long session's state is sent on demand
+    assert restate_env["RESTATE_WORKER__INVOKER__EAGER_STATE_SIZE_LIMIT"] == EAGER_STATE_LIMIT
 
 
 @pytest.mark.parametrize(
@@ -344,6 +348,7 @@ BAD_VALUES = {
     "interval": (("operator.reconcileInterval=0",), "/operator/reconcileInterval"),
     "service type": (("operator.workerServiceType=LoadBalancer",), "/operator/workerServiceType"),
     "volume size": (("restate.persistence.size=lots",), "/restate/persistence/size"),
+    "eager state": (("restate.eagerStateLimit=lots",), "/restate/eagerStateLimit"),
     "identity key": (
         ("restate.external.identityPublicKey=ed25519:abc",),
         "/restate/external/identityPublicKey",

@@ -23,6 +23,7 @@ from tether.programs.dev import Process, wait_for
 from tether.programs.restate_server import free_port
 from tether.programs.watch import events_url, sse_events
 from tether.programs.webhooks import events_token
+from tether.restate.chain import PER_SEGMENT
 from tether.session.events import Cursor
 from tether.testing import AgentHarness, wait_until
 
@@ -167,10 +168,10 @@ def test_a_client_sees_each_completed_step_once_across_a_disconnect_and_a_worker
 def test_past_spec_events_retain_the_oldest_events_of_a_session_are_cleared(
     tether_agent: AgentFactory, tmp_path: Path
 ) -> None:
-    """A run of 126 durable events in a session that keeps 100 (`spec.events.retain`): a reader
-    from the start gets the newest, from the oldest batch still kept, each once and in order."""
+    """A run of 167 durable events in a session that keeps 100 (`spec.events.retain`): a reader
+    from the start gets the newest, from the oldest segment still kept, each once and in order."""
     turn = {"tool_calls": [{"name": "hold", "input": {"name": "x"}}] * 40}
-    model = {"provider": "scripted", "name": "s", "script": [turn, turn, turn, {"text": "done"}]}
+    model = {"provider": "scripted", "name": "s", "script": [turn] * 4 + [{"text": "done"}]}
     path = write_agent(tmp_path / "agent", model, events={"retain": 100})
     agent = tether_agent(path, workspace=tmp_path / "ws")
     (tmp_path / "ws" / "release-x").touch()
@@ -179,12 +180,12 @@ def test_past_spec_events_retain_the_oldest_events_of_a_session_are_cleared(
     reader = Stream(url_of(agent, "s3"))
     wait_until(lambda: reader.saw("run_ended"), timeout=30, what="run_ended on the stream")
     reader.close()
-    kept = durable(reader.events)
-    # Appended in batches: run_started (1), then per turn model_done (2, 43, 84) and its 40
-    # tool_finished (3-42, 44-83, 85-124), the last model_done (125) and run_ended (126). The
-    # oldest batches go while the rest still holds 100: 1 and 2 went, 3-42 stays.
-    assert [e["id"] for e in kept] == [str(n) for n in range(3, 127)]
-    assert [e["type"] for e in kept[:1] + kept[-2:]] == ["tool_finished", "model_done", "run_ended"]
+    kept = [int(e["id"]) for e in durable(reader.events)]
+    # run_started (1), per turn model_done and its 40 tool_finished (2-165), the last
+    # model_done (166) and run_ended (167); the oldest go in whole segments while the rest
+    # still holds 100
+    assert kept == list(range(kept[0], 168))
+    assert 100 <= len(kept) <= 100 + 2 * PER_SEGMENT
 
 
 def test_reading_needs_a_token_for_this_session_that_has_not_expired(

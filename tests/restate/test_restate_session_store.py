@@ -1,31 +1,37 @@
-"""`RestateSessionStore` on an in-memory stand-in of a virtual object's state (no server): turns
-and run records in segments and ring slots, values split over parts, a healed transcript, a run
-record rewritten in a sealed segment, sessions an older version wrote."""
+"""`RestateSessionStore` and `RestateEventLog` on an in-memory stand-in of a virtual object's state
+(no server): turns, run records and events as chains (a tail and sealed segments), a session read
+from its end, values split over parts, a healed transcript, a run record rewritten in a sealed
+segment, sessions and streams that older versions wrote."""
 
 from __future__ import annotations
 
 import asyncio
+import random
+import re
 from typing import Any
 
 import pytest
 
 from tether import jsoncodec
+from tether.agent.compaction import ContextCovered, compact_tail
 from tether.messages import Role, ToolUseBlock, text_block, tool_result
+from tether.restate.chain import PER_SEGMENT, READ_AHEAD, SEGMENT_BYTES
+from tether.restate.events import RestateEventLog, read_events
 from tether.restate.session import (
     LAYOUT,
     META_KEY,
-    PER_SEGMENT,
     RUNS,
     TURNS,
     ReadOnlySessionStoreError,
     RestateSessionStore,
 )
 from tether.session import INTERRUPTED_RESULT, Session, create_session, load_session
+from tether.session.events import Cursor
 from tether.session.types import SessionRun, SessionTurn
 
 S = PER_SEGMENT
 CALL: ToolUseBlock = {"type": "tool_use", "id": "c1", "name": "echo", "input": {}}
-SEGMENT_KEY, SLOT_KEY = TURNS
+SEGMENT_KEY, TAIL_KEY = f"{TURNS}seg:", f"{TURNS}tail"
 
 
 class ObjectState:
@@ -57,7 +63,7 @@ class ObjectState:
 
 def assert_no_stray_parts(ctx: ObjectState) -> None:
     """Every split value has exactly its parts, and no part outlives its value."""
-    parts = {k for k in ctx.state if k.count(":") == 3}
+    parts = {k for k in ctx.state if re.fullmatch(r".+(tail|seg:\d+):\d+", k)}
     wanted = set()
     for key, value in ctx.state.items():
         if value.startswith(b'{"__parts__":'):
@@ -94,7 +100,7 @@ def ids(turns: list[SessionTurn]) -> list[str]:
     return [t.id for t in turns]
 
 
-async def test_turns_go_to_segments_and_a_ring_and_load_back_in_order() -> None:
+async def test_turns_go_to_segments_and_a_tail_and_load_back_in_order() -> None:
     ctx = ObjectState()
     session = await new_session(ctx)
     batches = [1, 2, 7, S - 10, 1, S, 3 * S + 5]
@@ -107,24 +113,75 @@ async def test_turns_go_to_segments_and_a_ring_and_load_back_in_order() -> None:
         assert again.turns == session.turns
     segments = sorted(k for k in ctx.state if k.startswith(SEGMENT_KEY))
     assert segments == sorted(f"{SEGMENT_KEY}{k}" for k in range(n // S))
-    assert not [k for k in ctx.state if k.startswith("tether:turn:")]
+    assert jsoncodec.loads(ctx.state[TAIL_KEY])["first"] == n // S * S
+    assert not [k for k in ctx.state if k.startswith(("tether:turn:", "tether:turns:"))]
     assert jsoncodec.loads(ctx.state[META_KEY])["layout"] == LAYOUT
 
 
-async def test_a_load_reads_segments_and_the_tail_not_every_turn() -> None:
+async def test_a_load_reads_the_segments_at_once_and_never_lists_the_keys() -> None:
     ctx = ObjectState()
     session = await new_session(ctx)
     await session.append_turns([turn(i) for i in range(5000)])
     ctx.gets = ctx.listings = 0
     again = await reloaded(ctx)
     assert len(again.turns) == 5000
-    # meta; the turns' segments and the missing one after them, the tail's slots and the one
-    # that ends it; the same for the (no) run records; and no listing of the state's keys
-    assert ctx.gets == 1 + (5000 // S + 1) + (5000 % S + 1) + 2
+    # meta; the turns' tail and every segment; the runs' tail
+    assert ctx.gets == 1 + 1 + 5000 // S + 1
     assert ctx.listings == 0
 
 
-async def test_appending_after_a_load_continues_the_open_segment() -> None:
+async def test_a_load_from_the_end_reads_only_what_is_enough_and_counts_the_rest() -> None:
+    ctx = ObjectState()
+    session = await new_session(ctx)
+    for r in range(40):  # runs of 5 turns; every other one a sub-agent's
+        parent = "p" if r % 2 else None
+        await session.save_run(
+            SessionRun(id=f"r{r}", status="completed", started_at=r, parent_run_id=parent)
+        )
+        await session.append_turns([turn(5 * r + i) for i in range(5)])
+    ctx.gets = 0
+    newest = await load_session(store(ctx), "s1", enough=lambda turns: len(turns) >= 30)
+    # the meta and the tails, then segments back from the tail a few at a time
+    assert newest is not None and ctx.gets == 3 + READ_AHEAD
+    assert 30 <= len(newest.turns) < 30 + S and newest.turns == session.turns[-len(newest.turns) :]
+    assert newest.earlier.turns == 200 - len(newest.turns)
+    assert newest.turn_count == 200
+    assert newest.assistant_turns == session.assistant_turns == 100
+    assert newest.runs == session.runs[-len(newest.runs) :] and len(newest.runs) < S
+    assert newest.earlier.runs == 40 - len(newest.runs)
+    assert newest.child_runs == session.child_runs == 20
+    # what it appends goes where it belongs
+    await newest.save_run(SessionRun(id="r40", status="running", started_at=40.0))
+    await newest.append_turns([turn(200), turn(201)])
+    whole = await reloaded(ctx)
+    assert ids(whole.turns) == [f"t{i}" for i in range(202)]
+    assert [r.id for r in whole.runs] == [f"r{r}" for r in range(41)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_compaction_of_the_turns_read_from_the_end_is_compaction_of_them_all(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    ctx = ObjectState()
+    session = await new_session(ctx)
+    turns: list[SessionTurn] = []
+    for i in range(rng.randrange(1, 400)):
+        role: Role = "user" if rng.random() < 0.3 else "assistant"
+        text = "w" * rng.choice([1, 10, 100, 1000, 5000])
+        turns.append(SessionTurn(id=f"t{i}", role=role, content=[text_block(text)], created_at=i))
+    await session.append_turns(turns)
+    budget = rng.choice([50, 500, 5000, 50_000])
+    newest = await load_session(store(ctx), "s1", enough=ContextCovered(budget))
+    assert newest is not None
+    whole = [{"role": t.role, "content": t.content} for t in turns]
+    assert compact_tail(newest.messages(), budget, omitted=newest.earlier.turns) == compact_tail(
+        whole, budget
+    )
+    assert newest.assistant_turns == sum(1 for t in turns if t.role == "assistant")
+
+
+async def test_appending_after_a_load_continues_the_tail() -> None:
     ctx = ObjectState()
     session = await new_session(ctx)
     await session.append_turns([turn(i) for i in range(S - 3)])
@@ -135,19 +192,21 @@ async def test_appending_after_a_load_continues_the_open_segment() -> None:
     assert f"{SEGMENT_KEY}0" in ctx.state
 
 
-async def test_values_over_budget_are_split_and_sealed_slots_leave_no_parts() -> None:
+async def test_values_over_budget_are_split_and_a_large_turn_seals_its_segment() -> None:
     ctx = ObjectState()
     session = await new_session(ctx, max_value_bytes=256)
     big = [turn(i, "x" * (300 + i)) for i in range(S + 3)]
-    await session.append_turns(big[:5])
-    assert f"{SLOT_KEY}0:1" in ctx.state  # a slot split over parts
-    assert (await reloaded(ctx, max_value_bytes=256)).turns == big[:5]
-    await session.append_turns(big[5:])
+    await session.append_turns(big[:1])
+    assert f"{TAIL_KEY}:1" in ctx.state  # the tail split over parts
+    assert (await reloaded(ctx, max_value_bytes=256)).turns == big[:1]
+    await session.append_turns(big[1:])
     assert all(len(value) <= 256 for value in ctx.state.values())
     assert (await reloaded(ctx, max_value_bytes=256)).turns == big
-    # the sealed turns' slots and their parts are gone; the open segment's are there
-    slots = {k.split(":")[2] for k in ctx.state if k.startswith(SLOT_KEY)}
-    assert slots == {"0", "1", "2"}
+    assert_no_stray_parts(ctx)
+    # a turn over a segment's bytes is a segment of its own
+    huge = turn(S + 3, "y" * SEGMENT_BYTES)
+    await session.append_turns([huge, turn(S + 4)])
+    assert (await reloaded(ctx, max_value_bytes=256)).turns == [*big, huge, turn(S + 4)]
     assert_no_stray_parts(ctx)
 
 
@@ -188,8 +247,7 @@ async def test_run_records_are_a_sequence_too_and_are_rewritten_where_they_are()
     assert again.runs == session.runs
     assert again.runs[0].decisions == [{"call": "c1", "decision": "approved"}]
     assert {r.status for r in again.runs[1:]} == {"completed"}
-    runs_segment = RUNS[0]
-    assert f"{runs_segment}1" in ctx.state and f"{runs_segment}2" not in ctx.state
+    assert f"{RUNS}seg:1" in ctx.state and f"{RUNS}seg:2" not in ctx.state
     meta = jsoncodec.loads(ctx.state[META_KEY])
     assert meta.keys() == {"id", "created_at", "metadata", "layout"}  # no list of run ids
     parent.status = "completed"
@@ -203,16 +261,16 @@ async def test_a_value_written_again_smaller_leaves_no_parts_behind() -> None:
     session = await new_session(ctx, max_value_bytes=256)
     run = SessionRun(id="r", status="running", started_at=0.0, prompt="p" * 600)
     await session.save_run(run)
-    assert f"{RUNS[1]}0:2" in ctx.state
+    assert f"{RUNS}tail:2" in ctx.state
     run.prompt = "short"
     await session.save_run(run)
-    assert [k for k in ctx.state if k.startswith(RUNS[1])] == [f"{RUNS[1]}0"]
+    assert [k for k in ctx.state if k.startswith(RUNS)] == [f"{RUNS}tail"]
     # a healed transcript moves a large turn out of a sealed segment, which gets smaller
     turns = [turn(i) for i in range(S + 2)]
     turns[S - 4].role, turns[S - 3].role = "assistant", "assistant"
     turns[S - 4].content = [CALL]
     turns[S - 1] = turn(S - 1, "q" * 2000)
-    turns[S + 1] = turn(S + 1, "r" * 1000)  # the open segment's, split: its slot moves too
+    turns[S + 1] = turn(S + 1, "r" * 1000)  # the tail's, split
     await session.append_turns(turns)
 
     def parts_of_segment_0() -> int:
@@ -268,6 +326,38 @@ async def test_a_session_of_the_older_layout_loads_and_moves_to_segments_on_its_
     assert_no_stray_parts(ctx)
 
 
+def ring_state(turns: list[SessionTurn], runs: list[SessionRun]) -> dict[str, bytes]:
+    """A session as layout 2 kept it: 64-record segments and a ring of 64 slots."""
+    state = {
+        META_KEY: jsoncodec.dumps({"id": "s1", "created_at": 1.0, "metadata": {}, "layout": 2})
+    }
+    for (segment, slot), records in (
+        (("tether:turns:", "tether:turn-slot:"), [t.to_json() for t in turns]),
+        (("tether:runs:", "tether:run-slot:"), [r.to_json() for r in runs]),
+    ):
+        sealed = len(records) // 64
+        for k in range(sealed):
+            state[f"{segment}{k}"] = jsoncodec.dumps(records[k * 64 : (k + 1) * 64])
+        for i, record in enumerate(records):
+            if i >= (sealed - 1) * 64:  # the ring: the open segment over the last sealed one
+                state[f"{slot}{i % 64}"] = jsoncodec.dumps({"i": i, "v": record})
+    return state
+
+
+async def test_a_session_of_layout_2_loads_and_moves_on_its_next_write() -> None:
+    turns = [turn(i) for i in range(64 * 2 + 5)]
+    runs = [SessionRun(id=f"r{i}", status="completed", started_at=float(i)) for i in range(3)]
+    ctx = ObjectState(ring_state(turns, runs))
+    session = await reloaded(ctx)
+    assert session.turns == turns and session.runs == runs
+    await session.append_turns([turn(len(turns))])
+    assert not [k for k in ctx.state if k.startswith(("tether:turns:", "tether:turn-slot:"))]
+    assert not [k for k in ctx.state if k.startswith(("tether:runs:", "tether:run-slot:"))]
+    assert jsoncodec.loads(ctx.state[META_KEY])["layout"] == LAYOUT
+    again = await reloaded(ctx)
+    assert again.turns == [*turns, turn(len(turns))] and again.runs == runs
+
+
 async def test_a_read_only_store_loads_and_refuses_writes() -> None:
     ctx = ObjectState()
     session = await new_session(ctx)
@@ -290,3 +380,44 @@ def test_a_load_is_the_same_from_a_fresh_event_loop() -> None:
     ctx = ObjectState()
     asyncio.run(new_session(ctx))
     assert asyncio.run(reloaded(ctx)).turns == []
+
+
+# -- the event stream: a chain of events in the same object -----------------------------------
+
+
+async def test_events_are_numbered_from_the_tail_and_read_back_to_a_cursor() -> None:
+    ctx = ObjectState()
+    log = RestateEventLog(ctx)  # type: ignore[arg-type]
+    for n in range(40):
+        await log.append("s1", [{"type": "x", "n": n}] * (n % 3 + 1))
+    total = sum(n % 3 + 1 for n in range(40))
+    assert log.position == total
+    assert ctx.listings == 1  # the first append: no tail yet, an older stream is looked for
+
+    again = RestateEventLog(ObjectState(ctx.state))  # type: ignore[arg-type]
+    await again.append("s1", [{"type": "y"}])
+    assert again.position == total + 1
+
+    for after in (0, 1, total - 40, total - 5, total, total + 1):
+        reader = ObjectState(ctx.state)
+        events = await read_events(reader, Cursor(after))
+        assert [int(e["id"]) for e in events] == list(range(after + 1, total + 2))
+        assert reader.listings == 0
+    # a reader close behind reads back a few segments, not the whole stream
+    reader = ObjectState(ctx.state)
+    await read_events(reader, Cursor(total - 5))
+    assert reader.gets <= 1 + READ_AHEAD
+
+
+async def test_a_stream_an_older_version_kept_moves_to_the_chain_on_its_next_append() -> None:
+    batches = {
+        "tether:events:000000000003:2": [{"type": "a", "id": "3"}, {"type": "b", "id": "4"}],
+        "tether:events:000000000005:1": [{"type": "c", "id": "5"}],
+    }
+    ctx = ObjectState({key: jsoncodec.dumps(value) for key, value in batches.items()})
+    assert [e["id"] for e in await read_events(ctx, Cursor(3))] == ["4", "5"]  # read as it is
+    log = RestateEventLog(ctx)  # type: ignore[arg-type]
+    await log.append("s1", [{"type": "d"}])
+    assert log.position == 6
+    assert not [k for k in ctx.state if k.startswith("tether:events:")]
+    assert [e["id"] for e in await read_events(ctx, Cursor(0))] == ["3", "4", "5", "6"]

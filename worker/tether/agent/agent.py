@@ -101,7 +101,7 @@ class Agent:
         watcher = asyncio.ensure_future(self._watch(signal)) if signal else None
         try:
             session = await self._session()
-            if prompt is None and not session.turns:
+            if prompt is None and not session.turn_count:
                 raise ValueError("prompt is required when the session has no turns")
             run = AgentRun(self, session, self.behavior.override(behavior), self._abort)
             stats = await run.execute(prompt)

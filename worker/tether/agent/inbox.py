@@ -1,10 +1,12 @@
 """Messages for a running agent: a person (or a system) adds to the conversation while the agent
 works, without waiting for the run to end.
 
-The loop takes what arrived at each turn boundary: after a turn's tool calls, the messages join
-that turn's tool results (the model reads them before it goes on); when the model has finished,
-they start another turn (a follow-up). What was taken is journaled, so a replay sees the same
-messages at the same places and a message is never taken twice.
+The loop takes what arrived at turn boundaries: after a turn's tool calls, the messages join
+that turn's tool results (the model reads them before it goes on), at the first such boundary
+and then at most once a second (`STEERING_EVERY_MS` of journaled time: quick tool turns do not
+pay a take each); when the model has finished, always, and they start another turn (a
+follow-up). What was taken is journaled, so a replay sees the same messages at the same places
+and a message is never taken twice.
 
 `MemoryInbox` is the in-process inbox (any durable runtime); on Restate the worker keeps the
 inbox in a virtual object of its own (`tether.programs.worker.inbox`).

@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 BUDGET_WARNING = 0.8
 """A run's events warn once it has spent this share of a budget."""
+STEERING_EVERY_MS = 1000.0
+"""How often a run's quick tool turns take the inbox's messages (`AgentRun._steering`)."""
 BACKOFF_BASE_MS = 1000.0
 BACKOFF_MAX_MS = 30_000.0
 
@@ -77,6 +79,8 @@ class AgentRun:
         self.record: SessionRun | None = None
         self.tool_defs: list[ToolDef] = []
         self._warned: set[str] = set()
+        self._steered_at: float | None = None
+        """When the inbox was last taken after a turn's tool calls (journaled time, ms)."""
         self.limits = Limits(behavior.max_cost_usd, behavior.max_tokens)
         self.ledger: BudgetLedger | None = None
         self.budget_tree: str | None = None
@@ -221,7 +225,7 @@ class AgentRun:
             await self._publish(
                 *(event("tool_finished", self.run_id, finished_at, **o) for o in outcomes)
             )
-            steering = await self._take_messages(turn)
+            steering = await self._steering(turn, finished_at)
             await self._append("user", [*results, *steering], created_at=finished_at)
             turn += 1
 
@@ -281,6 +285,16 @@ class AgentRun:
             return []
         messages = await inbox.take(self.durable, f"inbox:{turn}")
         return [text_block(message) for message in messages]
+
+    async def _steering(self, turn: int, finished_at: float) -> list[Any]:
+        """The inbox's messages after `turn`'s tool calls: at the first such boundary, then at
+        most every `STEERING_EVERY_MS` of the calls' journaled end times. A take is a journaled
+        round trip (on Restate a call to another object, costlier than the turn's own steps);
+        turns quicker than people write skip it, and the answer's boundary always takes."""
+        if self._steered_at is not None and finished_at - self._steered_at < STEERING_EVERY_MS:
+            return []
+        self._steered_at = finished_at
+        return await self._take_messages(turn)
 
     def _decide(self, worst: Spend | None) -> str:
         if self.abort.is_set():
@@ -428,7 +442,7 @@ class AgentRun:
                 - estimate_tokens(agent.system or "")
                 - estimate_tokens([t.spec.input_schema for t in self.tool_defs])
             )
-            messages = compact_tail(messages, budget)
+            messages = compact_tail(messages, budget, omitted=self.session.earlier.turns)
         context = await agent.hooks.call("context:transform", {"messages": messages})
         request = ModelRequest(
             messages=context["messages"],

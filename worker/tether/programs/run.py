@@ -219,7 +219,7 @@ async def _run(
         session = await load_session(store, session_id) or await create_session(
             id=session_id, store=store
         )
-        if prompt is None and not session.turns:
+        if prompt is None and not session.turn_count:
             raise SpecError("--prompt is required on the first start of a run")
         agent = create_agent(
             provider=provider,

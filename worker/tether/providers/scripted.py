@@ -36,6 +36,9 @@ def _chunks(text: str) -> list[str]:
     return re.findall(r"\S+\s*|\s+", text)
 
 
+DEFAULT_CONTEXT_WINDOW = 200_000
+
+
 def first_prompt(messages: Sequence[Message]) -> str | None:
     """The text of the first user message, None without one."""
     for message in messages:
@@ -71,7 +74,7 @@ class ScriptedProvider:
         *,
         model: str = "scripted",
         pricing: Pricing | None = None,
-        context_window: int = 200_000,
+        context_window: int = DEFAULT_CONTEXT_WINDOW,
         delay: float = 0.0,
     ) -> None:
         self.scripts = _scripts(responses)
@@ -150,8 +153,15 @@ def scripted(
     *,
     model: str = "scripted",
     pricing: Pricing | None = None,
+    context_window: int | None = None,
     delay: float = 0.0,
 ) -> ScriptedProvider:
     """A provider that returns `responses` in order, or the list keyed by the conversation's
     first user message (see `ScriptedProvider`)."""
-    return ScriptedProvider(responses, model=model, pricing=pricing, delay=delay)
+    return ScriptedProvider(
+        responses,
+        model=model,
+        pricing=pricing,
+        context_window=context_window or DEFAULT_CONTEXT_WINDOW,
+        delay=delay,
+    )

@@ -1,11 +1,16 @@
 """`RestateEventLog`: a session's event stream in its virtual object's state.
 
-Each `append` is one state write, a journal entry of the run's invocation: a replay never writes
-it again and a crash loses none of a completed step, so the stream holds every durable event
-exactly once. A shared handler reads it while the run goes on (`read_events`); the oldest
-batches go once the stream passes its retention. Live events (model text, a tool call started)
-are not state: `live` hands them, with the durable position they follow, to a `LiveSink` (the
-worker's, which passes them on to the session's live stream outside the journal).
+Each `append` is one state write (two when it seals a segment), a journal entry of the run's
+invocation: a replay never writes it again and a crash loses none of a completed step, so the
+stream holds every durable event exactly once. The events are a `Chain` (`tether.restate.chain`):
+a run reads only its tail to number what it appends, and a reader reads back from the tail as
+far as its cursor (a shared handler, `read_events`, while the run goes on). The oldest segments
+go once the stream passes its retention. Live events (model text, a tool call started) are not
+state: `live` hands them, with the durable position they follow, to a `LiveSink` (the worker's,
+which passes them on to the session's live stream outside the journal).
+
+Streams an older version wrote (a key per batch, `tether:events:<first>:<count>`, found by
+listing the state's keys) are read as they are, and moved to the chain by the next append.
 """
 
 from __future__ import annotations
@@ -14,36 +19,36 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from restate.serde import BytesSerde
-
 from .. import jsoncodec
 from ..messages import JSON
 from ..session.events import DEFAULT_RETAIN, Cursor
+from .chain import PER_SEGMENT, Chain, Values, tail_only
 from .types import RestateObjectContextLike
 
-RAW = BytesSerde()
-BATCH_KEY = re.compile(r"tether:events:(\d{12}):(\d+)")
-"""A batch of durable events: the first one's number and how many."""
+EVENTS = "tether:events-"
+"""The key prefix of the events' chain."""
+OLDER_BATCH_KEY = re.compile(r"tether:events:(\d{12}):(\d+)")
+"""A batch of durable events as an older version kept it: the first one's number and how many."""
+CATCH_UP = 4 * PER_SEGMENT
+"""How far behind a reader reads back segment by segment; further, it asks for all at once."""
 
 LiveSink = Callable[[str, int, JSON], None]
 """Takes (session, the durable position the event follows, the event), best effort."""
 
 
-def _batch_key(first: int, count: int) -> str:
-    return f"tether:events:{first:012d}:{count}"
+def _older_batches(keys: Sequence[str]) -> list[tuple[int, str]]:
+    return sorted((int(m[1]), key) for key in keys if (m := OLDER_BATCH_KEY.fullmatch(key)))
 
 
-def _batches(keys: Sequence[str]) -> list[tuple[int, int, str]]:
-    found = []
-    for key in keys:
-        match = BATCH_KEY.fullmatch(key)
-        if match:
-            found.append((int(match[1]), int(match[2]), key))
-    return sorted(found)
+def _chain(values: Values, retain: int | None = None) -> Chain:
+    keep = None if retain is None else max(1, -(-retain // PER_SEGMENT))
+    return Chain(values, EVENTS, keep_segments=keep)
 
 
 class RestateEventLog:
-    """An `EventLog` over the bound object's state (the object key is the session)."""
+    """An `EventLog` over the bound object's state (the object key is the session). Keeps about
+    `retain` events: whole segments of up to `PER_SEGMENT`, fewer when events are large. With
+    the invocation's shared `values`, its tail is read along with the session's."""
 
     def __init__(
         self,
@@ -51,49 +56,79 @@ class RestateEventLog:
         *,
         sink: LiveSink | None = None,
         retain: int = DEFAULT_RETAIN,
+        values: Values | None = None,
     ) -> None:
         self._ctx = ctx
         self.sink = sink
         self.retain = retain
-        self._batches: list[tuple[int, int, str]] | None = None
+        self._values = values or Values(ctx)
+        self._chain = _chain(self._values, retain)
+        self._values.along(self._chain.tail_key)
 
-    async def _known(self) -> list[tuple[int, int, str]]:
-        if self._batches is None:  # once per invocation: a journaled read of the keys
-            self._batches = _batches(await self._ctx.state_keys())
-        return self._batches
+    async def _known(self) -> Chain:
+        # once per invocation: the tail, a journaled read
+        if not self._chain.known and await self._chain.read(tail_only) is None:
+            await self._move_older()
+        return self._chain
+
+    async def _move_older(self) -> None:
+        """No tail: a new stream, or one an older version kept (a listing of the keys finds its
+        batches, which move to the chain)."""
+        batches = _older_batches(await self._ctx.state_keys())
+        found = await self._values.get_many([key for _, key in batches])
+        events = [e for value in found if value for e in jsoncodec.loads(value)]
+        self._chain.start_empty()
+        if events:
+            self._chain.write_all(events, first=int(events[0]["id"]) - 1)
+            for _, key in batches:
+                self._ctx.clear(key)
 
     @property
     def position(self) -> int:
         """The number of the last durable event written (0 before the first)."""
-        if not self._batches:
-            return 0
-        first, count, _ = self._batches[-1]
-        return first + count - 1
+        return self._chain.count if self._chain.known else 0
 
     async def append(self, session_id: str, events: Sequence[JSON]) -> None:
-        batches = await self._known()
-        first = self.position + 1
+        chain = await self._known()
+        first = chain.count + 1
         numbered = [{**e, "id": str(first + i)} for i, e in enumerate(events)]
-        key = _batch_key(first, len(numbered))
-        self._ctx.set(key, jsoncodec.dumps(numbered), serde=RAW)
-        batches.append((first, len(numbered), key))
-        kept = sum(count for _, count, _ in batches)
-        while len(batches) > 1 and kept - batches[0][1] >= self.retain:
-            kept -= batches[0][1]
-            self._ctx.clear(batches.pop(0)[2])
+        await chain.write(chain.count, numbered)
 
     def live(self, session_id: str, event: JSON) -> None:
-        if self.sink is not None and self._batches is not None:
+        if self.sink is not None and self._chain.known:
             self.sink(session_id, self.position, event)
 
 
 async def read_events(ctx: Any, after: Cursor, limit: int = 1000) -> list[JSON]:
     """The durable events after `after` (at most `limit`), for a shared handler."""
+    values = Values(ctx)
+    chain = _chain(values)
+    tail = await values.get(chain.tail_key)
+    read = await chain.read_from(tail, tail_only)
+    if read is None:
+        return await _read_older(ctx, after, limit)
+    events, first, _ = read
+    if after.durable < first:  # back from the tail: segment by segment, or all at once
+
+        def back_to_cursor(newest: list[JSON]) -> bool:
+            return chain.count - len(newest) <= after.durable
+
+        close = first - after.durable <= CATCH_UP
+        read = await chain.read_from(tail, back_to_cursor if close else None)
+        assert read is not None
+        events = read[0]
+    return [e for e in events if int(e["id"]) > after.durable][:limit]
+
+
+async def _read_older(ctx: Any, after: Cursor, limit: int) -> list[JSON]:
+    """The events of a stream an older version kept, found by listing the state's keys."""
     events: list[JSON] = []
-    for first, count, key in _batches(await ctx.state_keys()):
-        if first + count - 1 <= after.durable:
+    values = Values(ctx)
+    for number, key in _older_batches(await ctx.state_keys()):
+        count = int(key.rsplit(":", 1)[1])
+        if number + count - 1 <= after.durable:
             continue
-        data = await ctx.get(key, serde=RAW)
+        data = await values.get(key)
         if data is None:  # cleared since the keys were listed
             continue
         events += [e for e in jsoncodec.loads(data) if int(e["id"]) > after.durable]

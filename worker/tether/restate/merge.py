@@ -45,7 +45,7 @@ class LabelCounters:
             return f"child-{next(self._without_session)}"
         counter = self._by_session.get(session)
         if counter is None:
-            used = sum(1 for run in session.runs if run.parent_run_id is not None)
+            used = session.child_runs
             counter = self._by_session[session] = itertools.count(used + 1)
         return f"child-{next(counter)}"
 

@@ -31,6 +31,7 @@ from ..durable.protocol import (
 from ..durable.replay import LiveCallback, ReplayTracker
 from ..messages import JSON
 from ..session.store import MemoryToolStateStore, memory_store
+from .chain import Values
 from .clock import DEFAULT_REANCHOR_EVERY, CoalescedClock
 from .errors import is_restate_control_error
 from .events import RestateEventLog
@@ -128,13 +129,16 @@ class RestateRuntime:
         if self.options.session_store is not None:
             return RuntimeStores(session=self.options.session_store)
         if _has_state(self.ctx):
+            # one reader of the state: the event log's tail is read with the session's
+            values = Values(self.ctx)  # type: ignore[arg-type]
             return RuntimeStores(
-                session=restate_session_store(self.ctx, clock=self.now),  # type: ignore[arg-type]
+                session=restate_session_store(self.ctx, clock=self.now, values=values),  # type: ignore[arg-type]
                 tool_state=restate_tool_state_store(self.ctx),  # type: ignore[arg-type]
                 events=RestateEventLog(
                     self.ctx,  # type: ignore[arg-type]
                     sink=self.options.live_sink,
                     retain=self.options.events_retain,
+                    values=values,
                 ),
             )
         return RuntimeStores(session=memory_store(), tool_state=MemoryToolStateStore())

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..durable.ids import deterministic_uuid
 from ..messages import ContentBlock, Message, tool_result, tool_uses
-from .store import Clock, SessionStore, memory_store
+from .store import Clock, Enough, SessionStore, memory_store
 from .types import SessionRecord, SessionRun, SessionTurn
 
 INTERRUPTED_RESULT = (
@@ -23,7 +23,8 @@ async def _wall_clock() -> float:
 
 
 class Session:
-    """Identity, history (`turns`) and run records (`runs`) of a conversation."""
+    """Identity, history (`turns`) and run records (`runs`) of a conversation: all of them, or
+    the newest when it was loaded from its end (`earlier` counts the rest)."""
 
     def __init__(self, record: SessionRecord, store: SessionStore, clock: Clock) -> None:
         self.id = record.id
@@ -31,6 +32,7 @@ class Session:
         self.metadata = record.metadata
         self.turns: list[SessionTurn] = record.turns
         self.runs: list[SessionRun] = record.runs
+        self.earlier = record.earlier
         self.store = store
         self.clock = clock
         self._messages: list[Message] = []
@@ -38,12 +40,22 @@ class Session:
         """(turns counted, assistant turns among them): a cache, rebuilt when it falls behind."""
 
     @property
+    def turn_count(self) -> int:
+        """How many turns the conversation has, loaded or not."""
+        return self.earlier.turns + len(self.turns)
+
+    @property
     def assistant_turns(self) -> int:
         """How many assistant turns the conversation has (kept up to date as turns append)."""
         if self._assistant_count[0] != len(self.turns):
             count = sum(1 for t in self.turns if t.role == "assistant")
             self._assistant_count = (len(self.turns), count)
-        return self._assistant_count[1]
+        return self.earlier.assistant_turns + self._assistant_count[1]
+
+    @property
+    def child_runs(self) -> int:
+        """How many of the session's run records are sub-agents' runs, loaded or not."""
+        return self.earlier.child_runs + sum(1 for r in self.runs if r.parent_run_id is not None)
 
     def messages(self) -> list[Message]:
         """The turns as provider messages (a new list; the blocks are shared, not copied)."""
@@ -59,7 +71,7 @@ class Session:
         if self._assistant_count[0] == start:
             added = sum(1 for t in turns if t.role == "assistant")
             self._assistant_count = (len(self.turns), self._assistant_count[1] + added)
-        await self.store.write_turns(self.id, start, turns)
+        await self.store.write_turns(self.id, self.earlier.turns + start, turns)
 
     async def save_run(self, run: SessionRun) -> None:
         for i, existing in enumerate(self.runs):
@@ -78,7 +90,8 @@ class Session:
 
         A process that died between a model answer and its tool results leaves tool calls that
         providers reject. Call this in the session's single writer before resuming. Returns the
-        number of calls healed; runs still marked `running` become `interrupted`.
+        number of calls healed; runs still marked `running` become `interrupted`. Only the
+        turns and runs loaded are looked at.
         """
         healed = 0
         position = 0
@@ -118,7 +131,9 @@ class Session:
             position += 2
         if first_changed is not None:
             self._messages = []
-            await self.store.write_turns(self.id, first_changed, self.turns[first_changed:])
+            await self.store.write_turns(
+                self.id, self.earlier.turns + first_changed, self.turns[first_changed:]
+            )
         for run in self.runs:
             if run.status == "running":
                 run.status = "interrupted"
@@ -149,9 +164,13 @@ async def create_session(
     return Session(record, store, clock)
 
 
-async def load_session(store: SessionStore, id: str, clock: Clock | None = None) -> Session | None:
-    """The session `id` from `store`, or None when the store has no such session."""
-    record = await store.load(id)
+async def load_session(
+    store: SessionStore, id: str, clock: Clock | None = None, enough: Enough | None = None
+) -> Session | None:
+    """The session `id` from `store`, or None when the store has no such session. With
+    `enough`, the store may load only the newest turns of which `enough` holds (see
+    `SessionStore.load`)."""
+    record = await store.load(id, enough) if enough is not None else await store.load(id)
     if record is None:
         return None
     return Session(record, store, clock or store.clock or _wall_clock)

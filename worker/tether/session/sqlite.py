@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import jsoncodec
 from .._sqlite import Database, Params
-from .store import DEFAULT_MAX_VALUE_BYTES, Clock, check_value_size
+from .store import DEFAULT_MAX_VALUE_BYTES, Clock, Enough, check_value_size
 from .types import SessionRecord, SessionRun, SessionTurn
 
 Snapshot = Callable[[str, Callable[[], Awaitable[int]]], Awaitable[int]]
@@ -46,7 +46,7 @@ class SqliteSessionStore:
         else:
             self.db.execute_commit([(sql, params)])
 
-    async def load(self, session_id: str) -> SessionRecord | None:
+    async def load(self, session_id: str, enough: Enough | None = None) -> SessionRecord | None:
         async def count() -> int:
             rows = self.db.query(
                 "SELECT COUNT(*) FROM tether_sessions s LEFT JOIN tether_turns t "

@@ -12,6 +12,8 @@ from .types import SessionRecord, SessionRun, SessionTurn
 
 Clock = Callable[[], Awaitable[float]]
 """An async clock in epoch milliseconds (a durable runtime's `now`)."""
+Enough = Callable[[list[dict[str, Any]]], bool]
+"""Whether the newest turns (as JSON, in order) are all a reader needs (`SessionStore.load`)."""
 
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024
 
@@ -24,7 +26,11 @@ class SessionStore(Protocol):
     clock: Clock | None
     """The store's replay-stable clock, when it is bound to a durable runtime."""
 
-    async def load(self, session_id: str) -> SessionRecord | None: ...
+    async def load(self, session_id: str, enough: Enough | None = None) -> SessionRecord | None:
+        """The session, or None. With `enough`, a store may read it from its end: the newest
+        turns of which `enough` holds (or all), and the newest run records, counting what it
+        leaves out in `SessionRecord.earlier`; a store that reads everything ignores it."""
+        ...
 
     async def create(self, record: SessionRecord) -> None: ...
 
@@ -90,7 +96,7 @@ class MemorySessionStore:
     def __init__(self) -> None:
         self._records: dict[str, SessionRecord] = {}
 
-    async def load(self, session_id: str) -> SessionRecord | None:
+    async def load(self, session_id: str, enough: Enough | None = None) -> SessionRecord | None:
         record = self._records.get(session_id)
         return copy.deepcopy(record) if record else None
 

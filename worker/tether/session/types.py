@@ -66,11 +66,23 @@ class SessionRun:
 
 
 @dataclass
+class Earlier:
+    """What a session read from its end leaves out: the turns and run records before the ones
+    it holds, and among them the assistant turns and the sub-agents' runs."""
+
+    turns: int = 0
+    assistant_turns: int = 0
+    runs: int = 0
+    child_runs: int = 0
+
+
+@dataclass
 class SessionRecord:
-    """Everything a store holds about one session."""
+    """What a store holds about one session: all of it, or (`earlier`) its newest records."""
 
     id: str
     created_at: float
     metadata: dict[str, Any] = field(default_factory=dict)
     turns: list[SessionTurn] = field(default_factory=list)
     runs: list[SessionRun] = field(default_factory=list)
+    earlier: Earlier = field(default_factory=Earlier)

@@ -115,6 +115,12 @@ class ModelSpec(_Model):
     name: str = Field(min_length=1, description="Model name, e.g. claude-sonnet-4-5.")
     base_url: str | None = Field(default=None, description="API base URL override.")
     max_tokens: int = Field(default=4096, gt=0, description="Output tokens per model call.")
+    context_window: int | None = Field(
+        default=None,
+        gt=0,
+        description="The model's context window in tokens, which tail compaction "
+        "(behavior.compactStrategy) fits each request into (default: 200000; 128000 for openai).",
+    )
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret holding the API key (Kubernetes)."
     )
@@ -661,7 +667,8 @@ class EventsSpec(_Model):
         ge=100,
         le=1_000_000,
         description="Durable events kept per session, readable after its runs (100 to "
-        "1000000); past it the oldest go first.",
+        "1000000); past it the oldest go first, 16 at a time (fewer are kept when events "
+        "average over 1 KiB: a segment holds 16 events or 16 KiB).",
     )
     live_batches: int = Field(
         default=50,  # tether.programs.worker.live.KEEP_BATCHES

@@ -58,18 +58,24 @@ def _pricing(spec: DurableAgentSpec) -> Pricing | None:
 def provider_from_spec(spec: DurableAgentSpec, api_key: str) -> Provider:
     """The spec's provider with `api_key` (anthropic or openai)."""
     model = spec.model
-    if model.provider == "anthropic":
-        from ..providers import anthropic
-
-        return anthropic(
-            model.name, api_key=api_key, base_url=model.base_url, pricing=_pricing(spec)
+    if model.provider == "scripted":
+        assert model.script is not None
+        return scripted(
+            model.script,
+            model=model.name,
+            pricing=_pricing(spec),
+            context_window=model.context_window,
         )
-    if model.provider == "openai":
-        from ..providers import openai
+    from .. import providers  # the SDK-backed ones import their SDK on first use
 
-        return openai(model.name, api_key=api_key, base_url=model.base_url, pricing=_pricing(spec))
-    assert model.script is not None
-    return scripted(model.script, model=model.name, pricing=_pricing(spec))
+    make = providers.anthropic if model.provider == "anthropic" else providers.openai
+    return make(
+        model.name,
+        api_key=api_key,
+        base_url=model.base_url,
+        pricing=_pricing(spec),
+        context_window=model.context_window,
+    )
 
 
 def api_key_for(spec: DurableAgentSpec, env: dict[str, str]) -> str | None:

@@ -2,9 +2,9 @@
 
 A running session holds its agent object's lock (the exclusive `run` handler), so messages go
 to a second virtual object, `<agent>-inbox`, keyed by the same session id: `post` appends a
-message to its state, `take` hands over and clears what is there. The run calls `take` at each
-turn boundary; Restate journals the call and its answer, so a replay gets the same messages and
-a message is taken once.
+message to its state, `take` hands over and clears what is there. The run calls `take` at turn
+boundaries (`tether.agent.inbox`); Restate journals the call and its answer, so a replay gets
+the same messages and a message is taken once.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import restate
 from pydantic import BaseModel, Field
 
 from ...agent import AgentStats, create_agent
+from ...agent.compaction import ContextCovered
 from ...agent.hooks import HookFn
 from ...durable.protocol import DurableRuntime
 from ...parked import PARKED_STATE_KEY, ParkedCall
@@ -147,6 +148,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     check_subagents(spec)
     provider = build_provider(settings)
     behavior = behavior_from_spec(spec)
+    compacted = behavior.compact_strategy == "tail"
     subagents = spec.subagents
     approvals = spec.approvals
     kept = spec.events or EventsSpec()
@@ -238,7 +240,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         )
         return [restate_spawn_tool(options)]
 
-    @obj.handler(idempotency_retention=RUN_IDEMPOTENCY_RETENTION)
+    @obj.handler(
+        idempotency_retention=RUN_IDEMPOTENCY_RETENTION,
+        enable_lazy_state=bool(__import__("os").environ.get("HACK_LAZY")),
+    )
     async def run(ctx: restate.ObjectContext, request: RunRequest) -> RunResult:
         # Per invocation (stable across its retries), not per session: a session's second run
         # seeded with the key alone got the first one's run id and replaced its record.
@@ -251,7 +256,9 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         )
         store = durable.stores.session
         assert store is not None
-        session = await load_session(store, ctx.key()) or await create_session(
+        # With tail compaction the model sees only the newest turns: a run reads only those.
+        seen = ContextCovered(provider.context_window) if compacted else None
+        session = await load_session(store, ctx.key(), enough=seen) or await create_session(
             id=ctx.key(), store=store
         )
         agent = create_agent(

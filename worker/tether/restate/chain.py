@@ -1,0 +1,311 @@
+"""`Chain`: records 0, 1, 2, ... in a virtual object's state, readable from their end.
+
+A session's turns, its run records and its events are each one. The newest records are one value,
+the chain's tail (`<prefix>tail`), rewritten with each write; once it holds `PER_SEGMENT` records
+or `SEGMENT_BYTES` bytes they are sealed, written once as the next numbered segment
+(`<prefix>seg:<k>`), and the tail starts again. The tail also says how many segments there are,
+where it starts and how many marked records (a session's assistant turns, its sub-agents' runs)
+come before it, so a reader that only needs the newest records reads the tail and as few
+segments back as it needs: a run on a 5,000-turn session read every turn, a journal entry each
+(Restate journals the value of every state read), to send the model the last few hundred.
+
+A write is one state write (the tail) plus one per segment it seals; a tail rewrite costs at most
+`SEGMENT_BYTES` and a record. A value over the per-value budget (a huge tool result, an image) is
+split over several keys (`Values`), so it cannot turn a state write into a poison pill.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from restate.serde import BytesSerde
+
+from .. import jsoncodec
+from ..session.store import DEFAULT_MAX_VALUE_BYTES, Enough
+from .types import RestateObjectContextLike
+
+RAW = BytesSerde()
+PER_SEGMENT = 16
+SEGMENT_BYTES = 16 * 1024
+READ_AHEAD = 4
+"""Segments asked for at once by a reader going back from the tail."""
+PARTS_PREFIX = b'{"__parts__":'
+
+Json = dict[str, Any]
+
+
+def _array(items: Sequence[bytes]) -> bytes:
+    return b"[" + b",".join(items) + b"]"
+
+
+class Values:
+    """The object's state as JSON bytes, a value over `limit` split over several keys. One per
+    invocation may serve several readers: a key one of them will read can go `along` with
+    another's next read, in the same round trip."""
+
+    def __init__(self, ctx: RestateObjectContextLike, limit: int = DEFAULT_MAX_VALUE_BYTES) -> None:
+        self.ctx = ctx
+        self.limit = limit
+        self._along: list[str] = []
+        self._read_along: dict[str, bytes | None] = {}
+
+    def parts(self, size: int) -> int:
+        """How many keys a value of `size` bytes is split over (0: it is not split)."""
+        return -(-size // self.limit) if size > self.limit else 0
+
+    def put(self, key: str, data: bytes, *, replacing: int = 0) -> None:
+        """Store `data` under `key`, split when over budget; `replacing`: the size of the value
+        it replaces, whose parts beyond the new ones are cleared."""
+        parts = self.parts(len(data))
+        if not parts:
+            self.ctx.set(key, data, serde=RAW)
+        else:
+            for i in range(parts):
+                self.ctx.set(f"{key}:{i}", data[i * self.limit : (i + 1) * self.limit], serde=RAW)
+            self.ctx.set(key, jsoncodec.dumps({"__parts__": parts}), serde=RAW)
+        for i in range(parts, self.parts(replacing)):
+            self.ctx.clear(f"{key}:{i}")
+
+    def drop(self, key: str, size: int) -> None:
+        """Clear `key` and the parts of its value of `size` bytes."""
+        self.ctx.clear(key)
+        for i in range(self.parts(size)):
+            self.ctx.clear(f"{key}:{i}")
+
+    def along(self, key: str) -> None:
+        """Read `key` with the next read of other keys; its first `get` takes that value. Only
+        for a key that nothing writes before it is read."""
+        self._along.append(key)
+
+    async def get(self, key: str) -> bytes | None:
+        return (await self.get_many([key]))[0]
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The values of `keys`, asked for all at once: with lazy state, one round trip to
+        Restate rather than one per key (and one more for the parts of split values)."""
+        values = {key: self._read_along.pop(key) for key in keys if key in self._read_along}
+        missing = [key for key in keys if key not in values]
+        if missing:
+            along = [key for key in self._along if key not in missing]
+            self._along = []
+            wanted = [*missing, *along]
+            found = await self._fetch(wanted)
+            for i, data in enumerate(found):
+                if data is not None and data.startswith(PARTS_PREFIX):
+                    header = jsoncodec.loads(data)
+                    if isinstance(header, dict) and set(header) == {"__parts__"}:
+                        parts = [f"{wanted[i]}:{p}" for p in range(header["__parts__"])]
+                        found[i] = b"".join(part or b"" for part in await self._fetch(parts))
+            values.update(zip(missing, found, strict=False))
+            self._read_along.update(zip(along, found[len(missing) :], strict=True))
+        return [values[key] for key in keys]
+
+    async def _fetch(self, keys: Sequence[str]) -> list[bytes | None]:
+        # every read is asked for before the first is awaited
+        wanted: list[Awaitable[bytes | None]] = [self.ctx.get(key, serde=RAW) for key in keys]
+        return [(await w) or None for w in wanted]
+
+
+def _never(record: Json) -> bool:
+    return False
+
+
+def tail_only(records: list[Json]) -> bool:
+    """The `Enough` of a reader that needs only the tail."""
+    return True
+
+
+class Chain:
+    """Records 0, 1, 2, ... as a tail and sealed segments (see the module's doc)."""
+
+    def __init__(
+        self,
+        values: Values,
+        prefix: str,
+        *,
+        mark: Callable[[Json], bool] = _never,
+        keep_segments: int | None = None,
+    ) -> None:
+        self._values = values
+        self.tail_key = f"{prefix}tail"
+        self._segment_prefix = f"{prefix}seg:"
+        self._mark = mark
+        self._keep = keep_segments
+        """Sealed segments kept (the oldest are cleared), None: all."""
+        self.segments = 0
+        self.tail_first = 0
+        """The number of the tail's first record: how many are sealed."""
+        self.tail_marked = 0
+        """Marked records among the sealed ones."""
+        self._tail: list[bytes] = []
+        self._tail_marks: list[bool] = []
+        self._stored_tail = 0
+        """The size of the tail value as stored (its parts are cleared when it shrinks)."""
+        self._split: dict[str, int] = {}
+        """The sizes of the sealed segments that are split over parts, by key (dropping one
+        clears its parts)."""
+        self.known = False
+
+    @property
+    def count(self) -> int:
+        return self.tail_first + len(self._tail)
+
+    def segment_key(self, k: int) -> str:
+        return f"{self._segment_prefix}{k}"
+
+    def start_empty(self) -> None:
+        self.segments = self.tail_first = self.tail_marked = self._stored_tail = 0
+        self._tail, self._tail_marks, self._split = [], [], {}
+        self.known = True
+
+    async def read(self, enough: Enough | None = None) -> tuple[list[Json], int, int] | None:
+        """The newest records: all of them, or (with `enough`) the tail and the segments before
+        it, newest first, until `enough` of what is read holds. Returns the records, the number
+        of the first one and how many marked records come before it; None when the chain has
+        no tail (it was never written)."""
+        return await self.read_from(await self._values.get(self.tail_key), enough)
+
+    async def read_from(
+        self, tail: bytes | None, enough: Enough | None = None
+    ) -> tuple[list[Json], int, int] | None:
+        """`read`, given the tail's value (read together with other keys)."""
+        if tail is None:
+            return None
+        head = jsoncodec.loads(tail)
+        records: list[Json] = head["v"]
+        self.segments, self.tail_first, self.tail_marked = head["n"], head["first"], head["marked"]
+        self._split = dict(head.get("split") or {})
+        self._tail = [jsoncodec.dumps(record) for record in records]
+        self._tail_marks = [self._mark(record) for record in records]
+        self._stored_tail = len(tail)
+        self.known = True
+        k, first, marked = self.segments, self.tail_first, self.tail_marked
+        newest_first = [records]
+        while k > 0 and (enough is None or not enough(records)):
+            # a few segments asked for at once (all of them without `enough`): with lazy
+            # state, a round trip per batch
+            batch = list(range(max(0, k - (READ_AHEAD if enough else k)), k))
+            found = await self._values.get_many([self.segment_key(j) for j in batch])
+            for j, segment in zip(reversed(batch), reversed(found), strict=True):
+                if segment is None:  # cleared: older records are not kept
+                    k = 0
+                    break
+                k = j
+                older: list[Json] = jsoncodec.loads(segment)
+                first -= len(older)
+                marked -= sum(1 for record in older if self._mark(record))
+                if enough is None:
+                    newest_first.append(older)
+                    continue
+                records = older + records
+                if enough(records):
+                    break
+        if enough is None:
+            records = [record for chunk in reversed(newest_first) for record in chunk]
+        return records, first, marked
+
+    async def write(self, start: int, records: Sequence[Json]) -> None:
+        """Store `records` as records `start, start + 1, ...` (replacing what is there)."""
+        assert self.known, "read the chain first"
+        if start > self.count:
+            raise ValueError(f"records are written in order: {start} after {self.count} stored")
+        if start < self.tail_first:
+            await self._rewrite(start, records)
+            return
+        offset = start - self.tail_first
+        encoded = [jsoncodec.dumps(record) for record in records]
+        self._tail[offset : offset + len(encoded)] = encoded
+        self._tail_marks[offset : offset + len(encoded)] = [self._mark(r) for r in records]
+        self._store()
+
+    def write_all(self, records: Sequence[Json], first: int = 0) -> None:
+        """Store `records` as the whole chain, numbered from `first` (a chain moved from an
+        older layout, which kept only its newest records)."""
+        self.start_empty()
+        self.tail_first = first
+        self._tail = [jsoncodec.dumps(record) for record in records]
+        self._tail_marks = [self._mark(record) for record in records]
+        self._store()
+
+    def _full(self) -> bool:
+        return bool(self._tail) and (
+            len(self._tail) >= PER_SEGMENT or sum(map(len, self._tail)) >= SEGMENT_BYTES
+        )
+
+    def _seal_next(self, replacing: int = 0) -> None:
+        """Seal the tail's oldest records: at most `PER_SEGMENT`, under `SEGMENT_BYTES` (but at
+        least one), as the next segment (`replacing`: the size of the segment it replaces)."""
+        size, take = 0, 0
+        while take < min(len(self._tail), PER_SEGMENT) and (
+            take == 0 or size + len(self._tail[take]) < SEGMENT_BYTES
+        ):
+            size += len(self._tail[take])
+            take += 1
+        key = self.segment_key(self.segments)
+        data = _array(self._tail[:take])
+        self._values.put(key, data, replacing=replacing)
+        self._split.pop(key, None)
+        if self._values.parts(len(data)):
+            self._split[key] = len(data)
+        self.segments += 1
+        self.tail_first += take
+        self.tail_marked += sum(self._tail_marks[:take])
+        del self._tail[:take], self._tail_marks[:take]
+        if self._keep is not None and self.segments > self._keep:
+            old = self.segment_key(self.segments - 1 - self._keep)
+            self._values.drop(old, self._split.pop(old, 0))
+
+    def _store(self) -> None:
+        """Seal what the tail has over its budget into segments, then write the tail."""
+        while self._full():
+            self._seal_next()
+        head = b'{"n":%d,"first":%d,"marked":%d,' % (
+            self.segments,
+            self.tail_first,
+            self.tail_marked,
+        )
+        if self._split:
+            head += b'"split":' + jsoncodec.dumps(self._split) + b","
+        value = head + b'"v":' + _array(self._tail) + b"}"
+        self._values.put(self.tail_key, value, replacing=self._stored_tail)
+        self._stored_tail = len(value)
+
+    async def _rewrite(self, start: int, records: Sequence[Json]) -> None:
+        """Replace records in sealed segments: the segments from the one holding `start` are
+        read back (newest first) and written again, with the records after them."""
+        k, first, marked = self.segments, self.tail_first, self.tail_marked
+        stored: list[bytes] = []
+        stored_marks: list[bool] = []
+        sizes: list[int] = []
+        while first > start:
+            k -= 1
+            segment = await self._values.get(self.segment_key(k))
+            if segment is None:
+                raise KeyError(f"{self.segment_key(k)} is missing from the state")
+            older = jsoncodec.loads(segment)
+            older_marks = [self._mark(record) for record in older]
+            first -= len(older)
+            marked -= sum(older_marks)
+            stored = [jsoncodec.dumps(record) for record in older] + stored
+            stored_marks = older_marks + stored_marks
+            sizes.insert(0, len(segment))
+        old_segments = self.segments
+        tail = stored + self._tail
+        marks = stored_marks + self._tail_marks
+        offset = start - first
+        replaced = [jsoncodec.dumps(record) for record in records]
+        tail[offset : offset + len(replaced)] = replaced
+        marks[offset : offset + len(replaced)] = [self._mark(r) for r in records]
+        self.segments, self.tail_first, self.tail_marked = k, first, marked
+        self._tail, self._tail_marks = tail, marks
+        # the segments written again, each over the one it replaces (whose parts may be left)
+        while self._full():
+            index = self.segments - k
+            self._seal_next(sizes[index] if index < len(sizes) else 0)
+        for gone in range(self.segments, old_segments):
+            key = self.segment_key(gone)
+            index = gone - k
+            self._values.drop(key, sizes[index] if 0 <= index < len(sizes) else 0)
+            self._split.pop(key, None)
+        self._store()
