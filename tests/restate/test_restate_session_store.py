@@ -27,6 +27,7 @@ from tether.restate.session import (
 )
 from tether.session import INTERRUPTED_RESULT, Session, create_session, load_session
 from tether.session.events import Cursor
+from tether.session.store import every_turn
 from tether.session.types import SessionRun, SessionTurn
 
 S = PER_SEGMENT
@@ -147,7 +148,7 @@ async def test_a_load_from_the_end_reads_only_what_is_enough_and_counts_the_rest
     assert newest.earlier.turns == 200 - len(newest.turns)
     assert newest.turn_count == 200
     assert newest.assistant_turns == session.assistant_turns == 100
-    assert newest.runs == session.runs[-len(newest.runs) :] and len(newest.runs) < S
+    assert newest.runs == session.runs[newest.earlier.runs :] and 0 < len(newest.runs) < S
     assert newest.earlier.runs == 40 - len(newest.runs)
     assert newest.child_runs == session.child_runs == 20
     # what it appends goes where it belongs
@@ -421,3 +422,17 @@ async def test_a_stream_an_older_version_kept_moves_to_the_chain_on_its_next_app
     assert log.position == 6
     assert not [k for k in ctx.state if k.startswith("tether:events:")]
     assert [e["id"] for e in await read_events(ctx, Cursor(0))] == ["3", "4", "5", "6"]
+
+
+async def test_a_run_without_compaction_reads_every_turn_at_once_and_the_newest_runs() -> None:
+    ctx = ObjectState()
+    session = await new_session(ctx)
+    for r in range(3 * S):
+        await session.save_run(SessionRun(id=f"r{r}", status="completed", started_at=r))
+        await session.append_turns([turn(2 * r), turn(2 * r + 1)])
+    ctx.gets = 0
+    whole = await load_session(store(ctx), "s1", enough=every_turn)
+    assert whole is not None and whole.turns == session.turns and whole.earlier.turns == 0
+    assert whole.runs == session.runs[whole.earlier.runs :] and len(whole.runs) < S
+    assert whole.earlier.runs == 3 * S - len(whole.runs)
+    assert ctx.gets == 3 + 2 * 3 * S // S  # the meta and the tails, then every segment at once

@@ -29,7 +29,9 @@ RAW = BytesSerde()
 PER_SEGMENT = 16
 SEGMENT_BYTES = 16 * 1024
 READ_AHEAD = 4
-"""Segments asked for at once by a reader going back from the tail."""
+"""Segments a reader going back from the tail asks for at once, at first; it asks for twice as
+many each time it needs more (with lazy state a round trip per batch: a window of n segments
+costs about log2(n) of them, and at most twice the segments it needs)."""
 PARTS_PREFIX = b'{"__parts__":'
 
 Json = dict[str, Any]
@@ -182,10 +184,11 @@ class Chain:
         self.known = True
         k, first, marked = self.segments, self.tail_first, self.tail_marked
         newest_first = [records]
+        ahead = READ_AHEAD
         while k > 0 and (enough is None or not enough(records)):
-            # a few segments asked for at once (all of them without `enough`): with lazy
-            # state, a round trip per batch
-            batch = list(range(max(0, k - (READ_AHEAD if enough else k)), k))
+            # every segment at once without `enough`; else a batch twice the last one
+            batch = list(range(max(0, k - (ahead if enough else k)), k))
+            ahead *= 2
             found = await self._values.get_many([self.segment_key(j) for j in batch])
             for j, segment in zip(reversed(batch), reversed(found), strict=True):
                 if segment is None:  # cleared: older records are not kept

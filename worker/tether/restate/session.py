@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from .. import jsoncodec
 from ..errors import TetherError
-from ..session.store import DEFAULT_MAX_VALUE_BYTES, Clock, Enough
+from ..session.store import DEFAULT_MAX_VALUE_BYTES, Clock, Enough, every_turn
 from ..session.types import Earlier, SessionRecord, SessionRun, SessionTurn
 from .chain import Chain, Json, Values, tail_only
 from .clock import journaled_time
@@ -121,7 +121,9 @@ class RestateSessionStore:
             return turns, runs, Earlier()
         if tails is None:
             tails = await self._values.get_many([self._turns.tail_key, self._runs.tail_key])
-        read_turns = await self._turns.read_from(tails[0], enough)
+        # every turn is read all at once, not back from the tail batch by batch
+        turns_enough = None if enough is every_turn else enough
+        read_turns = await self._turns.read_from(tails[0], turns_enough)
         read_runs = await self._runs.read_from(tails[1], tail_only if enough else None)
         if read_turns is None or read_runs is None:
             raise KeyError("the session's state has no tail of its turns or runs")

@@ -15,6 +15,13 @@ Clock = Callable[[], Awaitable[float]]
 Enough = Callable[[list[dict[str, Any]]], bool]
 """Whether the newest turns (as JSON, in order) are all a reader needs (`SessionStore.load`)."""
 
+
+def every_turn(turns: list[dict[str, Any]]) -> bool:
+    """The `Enough` of a reader that needs every turn, but only the newest run records (a run
+    whose model gets the whole transcript)."""
+    return False
+
+
 DEFAULT_MAX_VALUE_BYTES = 64 * 1024
 
 

@@ -46,6 +46,7 @@ from ...restate.budget import budget_object
 from ...restate.events import read_events
 from ...session import create_session, load_session
 from ...session.events import Cursor
+from ...session.store import every_turn
 from ...spec import EventsSpec, parse_duration
 from ...spec.assemble import (
     SPAWN_TOOL,
@@ -256,8 +257,9 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         )
         store = durable.stores.session
         assert store is not None
-        # With tail compaction the model sees only the newest turns: a run reads only those.
-        seen = ContextCovered(provider.context_window) if compacted else None
+        # With tail compaction the model sees only the newest turns: a run reads only those
+        # (and, either way, only the newest run records).
+        seen = ContextCovered(provider.context_window) if compacted else every_turn
         session = await load_session(store, ctx.key(), enough=seen) or await create_session(
             id=ctx.key(), store=store
         )
