@@ -163,7 +163,7 @@ def main() -> int:
     parser.add_argument(
         "--context-window",
         type=int,
-        default=20_000,
+        default=2_000,
         help="the model's context window in tokens, which requests are compacted to "
         "(0: no compaction)",
     )
