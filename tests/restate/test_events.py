@@ -251,7 +251,14 @@ def run_and_crash_mid_model(agent: AgentHarness, held: Reply, clients: list[Stre
     held.release.set()
     assert agent.result(invocation)["status"] == "completed"
     for client in clients:
-        wait_until(lambda c=client: c.saw("run_ended"), timeout=30, what="run_ended")
+        # Live events travel apart from durable ones (`tether.session.events`): the restart
+        # may reach a client after `run_ended` (its poll read the durable events after the run
+        # ended, the live ones before the new worker pushed them), in the next poll.
+        wait_until(
+            lambda c=client: c.saw("run_ended") and c.saw("model_restarted"),
+            timeout=30,
+            what="run_ended and model_restarted",
+        )
         client.close()
         kinds = [e["type"] for e in client.events]
         restarted = kinds.index("model_restarted")
