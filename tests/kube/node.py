@@ -62,7 +62,7 @@ PACKAGES = {
     "nft": "nftables",
     "conntrack": "conntrack",
     "ip": "iproute2",
-    "docker": "docker.io",
+    "dockerd": "docker.io",  # the engine: a machine may carry the docker client alone
 }
 NODE_BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-node.sh"
 NODE_FILES = ("kubelet", "kube-proxy", "local-path-provisioner", "kube-router")
