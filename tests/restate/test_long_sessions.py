@@ -1,7 +1,8 @@
 """A long session on a real stack (restate-server, a worker process, its sidecar): with tail
 compaction a run reads the turns its model can see, not the whole session, and never lists the
 object's keys (that compaction of them is compaction of the whole session:
-`test_restate_session_store`)."""
+`test_restate_session_store`), and what it reads came with the invocation: Restate sends state
+up to its eager limit shortest key first, then in byte order, and the keys are named for it."""
 
 from __future__ import annotations
 
@@ -62,6 +63,8 @@ def test_a_run_reads_the_turns_its_model_sees_not_the_whole_session() -> None:
         assert int(state) > 200_000
         assert read < int(state) / 10, (read, state)
         assert not [e for e in journal if "StateKeys" in str(e["entry_type"])]
+        # the state is over the eager limit (200 KB > 64 KiB), yet no read waited for Restate
+        assert not [e for e in journal if "GetLazyState" in str(e["entry_type"])], journal
 
         session = agent.session("long")
         assert session is not None and len(session.turns) == 2 * RUNS + 2

@@ -15,9 +15,10 @@ import pytest
 from tether import jsoncodec
 from tether.agent.compaction import ContextCovered, compact_tail
 from tether.messages import Role, ToolUseBlock, text_block, tool_result
-from tether.restate.chain import PER_SEGMENT, READ_AHEAD, SEGMENT_BYTES
+from tether.restate.chain import PER_SEGMENT, READ_AHEAD, SEGMENT_BYTES, Chain, Values
 from tether.restate.events import RestateEventLog, read_events
 from tether.restate.session import (
+    COUNTING_UP,
     LAYOUT,
     META_KEY,
     RUNS,
@@ -60,6 +61,10 @@ class ObjectState:
     async def state_keys(self) -> list[str]:
         self.listings += 1
         return list(self.state)
+
+
+def segment(prefix: str, k: int) -> str:
+    return Chain(Values(ObjectState()), prefix).segment_key(k)  # type: ignore[arg-type]
 
 
 def assert_no_stray_parts(ctx: ObjectState) -> None:
@@ -113,7 +118,7 @@ async def test_turns_go_to_segments_and_a_tail_and_load_back_in_order() -> None:
         assert ids(again.turns) == [f"t{i}" for i in range(n)]
         assert again.turns == session.turns
     segments = sorted(k for k in ctx.state if k.startswith(SEGMENT_KEY))
-    assert segments == sorted(f"{SEGMENT_KEY}{k}" for k in range(n // S))
+    assert segments == sorted(segment(TURNS, k) for k in range(n // S))
     assert jsoncodec.loads(ctx.state[TAIL_KEY])["first"] == n // S * S
     assert not [k for k in ctx.state if k.startswith(("tether:turn:", "tether:turns:"))]
     assert jsoncodec.loads(ctx.state[META_KEY])["layout"] == LAYOUT
@@ -190,7 +195,7 @@ async def test_appending_after_a_load_continues_the_tail() -> None:
     await again.append_turns([turn(i) for i in range(S - 3, S + 2)])
     final = await reloaded(ctx)
     assert ids(final.turns) == [f"t{i}" for i in range(S + 2)]
-    assert f"{SEGMENT_KEY}0" in ctx.state
+    assert segment(TURNS, 0) in ctx.state
 
 
 async def test_values_over_budget_are_split_and_a_large_turn_seals_its_segment() -> None:
@@ -248,7 +253,7 @@ async def test_run_records_are_a_sequence_too_and_are_rewritten_where_they_are()
     assert again.runs == session.runs
     assert again.runs[0].decisions == [{"call": "c1", "decision": "approved"}]
     assert {r.status for r in again.runs[1:]} == {"completed"}
-    assert f"{RUNS}seg:1" in ctx.state and f"{RUNS}seg:2" not in ctx.state
+    assert segment(RUNS, 1) in ctx.state and segment(RUNS, 2) not in ctx.state
     meta = jsoncodec.loads(ctx.state[META_KEY])
     assert meta.keys() == {"id", "created_at", "metadata", "layout"}  # no list of run ids
     parent.status = "completed"
@@ -275,7 +280,7 @@ async def test_a_value_written_again_smaller_leaves_no_parts_behind() -> None:
     await session.append_turns(turns)
 
     def parts_of_segment_0() -> int:
-        return sum(1 for k in ctx.state if k.startswith(f"{SEGMENT_KEY}0:"))
+        return sum(1 for k in ctx.state if k.startswith(f"{segment(TURNS, 0)}:"))
 
     before = parts_of_segment_0()
     assert await session.heal_interrupted_tool_calls() == 1
@@ -359,6 +364,43 @@ async def test_a_session_of_layout_2_loads_and_moves_on_its_next_write() -> None
     assert again.turns == [*turns, turn(len(turns))] and again.runs == runs
 
 
+async def test_a_session_of_layout_3_loads_and_moves_on_its_next_write() -> None:
+    """Layout 3: the same chains, their segments counting up under other names."""
+    turns = [turn(i) for i in range(3 * S + 5)]
+    runs = [SessionRun(id=f"r{i}", status="completed", started_at=float(i)) for i in range(S + 1)]
+    meta = {"id": "s1", "created_at": 1.0, "metadata": {}, "layout": 3}
+    ctx = ObjectState({META_KEY: jsoncodec.dumps(meta)})
+    for prefix, records in ((COUNTING_UP[0], turns), (COUNTING_UP[1], runs)):
+        chain = Chain(Values(ctx), prefix, counting_up=True)  # type: ignore[arg-type]
+        chain.write_all([record.to_json() for record in records])
+    assert f"{COUNTING_UP[0]}seg:2" in ctx.state and f"{COUNTING_UP[1]}seg:0" in ctx.state
+    session = await reloaded(ctx)
+    assert session.turns == turns and session.runs == runs
+    await session.append_turns([turn(len(turns))])
+    assert not [k for k in ctx.state if k.startswith(COUNTING_UP)]
+    assert jsoncodec.loads(ctx.state[META_KEY])["layout"] == LAYOUT
+    again = await reloaded(ctx)
+    assert again.turns == [*turns, turn(len(turns))] and again.runs == runs
+
+
+async def test_keys_sort_as_restate_sends_them_the_hot_ones_first() -> None:
+    """Restate sends eager state shortest key first, then in byte order: the meta and the tails,
+    then the turns' segments newest first, then the events', then the run records'."""
+    ctx = ObjectState()
+    session = await new_session(ctx)
+    log = RestateEventLog(ctx)  # type: ignore[arg-type]
+    for i in range(3 * S + 2):
+        await session.append_turns([turn(i)])
+        await session.save_run(SessionRun(id=f"r{i}", status="completed", started_at=float(i)))
+        await log.append("s1", [{"type": "x"}])
+    order = sorted(ctx.state, key=lambda key: (len(key), key))
+    tails = {META_KEY, TAIL_KEY, f"{RUNS}tail", "tether:events/tail"}
+    assert set(order[: len(tails)]) == tails
+    cold = order[len(tails) :]
+    assert cold[:3] == [segment(TURNS, k) for k in (2, 1, 0)]
+    assert cold[3].startswith("tether:events/") and cold[-1] == segment(RUNS, 0)
+
+
 async def test_a_read_only_store_loads_and_refuses_writes() -> None:
     ctx = ObjectState()
     session = await new_session(ctx)
@@ -422,6 +464,19 @@ async def test_a_stream_an_older_version_kept_moves_to_the_chain_on_its_next_app
     assert log.position == 6
     assert not [k for k in ctx.state if k.startswith("tether:events:")]
     assert [e["id"] for e in await read_events(ctx, Cursor(0))] == ["3", "4", "5", "6"]
+
+
+async def test_a_stream_whose_segments_count_up_moves_to_the_chain_on_its_next_append() -> None:
+    ctx = ObjectState()
+    events = [{"type": "x", "id": str(i)} for i in range(1, 2 * S + 4)]
+    Chain(Values(ctx), "tether:events-", counting_up=True).write_all(events)  # type: ignore[arg-type]
+    assert [e["id"] for e in await read_events(ctx, Cursor(2 * S))] == ["33", "34", "35"]
+    log = RestateEventLog(ctx)  # type: ignore[arg-type]
+    await log.append("s1", [{"type": "y"}])
+    assert log.position == 2 * S + 4
+    assert not [k for k in ctx.state if k.startswith("tether:events-")]
+    numbers = [e["id"] for e in await read_events(ctx, Cursor(0))]
+    assert numbers == [str(i) for i in range(1, 2 * S + 5)]
 
 
 async def test_a_run_without_compaction_reads_every_turn_at_once_and_the_newest_runs() -> None:

@@ -9,6 +9,12 @@ come before it, so a reader that only needs the newest records reads the tail an
 segments back as it needs: a run on a 5,000-turn session read every turn, a journal entry each
 (Restate journals the value of every state read), to send the model the last few hundred.
 
+Restate sends an object's state with each invocation up to its eager limit, shortest keys first,
+then in byte order (measured: `tests/restate/test_long_sessions.py`); what does not fit is read
+on demand, a round trip each time. So segments are numbered counting down, in fixed width: the
+newest sort first, and a chain's tail is shorter than any segment's key. A chain is named by its
+prefix; a shorter prefix sends its segments before a longer one's.
+
 A write is one state write (the tail) plus one per segment it seals; a tail rewrite costs at most
 `SEGMENT_BYTES` and a record. A value over the per-value budget (a huge tool result, an image) is
 split over several keys (`Values`), so it cannot turn a state write into a poison pill.
@@ -28,6 +34,9 @@ from .types import RestateObjectContextLike
 RAW = BytesSerde()
 PER_SEGMENT = 16
 SEGMENT_BYTES = 16 * 1024
+SEGMENT_DIGITS = 9
+"""Segment numbers are written as `NEWEST_FIRST - k` in this many digits."""
+NEWEST_FIRST = 10**SEGMENT_DIGITS - 1
 READ_AHEAD = 4
 """Segments a reader going back from the tail asks for at once, at first; it asks for twice as
 many each time it needs more (with lazy state a round trip per batch: a window of n segments
@@ -128,6 +137,7 @@ class Chain:
         *,
         mark: Callable[[Json], bool] = _never,
         keep_segments: int | None = None,
+        counting_up: bool = False,
     ) -> None:
         self._values = values
         self.tail_key = f"{prefix}tail"
@@ -135,6 +145,8 @@ class Chain:
         self._mark = mark
         self._keep = keep_segments
         """Sealed segments kept (the oldest are cleared), None: all."""
+        self._counting_up = counting_up
+        """Segments named `seg:0`, `seg:1`, ...: a chain an older version wrote."""
         self.segments = 0
         self.tail_first = 0
         """The number of the tail's first record: how many are sealed."""
@@ -154,7 +166,9 @@ class Chain:
         return self.tail_first + len(self._tail)
 
     def segment_key(self, k: int) -> str:
-        return f"{self._segment_prefix}{k}"
+        if self._counting_up:
+            return f"{self._segment_prefix}{k}"
+        return f"{self._segment_prefix}{NEWEST_FIRST - k:0{SEGMENT_DIGITS}d}"
 
     def start_empty(self) -> None:
         self.segments = self.tail_first = self.tail_marked = self._stored_tail = 0

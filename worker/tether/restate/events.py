@@ -9,8 +9,9 @@ go once the stream passes its retention. Live events (model text, a tool call st
 state: `live` hands them, with the durable position they follow, to a `LiveSink` (the worker's,
 which passes them on to the session's live stream outside the journal).
 
-Streams an older version wrote (a key per batch, `tether:events:<first>:<count>`, found by
-listing the state's keys) are read as they are, and moved to the chain by the next append.
+Streams an older version wrote are read as they are, and moved to the chain by the next append:
+a chain whose segments count up (`tether:events-`), or a key per batch
+(`tether:events:<first>:<count>`, found by listing the state's keys).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from ..session.events import DEFAULT_RETAIN, Cursor
 from .chain import PER_SEGMENT, Chain, Values, tail_only
 from .types import RestateObjectContextLike
 
-EVENTS = "tether:events-"
-"""The key prefix of the events' chain."""
+EVENTS = "tether:events/"
+"""The key prefix of the events' chain (its segments sort after the session's turns')."""
+COUNTING_UP = "tether:events-"
 OLDER_BATCH_KEY = re.compile(r"tether:events:(\d{12}):(\d+)")
 """A batch of durable events as an older version kept it: the first one's number and how many."""
 CATCH_UP = 4 * PER_SEGMENT
@@ -74,14 +76,14 @@ class RestateEventLog:
     async def _move_older(self) -> None:
         """No tail: a new stream, or one an older version kept (a listing of the keys finds its
         batches, which move to the chain)."""
-        batches = _older_batches(await self._ctx.state_keys())
-        found = await self._values.get_many([key for _, key in batches])
-        events = [e for value in found if value for e in jsoncodec.loads(value)]
+        keys = await self._ctx.state_keys()
+        events = await _read_older(self._ctx, self._values, keys, Cursor(0))
         self._chain.start_empty()
         if events:
             self._chain.write_all(events, first=int(events[0]["id"]) - 1)
-            for _, key in batches:
-                self._ctx.clear(key)
+            for key in keys:
+                if key.startswith(COUNTING_UP) or OLDER_BATCH_KEY.fullmatch(key):
+                    self._ctx.clear(key)
 
     @property
     def position(self) -> int:
@@ -106,7 +108,7 @@ async def read_events(ctx: Any, after: Cursor, limit: int = 1000) -> list[JSON]:
     tail = await values.get(chain.tail_key)
     read = await chain.read_from(tail, tail_only)
     if read is None:
-        return await _read_older(ctx, after, limit)
+        return (await _read_older(ctx, values, await ctx.state_keys(), after, limit))[:limit]
     events, first, _ = read
     if after.durable < first:  # back from the tail: segment by segment, or all at once
 
@@ -120,11 +122,15 @@ async def read_events(ctx: Any, after: Cursor, limit: int = 1000) -> list[JSON]:
     return [e for e in events if int(e["id"]) > after.durable][:limit]
 
 
-async def _read_older(ctx: Any, after: Cursor, limit: int) -> list[JSON]:
-    """The events of a stream an older version kept, found by listing the state's keys."""
+async def _read_older(
+    ctx: Any, values: Values, keys: Sequence[str], after: Cursor, limit: int | None = None
+) -> list[JSON]:
+    """The events after `after` of a stream an older version kept (`keys`: the state's)."""
+    older = await Chain(values, COUNTING_UP, counting_up=True).read()
+    if older is not None:
+        return [e for e in older[0] if int(e["id"]) > after.durable]
     events: list[JSON] = []
-    values = Values(ctx)
-    for number, key in _older_batches(await ctx.state_keys()):
+    for number, key in _older_batches(keys):
         count = int(key.rsplit(":", 1)[1])
         if number + count - 1 <= after.durable:
             continue
@@ -132,6 +138,6 @@ async def _read_older(ctx: Any, after: Cursor, limit: int) -> list[JSON]:
         if data is None:  # cleared since the keys were listed
             continue
         events += [e for e in jsoncodec.loads(data) if int(e["id"]) > after.durable]
-        if len(events) >= limit:
+        if limit is not None and len(events) >= limit:
             break
-    return events[:limit]
+    return events

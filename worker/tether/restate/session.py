@@ -7,11 +7,16 @@ the model's context window (and the last user message), and the newest run recor
 of what it leaves out are in each chain's tail (`SessionRecord.earlier`). Without compaction the
 model gets every turn, so every turn is read (the segments asked for at once).
 
-`tether:session` holds the session's id, creation time, metadata and `layout`. Sessions that
-older versions wrote are read as they are and moved to this layout by their next write: layout 2
-(records in 64-record segments and a ring of slots, `tether:turns:<k>`, `tether:turn-slot:<i>`),
-and no layout (one key `tether:turn:<n>` per turn and `tether:run:<id>` per run, the run ids in
-`tether:session`).
+`tether:session` holds the session's id, creation time, metadata and `layout`. The keys are
+named for the order in which Restate sends state with an invocation (shortest first, see
+`tether.restate.chain`): the meta and the chains' tails, then the turns' segments (the newest
+first), then the run records' segments, which only their tail's reader needs.
+
+Sessions that older versions wrote are read as they are and moved to this layout by their next
+write: layout 3 (the same chains, named `tether:turns-` and `tether:runs-`, their segments
+counting up), layout 2 (records in 64-record segments and a ring of slots, `tether:turns:<k>`,
+`tether:turn-slot:<i>`), and no layout (one key `tether:turn:<n>` per turn and
+`tether:run:<id>` per run, the run ids in `tether:session`).
 """
 
 from __future__ import annotations
@@ -28,16 +33,18 @@ from .clock import journaled_time
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
 
 META_KEY = "tether:session"
-TURNS = "tether:turns-"
-RUNS = "tether:runs-"
-"""The key prefixes of the turns' and the run records' chains."""
-LAYOUT = 3
+TURNS = "tether:turns/"
+RUNS = "tether:run-records/"
+"""The key prefixes of the turns' and the run records' chains (the turns' is shorter)."""
+LAYOUT = 4
+COUNTING_UP_LAYOUT = 3
+COUNTING_UP = ("tether:turns-", "tether:runs-")
 RING_LAYOUT = 2
 RING_TURNS = ("tether:turns:", "tether:turn-slot:")
 RING_RUNS = ("tether:runs:", "tether:run-slot:")
 RING_SIZE = 64
 LEGACY_TURN_KEY = re.compile(r"tether:turn:(\d+)(:\d+)?")
-OLDER_PREFIXES = ("tether:turn:", "tether:run:", *RING_TURNS, *RING_RUNS)
+OLDER_PREFIXES = ("tether:turn:", "tether:run:", *RING_TURNS, *RING_RUNS, *COUNTING_UP)
 """The keys of the older layouts, cleared when a session moves to this one."""
 
 
@@ -134,6 +141,10 @@ class RestateSessionStore:
 
     async def _read_older(self) -> tuple[list[Json], list[Json]]:
         assert self._meta is not None
+        if self._meta.get("layout") == COUNTING_UP_LAYOUT:
+            read = [await Chain(self._values, p, counting_up=True).read() for p in COUNTING_UP]
+            turns, runs = ([] if chain is None else chain[0] for chain in read)
+            return turns, runs
         if self._meta.get("layout") == RING_LAYOUT:
             return await _read_ring(self._values, RING_TURNS), await _read_ring(
                 self._values, RING_RUNS
