@@ -258,10 +258,24 @@ def _undo_link(entry: dict[str, Any]) -> None:
         run("ip", "link", "delete", entry["name"])
 
 
+IPTABLES_FAMILIES = {"iptables": "ip", "ip6tables": "ip6"}
+
+
+def iptables_tables() -> dict[str, list[str]]:
+    """The tables each of iptables and ip6tables shows (`*nat`, ...), for the ledger."""
+    saved = {tool: run(f"{tool}-save", check=False) for tool in IPTABLES_FAMILIES}
+    return {
+        tool: [line[1:] for line in text.splitlines() if line[:1] == "*"]
+        for tool, text in saved.items()
+    }
+
+
 def _undo_iptables(entry: dict[str, Any]) -> None:
     """Drop the chains (and the rules jumping to them) of kube-proxy, kubelet, CNI and ours,
-    table by table, leaving every other rule (Docker's) as it is."""
-    for tool in ("iptables", "ip6tables"):
+    table by table, leaving every other rule (Docker's) as it is; then the tables that were not
+    there before (`tables`), once empty, where iptables is nftables underneath (a legacy table
+    cannot be removed)."""
+    for tool, family in IPTABLES_FAMILIES.items():
         saved = run(f"{tool}-save", check=False)
         kept: list[str] = []
         touched = False
@@ -272,6 +286,24 @@ def _undo_iptables(entry: dict[str, Any]) -> None:
             kept.append(line)
         if touched:
             run(f"{tool}-restore", input="\n".join(kept) + "\n")
+        before = entry.get("tables", {}).get(tool)
+        if before is None or "nf_tables" not in run(tool, "--version", check=False):
+            continue
+        for table in _empty_tables(run(f"{tool}-save", check=False)) - set(before):
+            run("nft", "delete", "table", family, table, check=False)
+
+
+def _empty_tables(saved: str) -> set[str]:
+    """The tables of an `iptables-save` output with no rule and no chain of their own."""
+    tables: dict[str, bool] = {}
+    table = ""
+    for line in saved.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+            tables[table] = True
+        elif line.startswith("-A") or (line.startswith(":") and " - [" in line):
+            tables[table] = False  # a rule, or a user chain (a base chain has a policy)
+    return {name for name, empty in tables.items() if empty}
 
 
 def _undo_ipsets(entry: dict[str, Any]) -> None:

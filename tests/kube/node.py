@@ -40,7 +40,7 @@ from .controlplane import (
     _Process,
     _wait_for,
 )
-from .host import CGROUP_FS, HostError, HostLedger, run
+from .host import CGROUP_FS, HostError, HostLedger, iptables_tables, run
 
 NODE_NAME = "tether-node"
 BRIDGE = "tether0"
@@ -234,7 +234,7 @@ class KubeNode(KubeCluster):
         ledger.record("conntrack", cidrs=[POD_CIDR, SERVICE_CIDR])
         # Undone newest first: the rules go before the ipsets they use (a set in use stays).
         ledger.record("ipsets", prefixes=["KUBE-", "kube-router-", "inet:kube-router"])
-        ledger.record("iptables")
+        ledger.record("iptables", tables=iptables_tables())
         ledger.record("nft_table", family="inet", name=NFT_TABLE)
         for directory in (
             "/run/netns",
