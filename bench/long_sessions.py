@@ -102,12 +102,13 @@ def journal_size(agent: AgentHarness, invocation: str) -> dict[str, int]:
         f"SELECT journal_size FROM sys_invocation WHERE id = {quoted(invocation)}"
     )
     entries = agent.restate.server.query(
-        f"SELECT COUNT(*) AS n, SUM(raw_length) AS bytes FROM sys_journal "
-        f"WHERE id = {quoted(invocation)}"
+        f"SELECT entry_type, raw_length FROM sys_journal WHERE id = {quoted(invocation)}"
     )
     return {
         "entries": int(rows[0]["journal_size"]) if rows else -1,
-        "bytes": int(entries[0]["bytes"] or 0) if entries else -1,
+        "bytes": sum(int(e["raw_length"]) for e in entries),
+        # state reads that waited for a round trip (not sent with the invocation)
+        "lazy_reads": sum(1 for e in entries if e["entry_type"] == "Command: GetLazyState"),
     }
 
 
@@ -228,7 +229,8 @@ def main() -> int:
                 f"{n:>6} turns: start {s['start_ms_median']:.1f} ms (min {min(starts[n]):.1f}, "
                 f"max {max(starts[n]):.1f}); state {state['keys']} keys, {state['bytes']:,} B "
                 f"(turns {state['turn_keys']} keys, {state['turn_bytes']:,} B); a run's journal "
-                f"{journal['entries']} entries, {journal['bytes']:,} B; an events poll "
+                f"{journal['entries']} entries, {journal['bytes']:,} B, "
+                f"{journal['lazy_reads']} lazy reads; an events poll "
                 f"{s['events_poll_ms']:.1f} ms"
             )
         say("ratios: " + ", ".join(f"{k} {v}" for k, v in report["ratios"].items()))

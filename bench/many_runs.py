@@ -58,15 +58,16 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
+def process_cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
 def group_cpu_seconds(pgid: int) -> float:
-    total = 0
-    for pid in group_pids(pgid):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / TICKS
+    return sum(process_cpu_seconds(pid) for pid in group_pids(pgid))
 
 
 def rss_of(pids: Sequence[int]) -> int:
@@ -119,7 +120,9 @@ def measure(
 ) -> dict[str, float]:
     """`runs` concurrent calls of `one(key) -> (path, payload)`: wall, CPU and RSS figures."""
     requests = [one(uuid.uuid4().hex[:12]) for _ in range(runs)]
+    assert server.pid is not None
     cpu_before = group_cpu_seconds(pgid)
+    server_before = process_cpu_seconds(server.pid)
     with PeakRss(pgid) as peak, ThreadPoolExecutor(max_workers=runs) as pool:
         started = time.perf_counter()
         for future in [pool.submit(call, server, path, payload) for path, payload in requests]:
@@ -128,6 +131,7 @@ def measure(
     return {
         "wall": wall,
         "cpu": group_cpu_seconds(pgid) - cpu_before,
+        "server_cpu": process_cpu_seconds(server.pid) - server_before,
         "rss_peak": peak.peak,
         "rss_after": group_rss_bytes(pgid),
     }
@@ -170,6 +174,7 @@ def main() -> None:
             f"{idle / 2**20:.0f} MiB"
         )
         ratios, cpu_ours, cpu_raw, per_run, after = [], [], [], [], []
+        server_ours, server_raw = [], []
         for i in range(args.rounds):
             sides = [("ours", ours), ("raw", raw)]
             results = {
@@ -182,12 +187,16 @@ def main() -> None:
             ratios.append(ratio)
             cpu_ours.append(o["cpu"] / total_turns)
             cpu_raw.append(r["cpu"] / total_turns)
+            server_ours.append(o["server_cpu"] / total_turns)
+            server_raw.append(r["server_cpu"] / total_turns)
             per_run.append((o["rss_peak"] - idle) / args.runs)
             after.append(o["rss_after"])
             print(
                 f"  round {i + 1}: ours {total_turns / o['wall']:6.0f} turns/s, floor "
                 f"{total_turns / r['wall']:6.0f} turns/s, throughput ratio {ratio:.2f}; worker CPU "
-                f"per turn {cpu_ours[-1] * 1000:.2f} ms (floor {cpu_raw[-1] * 1000:.2f} ms); RSS "
+                f"per turn {cpu_ours[-1] * 1000:.2f} ms (floor {cpu_raw[-1] * 1000:.2f} ms), "
+                f"restate-server's {server_ours[-1] * 1000:.2f} ms (floor "
+                f"{server_raw[-1] * 1000:.2f} ms); RSS "
                 f"peak +{per_run[-1] / 2**10:.0f} KiB per active run (floor "
                 f"+{(r['rss_peak'] - idle) / args.runs / 2**10:.0f} KiB), after the "
                 f"round {o['rss_after'] / 2**20:.0f} MiB"
@@ -195,7 +204,9 @@ def main() -> None:
         print(
             f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8), CPU per "
             f"turn {statistics.median(cpu_ours) * 1000:.2f} ms vs the floor's "
-            f"{statistics.median(cpu_raw) * 1000:.2f} ms, RSS per active run "
+            f"{statistics.median(cpu_raw) * 1000:.2f} ms (restate-server's "
+            f"{statistics.median(server_ours) * 1000:.2f} ms vs "
+            f"{statistics.median(server_raw) * 1000:.2f} ms), RSS per active run "
             f"{max(per_run) / 2**10:.0f} KiB at most; RSS after rounds "
             f"{', '.join(f'{a / 2**20:.0f}' for a in after)} MiB (idle {idle / 2**20:.0f} MiB)"
         )
