@@ -190,21 +190,23 @@ class RestateRuntime:
         # lose a body's own command along with its result, and an attempt that died after the
         # acknowledgement leaves the same journal as one that suspended before it. Such a body
         # is reported interrupted (a safe call runs again there), unless this process saw the
-        # attempt end before any body started (`intents`).
+        # attempt end before any body started, or sees it end so now (`intents`).
         nonce = uuid.uuid4().hex
 
         async def mark() -> JSON:
             return {"calls": [c.name for c in calls], "nonce": nonce}
 
         marker = self._start("tool", intent, mark)
+        UNSTARTED_BODIES.awaiting(nonce)
         try:
             value = await marker.future
         except BaseException:
-            if marker.executed:  # journaled maybe, acknowledged not: no body started
-                UNSTARTED_BODIES.record(nonce)
+            # journaled maybe, acknowledged not: no body started
+            UNSTARTED_BODIES.settle(nonce, unstarted=marker.executed)
             raise
+        UNSTARTED_BODIES.settle(nonce, unstarted=False)
         self._finish("tool", marker, value)
-        if marker.executed or UNSTARTED_BODIES.take(_nonce_of(value)):
+        if marker.executed or await UNSTARTED_BODIES.take(_nonce_of(value)):
             return await self.all(calls)
 
         def reported(index: int, call: StepCall) -> StepCall:
