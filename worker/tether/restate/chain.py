@@ -275,8 +275,18 @@ class Chain:
 
     def _store(self) -> None:
         """Seal what the tail has over its budget into segments, then write the tail."""
+        self._seal()
+        self._write_tail()
+
+    def _seal(self, replacing: Sequence[int] = ()) -> None:
+        """Seal the tail's records into segments while it is over its budget; the i-th is
+        written over a segment of `replacing[i]` bytes (whose parts may be left)."""
+        start = self.segments
         while self._full():
-            self._seal_next()
+            index = self.segments - start
+            self._seal_next(replacing[index] if index < len(replacing) else 0)
+
+    def _write_tail(self) -> None:
         head = b'{"n":%d,"first":%d,"marked":%d,' % (
             self.segments,
             self.tail_first,
@@ -316,13 +326,9 @@ class Chain:
         marks[offset : offset + len(replaced)] = [self._mark(r) for r in records]
         self.segments, self.tail_first, self.tail_marked = k, first, marked
         self._tail, self._tail_marks = tail, marks
-        # the segments written again, each over the one it replaces (whose parts may be left)
-        while self._full():
-            index = self.segments - k
-            self._seal_next(sizes[index] if index < len(sizes) else 0)
-        for gone in range(self.segments, old_segments):
+        self._seal(replacing=sizes)
+        for gone in range(self.segments, old_segments):  # fewer segments than before
             key = self.segment_key(gone)
-            index = gone - k
-            self._values.drop(key, sizes[index] if 0 <= index < len(sizes) else 0)
+            self._values.drop(key, sizes[gone - k])
             self._split.pop(key, None)
-        self._store()
+        self._write_tail()
