@@ -66,6 +66,15 @@ def wait_for(what: str, condition: Callable[[], Any], timeout: float, interval: 
         time.sleep(interval)
 
 
+def helm(cluster: Cluster, *args: str, check: bool = True, timeout: float = 300) -> str:
+    """Run helm against the cluster; its output. A failure names the command and its stderr."""
+    argv = [cluster.helm_bin, f"--kubeconfig={cluster.kubeconfig}", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise StepFailed(f"helm {' '.join(args[:2])} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
 class Kubectl:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.cluster import Cluster
 from tests.kube.controlplane import bin_dir
 from tests.kube.host import HostError
 from tests.kube.node import PACKAGES, KubeNode, check_host, install_packages
@@ -96,6 +97,24 @@ def node(images: dict[str, str]) -> Iterator[KubeNode]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(node: KubeNode, images: dict[str, str], helm_path: Path) -> Cluster:
+    """The real node as the steps see it: its kubeconfig, tools and images."""
+    plane = node.control_plane
+    return Cluster(
+        name="real node",
+        kubeconfig=plane.kubeconfig,
+        tether_image=images["tether"],
+        prometheus_image=images["prometheus"],
+        restate_image=images["restate"],
+        mcp_image=images["mcp"],
+        kubectl_bin=str(plane.bin_dir / "kubectl"),
+        helm_bin=str(helm_path),
+        outside_attempts=node.outside_attempts,
+        kill_container=node.kill_container,
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

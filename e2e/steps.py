@@ -52,6 +52,7 @@ from e2e.cluster import (
     PortForward,
     Report,
     StepFailed,
+    helm,
     http,
     wait_for,
 )
@@ -269,20 +270,15 @@ def install_platform(p: Platform) -> None:
         "monitoring.dashboard.enabled=true",
     ]
     started = time.monotonic()
-    subprocess.run(
-        [
-            cluster.helm_bin,
-            f"--kubeconfig={cluster.kubeconfig}",
-            "install",
-            RELEASE,
-            str(ROOT / "helm" / "tether"),
-            "-n",
-            SYSTEM_NS,
-            "--create-namespace",
-            *[arg for value in values for arg in ("--set", value)],
-        ],
-        check=True,
-        capture_output=True,
+    helm(
+        cluster,
+        "install",
+        RELEASE,
+        str(ROOT / "helm" / "tether"),
+        "-n",
+        SYSTEM_NS,
+        "--create-namespace",
+        *[arg for value in values for arg in ("--set", value)],
     )
     selector = "app.kubernetes.io/name=tether-operator"
     wait_for("the operator Ready", lambda: p.kubectl.ready_pods(SYSTEM_NS, selector), 300)

@@ -18,16 +18,13 @@ import datetime
 import json
 import re
 import secrets
-import subprocess
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from e2e.cluster import ROOT, Cluster, Report, StepFailed, http, wait_for
+from e2e.cluster import ROOT, Cluster, Report, StepFailed, helm, http, wait_for
 from e2e.steps import CLERK, E2E, Platform, image_values
 from e2e.test_user_path import dump_logs
-from tests.kube.node import KubeNode
 from tether.programs.restate_cluster import partition_key_of, partition_of_key
 
 RELEASE = "tether-rc"
@@ -155,13 +152,6 @@ def steady_leaders(p: Platform, steady: float = 5, nodes: int = NODES) -> list[N
 
 # ------------------------------------------------------------------------------------------------
 # The release
-
-
-def helm(cluster: Cluster, *args: str, timeout: float = 300) -> None:
-    argv = [cluster.helm_bin, f"--kubeconfig={cluster.kubeconfig}", *args]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    if result.returncode != 0:
-        raise StepFailed(f"helm {' '.join(args[:2])} failed: {result.stderr.strip()}")
 
 
 def install(p: Platform, report: Report, crd_ours: bool) -> None:
@@ -438,22 +428,10 @@ def clean_up(p: Platform, crd_ours: bool) -> None:
     kubectl = p.kubectl
     if kubectl.ok("get", "crd", CRD):
         kubectl("-n", AGENTS_NS, "delete", "durableagents", "--all", "--timeout=120s", check=False)
-    subprocess.run(
-        [
-            p.cluster.helm_bin,
-            f"--kubeconfig={p.cluster.kubeconfig}",
-            "uninstall",
-            RELEASE,
-            "-n",
-            SYSTEM_NS,
-            "--wait",
-            "--timeout",
-            "3m",
-        ],
-        capture_output=True,
-        check=False,
-        timeout=240,
-    )
+    helm(
+        p.cluster, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "3m",
+        check=False, timeout=240,
+    )  # fmt: skip
     if kubectl.ok("get", "crd", CRD):  # an agent the operator did not finalize
         for name in kubectl(
             "-n", AGENTS_NS, "get", "durableagents", "-o", "name", check=False
@@ -534,17 +512,5 @@ def run(cluster: Cluster, report: Report) -> None:
         print(report.table(), flush=True)
 
 
-def test_restate_cluster(node: KubeNode, images: dict[str, str], helm_path: Path) -> None:
-    plane = node.control_plane
-    cluster = Cluster(
-        name="real node",
-        kubeconfig=plane.kubeconfig,
-        tether_image=images["tether"],
-        prometheus_image=images["prometheus"],
-        restate_image=images["restate"],
-        kubectl_bin=str(plane.bin_dir / "kubectl"),
-        helm_bin=str(helm_path),
-        outside_attempts=node.outside_attempts,
-        kill_container=node.kill_container,
-    )
+def test_restate_cluster(cluster: Cluster) -> None:
     run(cluster, Report())

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from e2e.cluster import Cluster, Report
 from e2e.steps import run_all
-from tests.kube.node import KubeNode
 
 REPORT = Path(os.environ.get("TETHER_E2E_REPORT", "/tmp/tether-e2e-report.json"))
 LOGS = Path(os.environ.get("TETHER_E2E_LOGS", "/tmp/tether-e2e-logs"))
@@ -63,20 +62,7 @@ def dump_logs(cluster: Cluster) -> None:
     print(f"pod logs and objects in {LOGS}")
 
 
-def test_the_user_path(node: KubeNode, images: dict[str, str], helm_path: Path) -> None:
-    plane = node.control_plane
-    cluster = Cluster(
-        name="real node",
-        kubeconfig=plane.kubeconfig,
-        tether_image=images["tether"],
-        prometheus_image=images["prometheus"],
-        restate_image=images["restate"],
-        mcp_image=images["mcp"],
-        kubectl_bin=str(plane.bin_dir / "kubectl"),
-        helm_bin=str(helm_path),
-        outside_attempts=node.outside_attempts,
-        kill_container=node.kill_container,
-    )
+def test_the_user_path(cluster: Cluster) -> None:
     report = Report()
     try:
         run_all(cluster, report)
