@@ -282,11 +282,18 @@ def pod_template(
                     "configMap": {"name": version_name(name, version_hash)},
                 },
                 {"name": "metrics", "emptyDir": {}},
-                {"name": "workspace", "emptyDir": {}},
+                _workspace(agent),
                 {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
             ],
         },
     }
+
+
+def _workspace(agent: DurableAgent) -> Manifest:
+    claim = agent.spec.worker.workspace_claim
+    if claim is None:
+        return {"name": "workspace", "emptyDir": {}}
+    return {"name": "workspace", "persistentVolumeClaim": {"claimName": claim}}
 
 
 def _hash_input(agent: DurableAgent) -> Manifest:

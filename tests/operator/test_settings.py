@@ -113,6 +113,27 @@ def test_the_version_follows_the_spec_and_pod_template_only() -> None:
     assert objects.name == f"triage-{base}"
 
 
+def test_a_workspace_claim_is_the_workspace_of_every_pod_and_a_new_version() -> None:
+    settings = settings_from_env(ENV)
+
+    def volumes(objects: Any) -> dict[str, Any]:
+        spec = objects.deployment["spec"]["template"]["spec"]
+        return {volume["name"]: volume for volume in spec["volumes"]}
+
+    assert volumes(version_objects(agent(), "ns", settings))["workspace"] == {
+        "name": "workspace",
+        "emptyDir": {},
+    }
+    claimed = version_objects(agent(worker={"workspaceClaim": "files"}), "ns", settings)
+    assert volumes(claimed)["workspace"] == {
+        "name": "workspace",
+        "persistentVolumeClaim": {"claimName": "files"},
+    }
+    assert claimed.hash != version_hash(agent(), "ns", settings)
+    with pytest.raises(SpecError, match="workspaceClaim"):
+        agent(worker={"workspaceClaim": "Not/A-Name"})
+
+
 def test_a_versions_workers_spread_over_nodes_and_a_drain_evicts_one_at_a_time() -> None:
     objects = version_objects(agent(worker={"replicas": 2}), "ns", settings_from_env(ENV))
     pods = {"tether.dev/agent": "triage", "tether.dev/version": objects.hash}

@@ -549,11 +549,24 @@ class Resources(_Model):
     limits: dict[str, str] = Field(default_factory=dict, description="e.g. {memory: 512Mi}.")
 
 
+OBJECT_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""A Kubernetes object's name (a DNS subdomain)."""
+
+
 class WorkerSpec(_Model):
     """The worker pods of each version."""
 
     image: str | None = Field(default=None, description="Worker image (default: operator's).")
     replicas: int = Field(default=1, ge=0, le=100, description="Worker pods per version.")
+    workspace_claim: str | None = Field(
+        default=None,
+        pattern=OBJECT_NAME,
+        max_length=253,
+        description="A PersistentVolumeClaim of the agent's namespace mounted as the workspace "
+        "(/workspace, TETHER_WORKSPACE: where the file tools write) in every pod of every "
+        "version, so files outlive pods and versions; several pods on several nodes need it "
+        "ReadWriteMany. Unset: an emptyDir per pod. Tools of every session share it.",
+    )
     resources: Resources = Field(
         default_factory=Resources, description="Requests and limits of the worker container."
     )
