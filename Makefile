@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck unit venv bench chaos restate-server kube-bins helm-bin mcp-servers otelcol chromium clean
+.PHONY: demo test e2e lint typecheck unit venv bench chaos chaos-node restate-server kube-bins helm-bin mcp-servers otelcol chromium clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +83,13 @@ CHAOS_KILLS ?= worker,restate,sidecar
 chaos: $(STAMP) restate-server
 	$(BIN)/python -m tests.chaos --seconds $(CHAOS_SECONDS) --seed $(CHAOS_SEED) \
 		--runs $(CHAOS_RUNS) --kinds $(CHAOS_KILLS)
+
+# The same scenario on the real node (e2e/test_node_chaos.py, needs what `make e2e` needs): the
+# platform helm-installed, worker pods, the Restate pod and an operator pod SIGKILLed and
+# force-deleted. `make e2e` runs a short one (30 s, 20 runs).
+chaos-node: $(STAMP) restate-server kube-bins helm-bin
+	CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) CHAOS_RUNS=$(CHAOS_RUNS) \
+		$(BIN)/pytest -v -s e2e/test_node_chaos.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

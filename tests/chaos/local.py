@@ -25,6 +25,7 @@ class LocalPlatform:
     """A `tests.chaos.scenario.Platform` on loopback."""
 
     kill_kinds: tuple[str, ...] = ("worker", "restate", "sidecar")
+    exact_metrics = True  # the sidecar sums every worker process's files, the killed ones' too
 
     def __init__(self, turns: int, directory: Path | None = None) -> None:
         self._temp = None

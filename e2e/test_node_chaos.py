@@ -1,0 +1,177 @@
+"""Chaos on the real node (issue 15, part 3): the scenario of `make chaos`
+(`tests.chaos.scenario`: runs of a scripted agent whose tools write a side-effect ledger, some
+parked on approvals, some fanning out to sub-agents, one budget per run tree) on the platform
+`helm install`ed, while a seeded killer SIGKILLs and force-deletes worker pods, the Restate pod
+and the operator pod. Nothing may be lost or run twice.
+
+The agent's tools are the scenario's module in an image made from the e2e's (`chaos_tools` in its
+site-packages); its workspace, where the ledger is, is a PersistentVolumeClaim, so the ledger
+outlives the pods. `make e2e` runs a short one (CHAOS_SECONDS, CHAOS_RUNS, CHAOS_SEED in the
+environment; `make chaos-node` a long one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import ROOT, Cluster, Report, StepFailed, helm, wait_for
+from e2e.steps import AGENT_LABEL, AGENTS_NS, RELEASE, SYSTEM_NS, Platform, image_values
+from e2e.test_user_path import dump_logs
+from tests.chaos.__main__ import turns
+from tests.chaos.scenario import AGENT, LEDGER, manifest, run_scenario, tools_module
+from tests.kube.node import KubeNode
+
+CLAIM = "chaos-workspace"
+OPERATOR_PODS = "app.kubernetes.io/name=tether-operator"
+RESTATE_PODS = "app.kubernetes.io/name=restate"
+
+
+def chaos_image(base: str, node: KubeNode) -> str:
+    """The e2e's image with the scenario's tools importable, loaded on the node."""
+    source = tools_module()
+    tag = f"tether-e2e/chaos:{hashlib.sha256((base + source).encode()).hexdigest()[:12]}"
+    with tempfile.TemporaryDirectory() as context:
+        (Path(context) / "chaos_tools.py").write_text(source)
+        (Path(context) / "Dockerfile").write_text(
+            f"FROM {base}\nCOPY chaos_tools.py /usr/local/lib/python3.11/site-packages/\n"
+        )
+        subprocess.run(
+            ["docker", "build", "-q", "-t", tag, context], check=True, capture_output=True
+        )
+    node.load_image(tag)
+    return tag
+
+
+class ClusterPlatform:
+    """A `tests.chaos.scenario.Platform` on the installed release: forwards to Restate's
+    ingress and the agent's sidecar, kills of pods."""
+
+    kill_kinds: tuple[str, ...] = ("worker", "restate", "operator")
+    exact_metrics = False  # a worker pod's counts are in its pod, and go with it
+
+    def __init__(self, p: Platform, rng: random.Random) -> None:
+        self.p = p
+        self.rng = rng
+        self.secret = p.secret.encode()
+
+    @property
+    def ingress_url(self) -> str:
+        return self.p.ingress.url
+
+    @property
+    def sidecar_url(self) -> str:
+        return self.p.sidecar(AGENT).url
+
+    def kill(self, kind: str) -> str:
+        namespace, selector, container = {
+            "worker": (AGENTS_NS, f"{AGENT_LABEL}={AGENT}", "worker"),
+            "restate": (SYSTEM_NS, RESTATE_PODS, "restate"),
+            "operator": (SYSTEM_NS, OPERATOR_PODS, "operator"),
+        }[kind]
+        kubectl = self.p.kubectl
+        pods = sorted(kubectl.ready_pods(namespace, selector))
+        if not pods:
+            return f"no {kind} pod was ready: nothing killed"
+        pod = self.rng.choice(pods)
+        kill = self.p.cluster.kill_container
+        if kill is not None:
+            kill(namespace, pod, container)  # SIGKILL: a crash, then the pod goes
+        kubectl("-n", namespace, "delete", "pod", pod, "--grace-period=0", "--force")
+        wait_for(
+            f"a {kind} pod Ready again",
+            lambda: [x for x in kubectl.ready_pods(namespace, selector) if x != pod],
+            180,
+            0.5,
+        )
+        # A forward ends with the pod it picked.
+        self.p.ingress.restart()
+        self.p.sidecar(AGENT).restart()
+        return f"SIGKILLed and force-deleted {kind} pod {pod}"
+
+    def ledger(self) -> list[str]:
+        (pod, *_) = self.p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={AGENT}")
+        read = f"import pathlib; print(pathlib.Path('/workspace/{LEDGER}').read_text(), end='')"
+        text = self.p.kubectl(
+            "-n", AGENTS_NS, "exec", pod, "-c", "worker", "--", "python", "-c", read
+        )
+        return text.splitlines()
+
+
+def install(p: Platform, spec: dict[str, Any]) -> None:
+    kubectl = p.kubectl
+    kubectl("create", "namespace", AGENTS_NS)
+    kubectl("label", "namespace", AGENTS_NS, "pod-security.kubernetes.io/enforce=restricted")
+    kubectl(
+        "-n", AGENTS_NS, "create", "secret", "generic", "e2e-webhook",
+        f"--from-literal=secret={p.secret}",
+    )  # fmt: skip
+    helm(
+        p.cluster, "install", RELEASE, str(ROOT / "helm" / "tether"), "-n", SYSTEM_NS,
+        "--create-namespace",
+        *[arg for value in image_values(p.cluster) for arg in ("--set", value)],
+    )  # fmt: skip
+    wait_for("Restate Ready", lambda: kubectl.ready_pods(SYSTEM_NS, RESTATE_PODS), 300)
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": CLAIM},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}},
+    }
+    agent = {**spec, "spec": {**spec["spec"]}}
+    agent["spec"]["webhook"] = {"secretRef": {"name": "e2e-webhook", "key": "secret"}}
+    kubectl.apply([claim, agent], AGENTS_NS)
+    wait_for(f"{AGENT} Ready", lambda: p.ready(AGENT), 300, 0.5)
+
+
+def clean_up(p: Platform) -> None:
+    kubectl = p.kubectl
+    kubectl("-n", AGENTS_NS, "delete", "durableagents", "--all", "--timeout=120s", check=False)
+    helm(
+        p.cluster, "uninstall", RELEASE, "-n", SYSTEM_NS, "--wait", "--timeout", "3m",
+        check=False, timeout=240,
+    )  # fmt: skip
+    for namespace in (AGENTS_NS, SYSTEM_NS):
+        kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
+    kubectl("delete", "crd", "durableagents.tether.dev", check=False)
+
+
+def test_chaos_on_the_real_node(cluster: Cluster, node: KubeNode, images: dict[str, str]) -> None:
+    seconds = float(os.environ.get("CHAOS_SECONDS", "30"))
+    runs = int(os.environ.get("CHAOS_RUNS", "20"))
+    seed = int(os.environ.get("CHAOS_SEED", "1"))
+    spec = manifest(turns(seconds))
+    spec["spec"]["worker"] = {
+        "image": chaos_image(images["tether"], node),
+        "replicas": 2,
+        "workspaceClaim": CLAIM,
+    }
+    p = Platform(cluster, Report())
+    try:
+        started = time.monotonic()
+        install(p, spec)
+        print(f"\nplatform and agent ready in {time.monotonic() - started:.1f} s", flush=True)
+        rng = random.Random(seed)
+        report = run_scenario(
+            ClusterPlatform(p, random.Random(rng.random())),
+            runs=runs,
+            chaos_seconds=seconds,
+            seed=seed,
+            timeout=900 + 4 * seconds,
+            log=lambda line: print(line, flush=True),
+        )
+        print(report.summary(), flush=True)
+        if report.violations:
+            raise StepFailed(f"{len(report.violations)} violations: {report.violations[:5]}")
+    except BaseException:
+        dump_logs(cluster)
+        raise
+    finally:
+        p.close()
+        clean_up(p)
