@@ -75,18 +75,20 @@ class ClusterPlatform:
             "restate": (SYSTEM_NS, RESTATE_PODS, "restate"),
             "operator": (SYSTEM_NS, OPERATOR_PODS, "operator"),
         }[kind]
-        kubectl = self.p.kubectl
-        pods = sorted(kubectl.ready_pods(namespace, selector))
-        if not pods:
+        before = self._ready(namespace, selector)
+        if not before:
             return f"no {kind} pod was ready: nothing killed"
-        pod = self.rng.choice(pods)
+        uid = self.rng.choice(sorted(before))
+        pod = before[uid]
         kill = self.p.cluster.kill_container
         if kill is not None:
             kill(namespace, pod, container)  # SIGKILL: a crash, then the pod goes
-        kubectl("-n", namespace, "delete", "pod", pod, "--grace-period=0", "--force")
+        self.p.kubectl("-n", namespace, "delete", "pod", pod, "--grace-period=0", "--force")
+        # Back when as many pods are ready as before, the killed one not among them (a
+        # StatefulSet's replacement has its name, not its uid).
         wait_for(
-            f"a {kind} pod Ready again",
-            lambda: [x for x in kubectl.ready_pods(namespace, selector) if x != pod],
+            f"as many {kind} pods Ready as before",
+            lambda: len(set(self._ready(namespace, selector)) - {uid}) >= len(before),
             180,
             0.5,
         )
@@ -94,6 +96,17 @@ class ClusterPlatform:
         self.p.ingress.restart()
         self.p.sidecar(AGENT).restart()
         return f"SIGKILLed and force-deleted {kind} pod {pod}"
+
+    def _ready(self, namespace: str, selector: str) -> dict[str, str]:
+        """The ready pods' names by uid."""
+        return {
+            pod["metadata"]["uid"]: pod["metadata"]["name"]
+            for pod in self.p.kubectl.pods(namespace, selector)
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in pod.get("status", {}).get("conditions", [])
+            )
+        }
 
     def ledger(self) -> list[str]:
         (pod, *_) = self.p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={AGENT}")
@@ -147,6 +160,8 @@ def test_chaos_on_the_real_node(cluster: Cluster, node: KubeNode, images: dict[s
     runs = int(os.environ.get("CHAOS_RUNS", "20"))
     seed = int(os.environ.get("CHAOS_SEED", "1"))
     spec = manifest(turns(seconds))
+    model = spec["spec"]["model"]  # a DurableAgent keys its script by entries, not a mapping
+    model["script"] = [{"prompt": k, "responses": v} for k, v in model["script"].items()]
     spec["spec"]["worker"] = {
         "image": chaos_image(images["tether"], node),
         "replicas": 2,

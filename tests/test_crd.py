@@ -191,6 +191,16 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
     scripted = agent("scripted")
     scripted["spec"]["model"] = {"provider": "scripted", "name": "s", "script": [{"text": "hi"}]}
     create(api, namespace, scripted)
+    keyed = agent("keyed-script")  # responses by the conversation's first message
+    keyed["spec"]["model"] = {
+        "provider": "scripted",
+        "name": "s",
+        "script": [
+            {"prompt": "task", "responses": [{"text": "done"}]},
+            {"prompt": "*", "responses": [{"text": "hi"}]},
+        ],
+    }
+    create(api, namespace, keyed)
 
 
 def _model(**model: Any) -> dict[str, Any]:

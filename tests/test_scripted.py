@@ -126,6 +126,9 @@ async def test_the_spec_takes_a_keyed_script() -> None:
     assert text(await provider.complete(request(user_message("hello")))) == "hi"
     assert text(await provider.complete(request(user_message("bye")))) == "what?"
     assert parse_agent(manifest([{"text": "plain"}])).spec.model.script == [{"text": "plain"}]
+    # in a DurableAgent (whose schema takes lists only): {prompt, responses} entries
+    entries = [{"prompt": prompt, "responses": responses} for prompt, responses in keyed.items()]
+    assert parse_agent(manifest(entries)).spec.model.script == keyed
 
 
 @pytest.mark.parametrize(
@@ -139,6 +142,11 @@ async def test_the_spec_takes_a_keyed_script() -> None:
         ({"p": {"text": "a"}}, "the script for prompt 'p' must be a non-empty list"),
         ({"p": [7]}, "response 1 for prompt 'p' must be a mapping"),
         ({1: [{"text": "a"}]}, "the prompt 1 must be a string; quote it"),
+        (
+            [{"prompt": "p", "responses": [{"text": "a"}]}] * 2,
+            "spec.model.script: a prompt has two entries",
+        ),
+        ([{"prompt": "p", "responses": []}], "the script for prompt 'p' must be a non-empty"),
     ],
 )
 def test_a_bad_script_is_a_clear_spec_error(script: Any, message: str) -> None:

@@ -202,12 +202,16 @@ def _ok(response: httpx2.Response, *codes: int) -> Any:
     return response.json() if response.content else None
 
 
+# Each attempt asks the platform for its URLs again: a cluster's forward may have moved.
+
+
 def start_run(platform: Platform, session: str, prompt: str, deadline: float) -> str:
-    url = f"{platform.ingress_url}/{AGENT}/{quote(session, safe='')}/run/send"
+    path = f"/{AGENT}/{quote(session, safe='')}/run/send"
     # Keyed: a send retried after a lost answer starts the run once.
     headers = {"idempotency-key": f"chaos-{session}"}
 
     def send() -> str:
+        url = platform.ingress_url + path
         response = httpx2.post(url, json={"prompt": prompt}, headers=headers, timeout=30)
         invocation: str = _ok(response, 200, 202)["invocationId"]
         return invocation
@@ -216,22 +220,29 @@ def start_run(platform: Platform, session: str, prompt: str, deadline: float) ->
 
 
 def result_of(platform: Platform, invocation: str, deadline: float) -> Any:
-    url = f"{platform.ingress_url}/restate/invocation/{invocation}/attach"
+    path = f"/restate/invocation/{invocation}/attach"
+
+    def attach() -> Any:
+        # a bounded wait, so that an attempt cut off with the connection is noticed
+        timeout = min(max(deadline - time.monotonic(), 5), 60)
+        return _ok(httpx2.get(platform.ingress_url + path, timeout=timeout), 200)
+
+    return _retry(f"the result of {invocation}", attach, deadline)
+
+
+def _post(platform: Platform, path: str, what: str, deadline: float) -> Any:
     return _retry(
-        f"the result of {invocation}",
-        lambda: _ok(httpx2.get(url, timeout=max(deadline - time.monotonic(), 5)), 200),
-        deadline,
+        what, lambda: _ok(httpx2.post(platform.ingress_url + path, timeout=30), 200), deadline
     )
 
 
 def session_of(platform: Platform, session: str, deadline: float) -> Any:
-    url = f"{platform.ingress_url}/{AGENT}/{quote(session, safe='')}/session"
-    return _retry(f"session {session}", lambda: _ok(httpx2.post(url, timeout=30), 200), deadline)
+    path = f"/{AGENT}/{quote(session, safe='')}/session"
+    return _post(platform, path, f"session {session}", deadline)
 
 
 def budget_of(platform: Platform, root: str, deadline: float) -> Any:
-    url = f"{platform.ingress_url}/{AGENT}-budget/{root}/status"
-    return _retry(f"budget {root}", lambda: _ok(httpx2.post(url, timeout=30), 200), deadline)
+    return _post(platform, f"/{AGENT}-budget/{root}/status", f"budget {root}", deadline)
 
 
 def _signed(platform: Platform, method: str, path: str, payload: Any = None) -> Any:

@@ -85,16 +85,20 @@ message (exact text; `*` for any other conversation), so a parent and its sub-ag
 first message is their task) can follow different scripts."""
 SCRIPT_FORMS = (
     "a list of responses, or a mapping from a prompt (the conversation's first user message; "
-    '"*" for any other) to a list of responses'
+    '"*" for any other) to a list of responses, or that mapping as a list of '
+    "{prompt, responses} entries"
 )
+ENTRY_KEYS = {"prompt", "responses"}
 SCRIPT_LIST_SCHEMA: dict[str, Any] = {
     "anyOf": [
         {"type": "array", "items": {"type": "object", "additionalProperties": True}},
         {"type": "null"},
     ]
 }
-"""The published schema (and so the CRD's) keeps the list form: a structural schema cannot say
-"a list or a map"; the keyed form is for `tether run`, `tether dev` and the worker's spec file."""
+"""The published schema (and so the CRD's) keeps the list forms: a structural schema cannot say
+"a list or a map" (and CEL rules cannot see a field of no type). In a DurableAgent the keyed form
+is a list of {prompt, responses} entries; the mapping is for `tether run`, `tether dev` and the
+worker's spec file."""
 
 
 def _check_responses(responses: list[Any], where: str) -> None:
@@ -131,12 +135,24 @@ class ModelSpec(_Model):
     )
     pricing: Pricing | None = Field(default=None, description="Prices for cost accounting.")
     script: Annotated[ScriptSpec | None, WithJsonSchema(SCRIPT_LIST_SCHEMA)] = Field(
-        default=None, description="Responses of the scripted provider, in order."
+        default=None,
+        description="Responses of the scripted provider, in order; or, to follow the "
+        'conversation\'s first user message, {prompt, responses} entries (prompt "*": any '
+        "other).",
     )
 
     @field_validator("script", mode="before")
     @classmethod
     def _script_shape(cls, value: Any) -> Any:
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(item, dict) and set(item) == ENTRY_KEYS for item in value)
+        ):
+            keyed = {item["prompt"]: item["responses"] for item in value}
+            if len(keyed) < len(value):
+                raise ValueError("a prompt has two entries: give each prompt one")
+            value = keyed
         if value is None or isinstance(value, list):
             _check_responses(value or [], "")
         elif isinstance(value, dict):
