@@ -75,6 +75,14 @@ def helm(cluster: Cluster, *args: str, check: bool = True, timeout: float = 300)
     return result.stdout
 
 
+def helm_install(cluster: Cluster, release: str, namespace: str, values: Sequence[str]) -> None:
+    """`helm install` the chart (`helm/tether`) as `release` in `namespace`, `--set` each of
+    `values`."""
+    sets = [arg for value in values for arg in ("--set", value)]
+    chart = str(ROOT / "helm" / "tether")
+    helm(cluster, "install", release, chart, "-n", namespace, "--create-namespace", *sets)
+
+
 class Kubectl:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster

@@ -52,7 +52,7 @@ from e2e.cluster import (
     PortForward,
     Report,
     StepFailed,
-    helm,
+    helm_install,
     http,
     wait_for,
 )
@@ -270,16 +270,7 @@ def install_platform(p: Platform) -> None:
         "monitoring.dashboard.enabled=true",
     ]
     started = time.monotonic()
-    helm(
-        cluster,
-        "install",
-        RELEASE,
-        str(ROOT / "helm" / "tether"),
-        "-n",
-        SYSTEM_NS,
-        "--create-namespace",
-        *[arg for value in values for arg in ("--set", value)],
-    )
+    helm_install(cluster, RELEASE, SYSTEM_NS, values)
     selector = "app.kubernetes.io/name=tether-operator"
     wait_for("the operator Ready", lambda: p.kubectl.ready_pods(SYSTEM_NS, selector), 300)
     p.report.time("helm install -> operator Ready", time.monotonic() - started)

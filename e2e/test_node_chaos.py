@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import ROOT, Cluster, Report, StepFailed, helm, wait_for
+from e2e.cluster import Cluster, Report, StepFailed, helm, helm_install, wait_for
 from e2e.steps import AGENT_LABEL, AGENTS_NS, RELEASE, SYSTEM_NS, Platform, image_values
 from e2e.test_user_path import dump_logs
 from tests.chaos.__main__ import turns
@@ -125,11 +125,7 @@ def install(p: Platform, spec: dict[str, Any]) -> None:
         "-n", AGENTS_NS, "create", "secret", "generic", "e2e-webhook",
         f"--from-literal=secret={p.secret}",
     )  # fmt: skip
-    helm(
-        p.cluster, "install", RELEASE, str(ROOT / "helm" / "tether"), "-n", SYSTEM_NS,
-        "--create-namespace",
-        *[arg for value in image_values(p.cluster) for arg in ("--set", value)],
-    )  # fmt: skip
+    helm_install(p.cluster, RELEASE, SYSTEM_NS, image_values(p.cluster))
     wait_for("Restate Ready", lambda: kubectl.ready_pods(SYSTEM_NS, RESTATE_PODS), 300)
     claim = {
         "apiVersion": "v1",

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from e2e.cluster import ROOT, Cluster, Report, StepFailed, helm, http, wait_for
+from e2e.cluster import Cluster, Report, StepFailed, helm, helm_install, http, wait_for
 from e2e.steps import CLERK, E2E, Platform, image_values
 from e2e.test_user_path import dump_logs
 from tether.programs.restate_cluster import partition_key_of, partition_of_key
@@ -172,16 +172,7 @@ def install(p: Platform, report: Report, crd_ours: bool) -> None:
         f"crds.install={str(crd_ours).lower()}",
     ]
     started = time.monotonic()
-    helm(
-        p.cluster,
-        "install",
-        RELEASE,
-        str(ROOT / "helm" / "tether"),
-        "-n",
-        SYSTEM_NS,
-        "--create-namespace",
-        *[arg for value in values for arg in ("--set", value)],
-    )
+    helm_install(p.cluster, RELEASE, SYSTEM_NS, values)
     wait_for(
         f"{NODES} Restate pods Ready",
         lambda: len(p.kubectl.ready_pods(SYSTEM_NS, RESTATE_PODS)) == NODES,
