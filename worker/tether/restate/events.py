@@ -74,8 +74,8 @@ class RestateEventLog:
         return self._chain
 
     async def _move_older(self) -> None:
-        """No tail: a new stream, or one an older version kept (a listing of the keys finds its
-        batches, which move to the chain)."""
+        """No tail: a new stream, or one an older version kept (`_read_older`), which moves to
+        the chain."""
         keys = await self._ctx.state_keys()
         events = await _read_older(self._ctx, self._values, keys, Cursor(0))
         self._chain.start_empty()

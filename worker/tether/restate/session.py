@@ -10,7 +10,8 @@ model gets every turn, so every turn is read (the segments asked for at once).
 `tether:session` holds the session's id, creation time, metadata and `layout`. The keys are
 named for the order in which Restate sends state with an invocation (shortest first, see
 `tether.restate.chain`): the meta and the chains' tails, then the turns' segments (the newest
-first), then the run records' segments, which only their tail's reader needs.
+first), then the events' (`tether.restate.events`), then the run records' segments, which
+only their tail's reader needs.
 
 Sessions that older versions wrote are read as they are and moved to this layout by their next
 write: layout 3 (the same chains, named `tether:turns-` and `tether:runs-`, their segments
