@@ -60,7 +60,7 @@ class UnstartedBodies:
         if nonce is None:
             return False
         settled = self._awaiting.get(nonce)
-        if settled is not None:
+        if settled is not None and settled.get_loop() is asyncio.get_running_loop():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(settled), wait)
         return self._nonces.pop(nonce, False) is None
