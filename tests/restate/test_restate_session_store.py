@@ -452,6 +452,12 @@ async def test_events_are_numbered_from_the_tail_and_read_back_to_a_cursor() -> 
     assert reader.gets <= 1 + READ_AHEAD
 
 
+async def test_a_new_streams_first_append_reads_its_tail_and_lists_the_keys_once() -> None:
+    ctx = ObjectState()
+    await RestateEventLog(ctx).append("s1", [{"type": "x"}])  # type: ignore[arg-type]
+    assert (ctx.gets, ctx.listings) == (1, 1)  # no older form's tail is read: none is listed
+
+
 async def test_a_stream_an_older_version_kept_moves_to_the_chain_on_its_next_append() -> None:
     batches = {
         "tether:events:000000000003:2": [{"type": "a", "id": "3"}, {"type": "b", "id": "4"}],

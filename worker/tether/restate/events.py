@@ -126,7 +126,9 @@ async def _read_older(
     ctx: Any, values: Values, keys: Sequence[str], after: Cursor, limit: int | None = None
 ) -> list[JSON]:
     """The events after `after` of a stream an older version kept (`keys`: the state's)."""
-    older = await Chain(values, COUNTING_UP, counting_up=True).read()
+    counting_up = Chain(values, COUNTING_UP, counting_up=True)
+    # the keys are listed already: a new stream reads nothing more
+    older = await counting_up.read() if counting_up.tail_key in keys else None
     if older is not None:
         return [e for e in older[0] if int(e["id"]) > after.durable]
     events: list[JSON] = []
