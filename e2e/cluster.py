@@ -120,15 +120,18 @@ class Kubectl:
         ]
         return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
-    def ready_pods(self, namespace: str, selector: str) -> list[str]:
+    def ready(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return [
-            p["metadata"]["name"]
+            p
             for p in self.pods(namespace, selector)
             if any(
                 c["type"] == "Ready" and c["status"] == "True"
                 for c in p.get("status", {}).get("conditions", [])
             )
         ]
+
+    def ready_pods(self, namespace: str, selector: str) -> list[str]:
+        return [p["metadata"]["name"] for p in self.ready(namespace, selector)]
 
 
 class PortForward:

@@ -99,14 +99,8 @@ class ClusterPlatform:
 
     def _ready(self, namespace: str, selector: str) -> dict[str, str]:
         """The ready pods' names by uid."""
-        return {
-            pod["metadata"]["uid"]: pod["metadata"]["name"]
-            for pod in self.p.kubectl.pods(namespace, selector)
-            if any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in pod.get("status", {}).get("conditions", [])
-            )
-        }
+        ready = self.p.kubectl.ready(namespace, selector)
+        return {pod["metadata"]["uid"]: pod["metadata"]["name"] for pod in ready}
 
     def ledger(self) -> list[str]:
         (pod, *_) = self.p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={AGENT}")
