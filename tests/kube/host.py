@@ -289,7 +289,8 @@ def _undo_iptables(entry: dict[str, Any]) -> None:
         before = entry.get("tables", {}).get(tool)
         if before is None or "nf_tables" not in run(tool, "--version", check=False):
             continue
-        for table in _empty_tables(run(f"{tool}-save", check=False)) - set(before):
+        now = run(f"{tool}-save", check=False) if touched else saved
+        for table in _empty_tables(now) - set(before):
             run("nft", "delete", "table", family, table, check=False)
 
 
