@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.fakes.model_server import ModelServer, Reply, ToolCall
+from tests.restate.support import approval_manifest
 from tether.programs.dev import Process, wait_for
 from tether.programs.restate_server import free_port
 from tether.programs.watch import events_url, sse_events
@@ -186,6 +187,29 @@ def test_past_spec_events_retain_the_oldest_events_of_a_session_are_cleared(
     # still holds 100
     assert kept == list(range(kept[0], 168))
     assert 100 <= len(kept) <= 100 + 2 * PER_SEGMENT
+
+
+def test_a_run_parked_on_an_approval_has_stored_its_events_while_it_waits(
+    tether_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """A run's durable events are held back and stored together at its next wait: a park is
+    one, so a client sees `approval_parked` (and the turn before it) while the run waits."""
+    call = {"name": "write_file", "input": {"path": "a.txt", "content": "x"}}
+    script = [{"tool_calls": [call]}, {"text": "done"}]
+    agent = tether_agent(approval_manifest(tmp_path, "watched", script), workspace=tmp_path)
+    reader = Stream(url_of(agent, "s4"))
+    invocation = agent.start_run("s4", "write it")
+    [parked] = agent.parked(at_least=1)
+    wait_until(lambda: reader.saw("approval_parked"), timeout=20, what="approval_parked")
+    assert [e["type"] for e in durable(reader.events)] == [
+        "run_started",
+        "model_done",
+        "approval_parked",
+    ]
+    agent.approve(parked)
+    assert agent.result(invocation)["status"] == "completed"
+    wait_until(lambda: reader.saw("run_ended"), timeout=30, what="run_ended on the stream")
+    reader.close()
 
 
 def test_reading_needs_a_token_for_this_session_that_has_not_expired(

@@ -99,3 +99,61 @@ def test_tools_holding_every_thread_of_the_pool_stall_no_other_run(
     finally:
         gate.touch()
     wait_until(lambda: all(done(i) for i, _ in held), timeout=120, what="the held runs")
+
+
+def writes_per_turn(server: RestateServer, invocation_id: str) -> list[tuple[int, bool]]:
+    """For each stretch of the journal from one model step to the next: its state writes, and
+    whether it parked or called another service (each of which sends the writes held so far)."""
+    rows = server.query(
+        f"SELECT entry_type, name FROM sys_journal WHERE id = '{invocation_id}' ORDER BY index"
+    )
+    turns: list[tuple[int, bool]] = []
+    for row in rows:
+        kind, name = row["entry_type"], row.get("name") or ""
+        if kind == "Command: Run" and name.startswith("model:"):
+            turns.append((0, False))
+        elif turns and kind == "Command: SetState":
+            turns[-1] = (turns[-1][0] + 1, turns[-1][1])
+        elif turns and (kind == "Command: Call" or "-notify:" in name):
+            turns[-1] = (turns[-1][0], True)
+    return turns
+
+
+def test_a_turn_stores_each_tail_once_and_a_parked_run_has_stored_its_turns(
+    serve_app: Any, tmp_path: Path
+) -> None:
+    """The stores' writes are held back and sent together before each model step: a turn
+    rewrites the session's and the event log's tails once each, however often the loop appends
+    to them. Before a park they go out too, so a shared handler shows the parked call."""
+    served: ServedApp = serve_app("agent_service")
+    server = served.server
+    effects = tmp_path / "effects"
+    key = f"w-{uuid.uuid4().hex[:8]}"
+    url = f"{server.ingress_url}/CrashAgent/{key}/run/send"
+    response = http("POST", url, {"effects": str(effects), "matrix": True})
+    assert response.status == 202, response.text
+    invocation = response.json()["invocationId"]
+
+    def parked_line() -> str | None:
+        lines = [x for x in effects.read_text().splitlines() if x.startswith("awakeable ")]
+        return lines[0] if lines else None
+
+    _, call_id, awakeable = wait_until(parked_line, what="the approval's park").split()
+
+    def shows_the_parked_call() -> bool:
+        uses = [b.get("id") for t in call(server, "transcript", key) for b in t["content"]]
+        return call_id in uses
+
+    wait_until(shows_the_parked_call, what="the parked call in the stored session", timeout=20)
+    resolve = f"{server.ingress_url}/restate/awakeables/{awakeable}/resolve"
+    assert http("POST", resolve, {"answer": "yes", "id": awakeable}).status in (200, 202)
+    attached = http("GET", f"{server.ingress_url}/restate/invocation/{invocation}/attach")
+    result = attached.json()
+    assert result["status"] == "completed", result
+    # per model step: the session's tail and the event log's tail; a few more at the start
+    # (the session's metadata) and the end (the run record)
+    turns = writes_per_turn(server, invocation)
+    assert len(turns) == result["turns"] and any(waited for _, waited in turns), turns
+    # the session's tail and the event log's tail, once each (the run's end writes its record);
+    # a turn that waits sends them before the wait too, and a spawn adds the child's run
+    assert all(writes <= (6 if waited else 2) for writes, waited in turns[:-1]), turns

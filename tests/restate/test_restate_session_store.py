@@ -497,3 +497,56 @@ async def test_a_run_without_compaction_reads_every_turn_at_once_and_the_newest_
     assert whole.runs == session.runs[whole.earlier.runs :] and len(whole.runs) < S
     assert whole.earlier.runs == 3 * S - len(whole.runs)
     assert ctx.gets == 3 + 2 * 3 * S // S  # the meta and the tails, then every segment at once
+
+
+class CountedWrites(ObjectState):
+    """`ObjectState` that also logs its writes, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, bytes | None]] = []
+
+    def set(self, name: str, value: bytes, serde: Any = None) -> None:
+        super().set(name, value, serde)
+        self.writes.append((name, value))
+
+    def clear(self, name: str) -> None:
+        super().clear(name)
+        self.writes.append((name, None))
+
+
+async def test_held_writes_go_out_once_per_key_at_a_flush_and_reads_see_them() -> None:
+    ctx = CountedWrites()
+    session = await new_session(ctx)
+    values: Values = session.store._values  # type: ignore[attr-defined]
+    ctx.writes.clear()
+    values.hold()
+    for i in range(5):
+        await session.append_turns([turn(i)])
+    assert ctx.writes == []  # nothing sent yet...
+    assert ids((await reloaded_from(values)).turns) == [f"t{i}" for i in range(5)]  # ...but read
+    values.flush()
+    assert [key for key, _ in ctx.writes] == [TAIL_KEY]  # the tail, once, as last written
+    assert ids((await reloaded(ctx)).turns) == [f"t{i}" for i in range(5)]
+    await session.append_turns([turn(5)])
+    values.release(send=False)  # a failed attempt: its retry writes them again
+    assert len(ctx.writes) == 1 and ids((await reloaded(ctx)).turns)[-1] == "t4"
+
+
+async def test_a_key_found_empty_is_not_read_again() -> None:
+    ctx = ObjectState()
+    shared = Values(ctx)  # type: ignore[arg-type]
+    assert await load_session(RestateSessionStore(ctx, clock=clock, values=shared), "s1") is None  # type: ignore[arg-type]
+    reads = ctx.gets
+    await create_session(id="s1", store=RestateSessionStore(ctx, clock=clock, values=shared))  # type: ignore[arg-type]
+    assert ctx.gets == reads  # the create knew the session was not there
+    shared.drop("x")
+    assert await shared.get("x") is None and ctx.gets == reads
+    shared.put("x", b"1")
+    assert await shared.get("x") == b"1"
+
+
+async def reloaded_from(values: Values) -> Session:
+    session = await load_session(RestateSessionStore(values.ctx, clock=clock, values=values), "s1")  # type: ignore[arg-type]
+    assert session is not None
+    return session

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -18,8 +16,8 @@ class Aborted(TetherError):
 
 
 class AbortSignal:
-    """The abort state of one run: an event for tools to watch, and a future to race work
-    against without a waiter task per call."""
+    """The abort state of one run: an event for tools to watch, and a future whose callbacks
+    interrupt the work racing it."""
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
@@ -39,33 +37,30 @@ class AbortSignal:
             if asyncio.iscoroutine(work):
                 work.close()
             raise Aborted
-        # Every model and tool call races: rather than `asyncio.wait` (its sets, and a done
-        # callback that takes a loop pass of its own), the work's task wakes the racer as it
-        # ends, and an abort wakes it through a callback.
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.ensure_future(_waking(work, waiter))
-        on_abort = functools.partial(_wake, waiter)
-        self._future.add_done_callback(on_abort)
+        # Every model and tool call races, so the work runs in the caller's task (no task of its
+        # own per call): an abort cancels that task, as `asyncio.timeout` does, and the
+        # cancellation it caused is taken back here. One from elsewhere still propagates.
+        task = asyncio.current_task()
+        assert task is not None, "race() runs in a task"
+        interrupted = racing = False
+
+        def interrupt(_: object) -> None:
+            nonlocal interrupted
+            if racing:  # it may run after the race ended: the future's callbacks are scheduled
+                interrupted = True
+                task.cancel()
+
+        self._future.add_done_callback(interrupt)
+        racing = True
         try:
-            await waiter
+            result = await work
+        except asyncio.CancelledError:
+            if interrupted and task.uncancel() == 0:
+                raise Aborted from None
+            raise
         finally:
-            self._future.remove_done_callback(on_abort)
-        if task.done():
-            return task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise Aborted
-
-
-def _wake(waiter: asyncio.Future[None], _: object = None) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def _waking(work: Awaitable[T], waiter: asyncio.Future[None]) -> T:
-    """`work`, then wake whoever waits on `waiter`, however it ended."""
-    try:
-        return await work
-    finally:
-        _wake(waiter)
+            racing = False
+            self._future.remove_done_callback(interrupt)
+        if interrupted and task.uncancel() == 0:  # the work swallowed the cancellation
+            raise Aborted
+        return result

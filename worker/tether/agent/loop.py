@@ -89,7 +89,8 @@ class AgentRun:
 
     async def execute(self, prompt: str | None) -> AgentStats:
         try:
-            return await self._execute(prompt)
+            with self.durable.hold_writes():
+                return await self._execute(prompt)
         finally:
             await self._close_toolsets()
 

@@ -8,6 +8,7 @@ position under another name is a journal mismatch, never a silent divergence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -154,6 +155,12 @@ class JournalRuntime:
 
     def is_replaying(self) -> bool:
         return self._seq <= self._journal.last_seq(self._scope)
+
+    def hold_writes(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()  # its stores write at once, outside the journal
+
+    def checkpoint(self) -> None:
+        pass
 
     def on_live(self, callback: LiveCallback) -> None:
         self._tracker.on_live(callback)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -98,6 +99,17 @@ class DurableRuntime(Protocol):
 
     async def sleep(self, ms: float, name: str) -> None:
         """A durable wait: a replay does not wait again for time already slept."""
+        ...
+
+    def hold_writes(self) -> AbstractContextManager[None]:
+        """A run's block: within it the backend may hold the stores' writes back and send them
+        together at the next checkpoint (a model step, a sleep, `checkpoint()`) and at the
+        block's end. Blocks nest (an in-process sub-agent's run)."""
+        ...
+
+    def checkpoint(self) -> None:
+        """Send the writes held so far: the run is about to wait for something other than a
+        step of its own (a person, a sub-agent), and its session should show why."""
         ...
 
     def is_control_error(self, error: BaseException) -> bool:

@@ -173,6 +173,7 @@ def restate_awakeable_tool(
 
         published = await restate_ctx.run_typed(entry, notify, run_options)
         check_published(entry, published, awakeable_id)
+        tool_ctx.durable.checkpoint()
         try:
             outcome = await park(restate_ctx, promise, options.timeout_ms, options.promises)
         except TerminalError as error:

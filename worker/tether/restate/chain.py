@@ -53,13 +53,60 @@ def _array(items: Sequence[bytes]) -> bytes:
 class Values:
     """The object's state as JSON bytes, a value over `limit` split over several keys. One per
     invocation may serve several readers: a key one of them will read can go `along` with
-    another's next read, in the same round trip."""
+    another's next read, in the same round trip.
+
+    Writes may be held (`hold`): kept here, the last value of each key only, until `flush`
+    sends them all at once. A run's stores rewrite their tails several times a turn; held, a
+    turn costs one state write per tail. Reads see the held writes, and a key found empty is
+    not read again (a new session is looked for, then created)."""
 
     def __init__(self, ctx: RestateObjectContextLike, limit: int = DEFAULT_MAX_VALUE_BYTES) -> None:
         self.ctx = ctx
         self.limit = limit
         self._along: list[str] = []
         self._read_along: dict[str, bytes | None] = {}
+        self._held: dict[str, bytes | None] | None = None
+        """The writes held back, by key (None: cleared); None when writes go out at once."""
+        self._absent: set[str] = set()
+        """Keys read or written empty: only this invocation writes them, so they still are."""
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
+    def hold(self) -> None:
+        """Hold the writes from now on, until `release`."""
+        if self._held is None:
+            self._held = {}
+
+    def flush(self) -> None:
+        """Send the held writes, in the order their keys were first written."""
+        if self._held:
+            held, self._held = self._held, {}
+            for key, data in held.items():
+                if data is None:
+                    self.ctx.clear(key)
+                else:
+                    self.ctx.set(key, data, serde=RAW)
+
+    def release(self, *, send: bool = True) -> None:
+        """Stop holding writes; send the held ones (or, with `send=False`, forget them: the
+        attempt failed and its retry will write them again)."""
+        if send:
+            self.flush()
+        self._held = None
+
+    def _set(self, key: str, data: bytes | None) -> None:
+        if data is None:
+            self._absent.add(key)
+        else:
+            self._absent.discard(key)
+        if self._held is not None:
+            self._held[key] = data
+        elif data is None:
+            self.ctx.clear(key)
+        else:
+            self.ctx.set(key, data, serde=RAW)
 
     def parts(self, size: int) -> int:
         """How many keys a value of `size` bytes is split over (0: it is not split)."""
@@ -70,19 +117,19 @@ class Values:
         it replaces, whose parts beyond the new ones are cleared."""
         parts = self.parts(len(data))
         if not parts:
-            self.ctx.set(key, data, serde=RAW)
+            self._set(key, data)
         else:
             for i in range(parts):
-                self.ctx.set(f"{key}:{i}", data[i * self.limit : (i + 1) * self.limit], serde=RAW)
-            self.ctx.set(key, jsoncodec.dumps({"__parts__": parts}), serde=RAW)
+                self._set(f"{key}:{i}", data[i * self.limit : (i + 1) * self.limit])
+            self._set(key, jsoncodec.dumps({"__parts__": parts}))
         for i in range(parts, self.parts(replacing)):
-            self.ctx.clear(f"{key}:{i}")
+            self._set(f"{key}:{i}", None)
 
-    def drop(self, key: str, size: int) -> None:
+    def drop(self, key: str, size: int = 0) -> None:
         """Clear `key` and the parts of its value of `size` bytes."""
-        self.ctx.clear(key)
+        self._set(key, None)
         for i in range(self.parts(size)):
-            self.ctx.clear(f"{key}:{i}")
+            self._set(f"{key}:{i}", None)
 
     def along(self, key: str) -> None:
         """Read `key` with the next read of other keys; its first `get` takes that value. Only
@@ -113,9 +160,19 @@ class Values:
         return [values[key] for key in keys]
 
     async def _fetch(self, keys: Sequence[str]) -> list[bytes | None]:
-        # every read is asked for before the first is awaited
-        wanted: list[Awaitable[bytes | None]] = [self.ctx.get(key, serde=RAW) for key in keys]
-        return [(await w) or None for w in wanted]
+        # every read is asked for before the first is awaited; a held write is the value
+        held = self._held or {}
+        wanted: list[Awaitable[bytes | None] | None] = [
+            None if key in held or key in self._absent else self.ctx.get(key, serde=RAW)
+            for key in keys
+        ]
+        found: list[bytes | None] = []
+        for key, w in zip(keys, wanted, strict=True):
+            data = held.get(key) if w is None else (await w) or None
+            if data is None:
+                self._absent.add(key)
+            found.append(data)
+        return found
 
 
 def _never(record: Json) -> bool:

@@ -83,7 +83,7 @@ class RestateEventLog:
             self._chain.write_all(events, first=int(events[0]["id"]) - 1)
             for key in keys:
                 if key.startswith(COUNTING_UP) or OLDER_BATCH_KEY.fullmatch(key):
-                    self._ctx.clear(key)
+                    self._values.drop(key)
 
     @property
     def position(self) -> int:

@@ -7,14 +7,16 @@ tasks that each touch the context.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
 import restate
 from restate import RunOptions
+from restate.exceptions import TerminalError
 from restate.serde import JsonSerde
 
 from .. import jsoncodec
@@ -103,7 +105,8 @@ class RestateRuntime:
         options: RestateRuntimeOptions,
         *,
         scope: str = "",
-        shared: tuple[StepCounters, ReplayTracker, RuntimeStores, CoalescedClock] | None = None,
+        shared: tuple[StepCounters, ReplayTracker, RuntimeStores, CoalescedClock, Values | None]
+        | None = None,
     ) -> None:
         self.ctx = ctx
         self.options = options
@@ -120,17 +123,18 @@ class RestateRuntime:
             self._clock = CoalescedClock(ctx, reanchor)
             self.counters = StepCounters()
             self.tracker = options.replay_tracker or ReplayTracker()
+            self._values: Values | None = None
             self.stores = self._default_stores()
             self.stores.budget = options.budget
         else:
-            self.counters, self.tracker, self.stores, self._clock = shared
+            self.counters, self.tracker, self.stores, self._clock, self._values = shared
 
     def _default_stores(self) -> RuntimeStores:
         if self.options.session_store is not None:
             return RuntimeStores(session=self.options.session_store)
         if _has_state(self.ctx):
             # one reader of the state: the event log's tail is read with the session's
-            values = Values(self.ctx)  # type: ignore[arg-type]
+            values = self._values = Values(self.ctx)  # type: ignore[arg-type]
             return RuntimeStores(
                 session=restate_session_store(self.ctx, clock=self.now, values=values),  # type: ignore[arg-type]
                 tool_state=restate_tool_state_store(self.ctx),  # type: ignore[arg-type]
@@ -147,6 +151,8 @@ class RestateRuntime:
 
     def _start(self, kind: StepKind, name: str, fn: StepFn) -> _Started:
         options = journal_options(self.options.run_options.get(kind))
+        if kind == "model":
+            self.checkpoint()  # the model takes seconds: the turn so far is stored meanwhile
 
         async def action() -> Any:
             started.executed = True
@@ -218,6 +224,31 @@ class RestateRuntime:
         # A body whose result is journaled replays it: `fn` runs only for one without.
         return await self.all([reported(i, c) for i, c in enumerate(calls)])
 
+    # Held writes --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def hold_writes(self) -> Iterator[None]:
+        # The stores' writes wait in `Values` for the next checkpoint: a model step, a sleep, a
+        # park, the block's end. Their journal positions are as replay-stable as the steps'.
+        values = self._values
+        if values is None or values.holding:  # an in-process sub-agent's run: the outer sends
+            yield
+            return
+        values.hold()
+        try:
+            yield
+        except TerminalError:  # the invocation ends here: what it wrote stays
+            values.release()
+            raise
+        except BaseException:  # suspended or failed: a retry replays to here and writes again
+            values.release(send=False)
+            raise
+        values.release()
+
+    def checkpoint(self) -> None:
+        if self._values is not None:
+            self._values.flush()
+
     # Ids, clock, timers -------------------------------------------------------------------
 
     def uuid(self) -> str:
@@ -227,6 +258,7 @@ class RestateRuntime:
         return await self._clock.now()
 
     async def sleep(self, ms: float, name: str) -> None:
+        self.checkpoint()
         await self.ctx.sleep(timedelta(milliseconds=max(0.0, ms)), name=name)
 
     # Replay and control -------------------------------------------------------------------
@@ -247,7 +279,7 @@ class RestateRuntime:
             self.ctx,
             dataclasses.replace(self.options, id_seed=self._seed),
             scope=f"{self._scope}/{name}",
-            shared=(self.counters, self.tracker, self.stores, self._clock),
+            shared=(self.counters, self.tracker, self.stores, self._clock, self._values),
         )
 
 

@@ -174,7 +174,7 @@ class RestateSessionStore:
         self._older = None
         for key in await self._ctx.state_keys():
             if key.startswith(OLDER_PREFIXES):
-                self._ctx.clear(key)
+                self._values.drop(key)
         self._turns.write_all(turns)
         self._runs.write_all(runs)
         meta.pop("runs", None)

@@ -92,6 +92,7 @@ async def settle(futures: Sequence[Any], ctx: ToolContext) -> list[ChildRunResul
     """Wait for every child, then read each outcome. Waiting through the SDK's `gather` first
     separates the parent's own cancellation (raised by the wait) from a child's failure
     (raised when its result is read), which becomes that child's error result."""
+    ctx.durable.checkpoint()  # the children may take long: the parent's session shows them
     if all(isinstance(f, RestateDurableFuture) for f in futures):
         await combinators(ctx).gather(*futures)
     results: list[ChildRunResult] = []

@@ -156,6 +156,7 @@ async def wait_phase(
     entry = f"{call.entry}-register"
     check_published(entry, await call.run(entry, register), awakeable_id)
     timeout = wait_timeout(wait, arguments, ctx)
+    ctx.durable.checkpoint()
     try:
         outcome = await park(call.ctx, promise, timeout, wait.promises)
     except TerminalError as error:

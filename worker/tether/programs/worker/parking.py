@@ -178,6 +178,7 @@ async def park(
         input=record["input_summary"],
         expires_at=record.get("expires_at"),
     )
+    tool_ctx.durable.checkpoint()  # the session shows the parked call while it waits
     if settings.notify_url:
 
         async def notify() -> dict[str, Any]:
