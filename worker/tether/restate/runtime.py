@@ -240,7 +240,10 @@ class RestateRuntime:
         except TerminalError:  # the invocation ends here: what it wrote stays
             values.release()
             raise
-        except BaseException:  # suspended or failed: a retry replays to here and writes again
+        except BaseException:
+            # Suspended or failed, the attempt ends and its retry replays to the last checkpoint
+            # and writes again. Sent now, the writes would sit in the journal where the retry,
+            # if it goes on this time, has its next step: a journal mismatch.
             values.release(send=False)
             raise
         values.release()
