@@ -3,7 +3,8 @@ deployments, resume paused invocations, and SQL introspection for pinned invocat
 calls. The calls and what their answers mean are `tether.programs.restate_admin`'s, shared with
 `RestateServer`; this is their asynchronous transport, and what the operator asks of them
 (cached counts). The admin API is one URL or a cluster's nodes' (comma-separated): a call whose
-connection fails goes to the next (`tether.programs.restate_endpoints`)."""
+connection fails, or that gets no answer in time, goes to the next on a new connection
+(`tether.programs.restate_endpoints`, `tether.programs.renewable_session`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import aiohttp
 from tether.errors import TetherError
 from tether.parked import PARKED_STATE_KEY
 from tether.programs import restate_admin as admin
+from tether.programs.renewable_session import NO_ANSWER, RenewableSession
 from tether.programs.restate_admin import AdminCall, AdminRefused, parse_body, retry_delay
 from tether.programs.restate_endpoints import Endpoints
 
@@ -39,9 +41,6 @@ DEPLOYMENT_ID = re.compile(r"^dp_[A-Za-z0-9]+$")
 WAITING_STATUSES = frozenset({"suspended", "paused"})
 """Statuses of an invocation that waits without a worker: for a person, a timer or another call
 (suspended), or for someone to resume it (paused)."""
-CONNECTION_FAILED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
-"""The connection to a node failed (refused, reset, closed before the whole answer, not made
-within the connect timeout): the call goes to another."""
 PARKED_SQL = (
     f"SELECT service_name AS service, value_utf8 AS value FROM state "
     f"WHERE key = '{PARKED_STATE_KEY}'"
@@ -63,35 +62,30 @@ class RestateAdmin:
         self.endpoints = Endpoints(base_url)
         self.base_url = str(self.endpoints)
         # A node that is gone (its machine, not only its process) is given up on quickly.
-        self._timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 3.0))
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(trust_env=False, timeout=self._timeout)
-        return self._session
+        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=min(timeout, 3.0))
+        self._session = RenewableSession(
+            lambda: aiohttp.ClientSession(trust_env=False, timeout=limits), grace=timeout
+        )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._session.close()
 
     async def _send(self, call: AdminCall[T]) -> T:
         """`call`'s value; a busy Restate is asked twice more, and anything else that goes
         wrong is a `RestateError` whose reason the DurableAgent's conditions show."""
 
         async def send(base: str) -> tuple[int, float | None, Any]:
-            async with self._client().request(
+            status, headers, raw = await self._session.fetch(
                 call.method,
                 f"{base}{call.path}",
                 json=call.payload,
                 headers={"accept": "application/json"},
-            ) as response:
-                body = parse_body(await response.text())
-                return response.status, retry_delay(response.status, response.headers, 0.5), body
+            )
+            return status, retry_delay(status, headers, 0.5), parse_body(raw)
 
         for attempt in range(3):
             try:
-                status, wait, body = await self.endpoints.call(send, CONNECTION_FAILED)
+                status, wait, body = await self.endpoints.call(send, NO_ANSWER)
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
                 raise RestateError(
                     "RestateUnreachable",

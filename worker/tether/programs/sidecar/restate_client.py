@@ -5,8 +5,9 @@ output, the signed read of the agent's parked calls, and the ingress health chec
 become `Rejection`s (502/503).
 
 The ingress is one URL or the comma-separated URLs of a cluster's nodes
-(`tether.programs.restate_endpoints`): a call whose connection fails goes to the next one (or,
-with one URL, once more on a new connection), which every call here can afford.
+(`tether.programs.restate_endpoints`): a call whose connection fails, or that gets no answer in
+time, goes to the next one (or, with one URL, once more), on a new connection
+(`tether.programs.renewable_session`), which every call here can afford.
 
 Every call that acts is a send with an `Idempotency-Key`, so Restate, not this process, decides
 whether it acts: a key it has seen (within the handler's idempotency retention) starts nothing
@@ -30,17 +31,16 @@ import aiohttp
 from ...errors import TetherError
 from ...parked import INDEX_KEY
 from ...spec import restate_services
+from ..renewable_session import NO_ANSWER, RenewableSession
 from ..restate_endpoints import Endpoints
 from .rejection import Rejection
 
 log = logging.getLogger("tether.programs.sidecar")
-# A node that is gone (its machine, not only its process) is given up on after sock_connect.
-TIMEOUT = aiohttp.ClientTimeout(total=10.0, sock_connect=3.0)
+TIMEOUT = aiohttp.ClientTimeout(total=6.0, sock_connect=2.0)
+"""Per attempt. A send is answered in milliseconds, in 2 to 3.5 s while its partition has no
+leader (measured on a cluster losing a node); none by then is a node that is gone."""
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=3.0, sock_connect=1.0)
 ACCEPTED = "Accepted"
-CONNECTION_FAILED = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
-"""The connection to the node failed (refused, reset, closed or cut short before the whole
-answer, not made within `sock_connect`): another node is tried."""
 
 
 JSON = "application/json"
@@ -56,26 +56,23 @@ class _Unhealthy(TetherError):
 
 
 class RestateClient:
-    def __init__(self, ingress_url: str) -> None:
+    def __init__(self, ingress_url: str, timeout: aiohttp.ClientTimeout = TIMEOUT) -> None:
         self._ingress = Endpoints(ingress_url)
-        self._session: aiohttp.ClientSession | None = None
+        self._timeout = timeout
 
-    def _client(self) -> aiohttp.ClientSession:
-        # Created on first use: a session belongs to the running event loop.
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=200, limit_per_host=200)
+        def session() -> aiohttp.ClientSession:
             # No cookie jar: Restate sets no cookies, and a jar costs on every request.
-            self._session = aiohttp.ClientSession(
-                timeout=TIMEOUT,
-                connector=connector,
+            return aiohttp.ClientSession(
+                timeout=timeout,
+                connector=aiohttp.TCPConnector(limit=200, limit_per_host=200),
                 trust_env=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
             )
-        return self._session
+
+        self._session = RenewableSession(session, grace=timeout.total or 0.0)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._session.close()
 
     async def _request(
         self,
@@ -84,20 +81,20 @@ class RestateClient:
         what: str,
         body: bytes | None = None,
         headers: dict[str, str] | None = None,
-        limit: aiohttp.ClientTimeout = TIMEOUT,
+        limit: aiohttp.ClientTimeout | None = None,
     ) -> tuple[int, bytes]:
         """`method {ingress}{path}` through the first node that answers: its status and body,
         or a 503 `Rejection` when none does."""
 
         async def send(base: str) -> tuple[int, bytes]:
-            request = self._client().request(
-                method, f"{base}{path}", data=body, headers=headers, timeout=limit
+            url, timeout = f"{base}{path}", limit or self._timeout
+            status, _, answer = await self._session.fetch(
+                method, url, data=body, headers=headers, timeout=timeout
             )
-            async with request as response:
-                return response.status, await response.read()
+            return status, answer
 
         try:
-            return await self._ingress.call(send, CONNECTION_FAILED)
+            return await self._ingress.call(send, NO_ANSWER)
         except (aiohttp.ClientError, TimeoutError) as error:
             log.warning("%s: Restate did not answer: %s", what, type(error).__name__)
             raise Rejection(503, "restate_unavailable", "Restate is not reachable") from None
@@ -109,7 +106,7 @@ class RestateClient:
         content_type: str,
         what: str,
         extra_headers: dict[str, str] | None = None,
-        limit: aiohttp.ClientTimeout = TIMEOUT,
+        limit: aiohttp.ClientTimeout | None = None,
     ) -> tuple[int, bytes]:
         headers = {"content-type": content_type, "accept": "application/json"}
         headers.update(extra_headers or {})
@@ -213,12 +210,12 @@ class RestateClient:
         """Whether a node's ingress answers its health check."""
 
         async def health(base: str) -> bool:
-            async with self._client().get(f"{base}/restate/health") as response:
-                if response.status != 200:
-                    raise _Unhealthy(response.status)
-                return True
+            status, _, _ = await self._session.fetch("GET", f"{base}/restate/health")
+            if status != 200:
+                raise _Unhealthy(status)
+            return True
 
         try:
-            return await self._ingress.call(health, (*CONNECTION_FAILED, _Unhealthy, TimeoutError))
+            return await self._ingress.call(health, (*NO_ANSWER, _Unhealthy))
         except (aiohttp.ClientError, TimeoutError, _Unhealthy):
             return False
