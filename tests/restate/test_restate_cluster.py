@@ -74,6 +74,9 @@ STEADY = 3.0
 seconds after a node rejoins): the moves a kill is followed by are its own."""
 #: Generous: other suites may run Restate tests on the same 2 cores at the same time.
 DEADLINE = 120.0
+ATTACH_TIMEOUT = 20.0
+"""An attach without an answer by then is made again: a parked run's client waits across both
+losses, longer than one connection should be trusted."""
 PAUSE_BOUND = 30.0
 
 
@@ -103,6 +106,8 @@ class Run:
     result: dict[str, Any] | None = None
     error: BaseException | None = None
     thread: threading.Thread | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    """Set by `finish`: the client stops attaching."""
 
     @property
     def effects(self) -> Path:
@@ -141,18 +146,20 @@ def next_live(cluster: RestateCluster, after: int) -> int:
 
 
 def follow(cluster: RestateCluster, run: Run) -> None:
-    """The client: attach through its node's ingress until the result comes; when the node is
-    down or the attach fails, attach again through the next live node."""
+    """The client: attach through its node's ingress until the result comes (again after
+    `ATTACH_TIMEOUT` without an answer); when the node is down or the attach fails, attach again
+    through the next live node."""
     node = run.ingress
-    deadline = time.monotonic() + DEADLINE
     try:
-        while time.monotonic() < deadline:
+        while not run.done.is_set():
             if not cluster.is_running(node):
                 node = next_live(cluster, node)
             run.through = node
             url = f"{cluster.ingress_url(node)}/restate/invocation/{run.invocation_id}/attach"
             try:
-                resp = http("GET", url, timeout=DEADLINE)
+                resp = http("GET", url, timeout=ATTACH_TIMEOUT)
+            except TimeoutError:
+                continue  # no answer yet (a parked run): attach again through the same node
             except (OSError, HTTPException) as err:
                 run.attaches.append((node, type(err).__name__))
             else:
@@ -184,6 +191,7 @@ def start(cluster: RestateCluster, run: Run) -> Run:
 def finish(run: Run) -> dict[str, Any]:
     assert run.thread is not None
     run.thread.join(timeout=DEADLINE)
+    run.done.set()
     assert not run.thread.is_alive(), f"{run.name}'s client still waits: {run.attaches}"
     if run.error is not None:
         raise run.error
