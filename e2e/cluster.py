@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+OWN_TIMEOUT = re.compile(r"--timeout=(\d+)s")
 
 
 class StepFailed(AssertionError):
@@ -91,8 +92,15 @@ class Kubectl:
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
     ) -> str:
         argv = [self.cluster.kubectl_bin, f"--kubeconfig={self.cluster.kubeconfig}", *args]
+        # A command with a `--timeout=Ns` of its own gives up by itself, and says why.
+        own = [int(match[1]) for arg in args if (match := OWN_TIMEOUT.fullmatch(arg))]
         result = subprocess.run(
-            argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
+            argv,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=max([timeout, *(seconds + 30 for seconds in own)]),
+            check=False,
         )
         if check and result.returncode != 0:
             raise StepFailed(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")

@@ -261,20 +261,31 @@ def _undo_link(entry: dict[str, Any]) -> None:
 IPTABLES_FAMILIES = {"iptables": "ip", "ip6tables": "ip6"}
 
 
-def iptables_tables() -> dict[str, list[str]]:
-    """The tables each of iptables and ip6tables shows (`*nat`, ...), for the ledger."""
-    saved = {tool: run(f"{tool}-save", check=False) for tool in IPTABLES_FAMILIES}
-    return {
-        tool: [line[1:] for line in text.splitlines() if line[:1] == "*"]
-        for tool, text in saved.items()
-    }
+def iptables_tables() -> dict[str, dict[str, list[str]]]:
+    """The chains of each table iptables and ip6tables use, as nftables has them
+    (`{"filter": ["FORWARD", ...]}`; none where iptables is legacy), for the ledger."""
+    return {tool: _nft_chains(family) for tool, family in IPTABLES_FAMILIES.items()}
+
+
+def _nft_chains(family: str) -> dict[str, list[str]]:
+    """Table -> its chains, of one nftables family. (`iptables-save` is no help: it shows the
+    base chains of a table whether they exist or not.)"""
+    if not shutil.which("nft"):
+        return {}
+    listed = json.loads(run("nft", "-j", "list", "chains", family, check=False) or "{}")
+    tables: dict[str, list[str]] = {}
+    for item in listed.get("nftables", []):
+        if "chain" in item:
+            tables.setdefault(item["chain"]["table"], []).append(item["chain"]["name"])
+    return tables
 
 
 def _undo_iptables(entry: dict[str, Any]) -> None:
     """Drop the chains (and the rules jumping to them) of kube-proxy, kubelet, CNI and ours,
-    table by table, leaving every other rule (Docker's) as it is; then the tables that were not
-    there before (`tables`), once empty, where iptables is nftables underneath (a legacy table
-    cannot be removed)."""
+    table by table, leaving every other rule (Docker's) as it is; then, where iptables is
+    nftables underneath (a legacy chain or table cannot be removed), the chains and the tables
+    that were not there before (`tables`), once empty: a base chain such as `filter INPUT` stays
+    after its last rule is gone."""
     for tool, family in IPTABLES_FAMILIES.items():
         saved = run(f"{tool}-save", check=False)
         kept: list[str] = []
@@ -290,8 +301,34 @@ def _undo_iptables(entry: dict[str, Any]) -> None:
         if before is None or "nf_tables" not in run(tool, "--version", check=False):
             continue
         now = run(f"{tool}-save", check=False) if touched else saved
+        if isinstance(before, dict):  # a ledger of an older run has the tables only
+            new_chains = _new_empty_chains(now, _nft_chains(family), before)
+            for table, chain in new_chains:
+                run("nft", "delete", "chain", family, table, chain, check=False)
+            now = run(f"{tool}-save", check=False) if new_chains else now
         for table in _empty_tables(now) - set(before):
             run("nft", "delete", "table", family, table, check=False)
+
+
+def _new_empty_chains(
+    saved: str, chains: dict[str, list[str]], before: dict[str, list[str]]
+) -> list[tuple[str, str]]:
+    """(table, chain) of each of `chains` that is not in `before`, and has no rule and no rule
+    jumps to in `saved` (an `iptables-save` output)."""
+    rules: dict[str, list[list[str]]] = {}
+    table = ""
+    for line in saved.splitlines():
+        if line.startswith("*"):
+            table = line[1:]
+        elif line.startswith("-A"):
+            rules.setdefault(table, []).append(line.split())
+    return [
+        (table, chain)
+        for table, names in chains.items()
+        for chain in names
+        if chain not in before.get(table, [])
+        and not any(chain in rule[1:] for rule in rules.get(table, []))
+    ]
 
 
 def _empty_tables(saved: str) -> set[str]:
