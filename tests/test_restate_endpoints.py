@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +21,7 @@ from tether.programs.restate_server import free_port
 from tether.programs.sidecar.restate_client import RestateClient
 from tether.programs.sidecar.settings import SidecarConfigError
 from tether.programs.sidecar.settings import settings_from_env as sidecar_settings
+from tether.programs.worker.live import LivePublisher
 from tether.programs.worker.settings import settings_from_env as worker_settings
 from tether_operator.restate_admin import RestateAdmin
 from tether_operator.settings import SettingsError
@@ -208,7 +209,7 @@ async def test_a_call_without_an_answer_goes_again_on_a_new_connection() -> None
     ]
     service = Service([lost, live])
     await service.start()
-    client = RestateClient(service.url, aiohttp.ClientTimeout(total=1.0, sock_connect=1.0))
+    client = RestateClient(service.url, aiohttp.ClientTimeout(total=2.0, sock_connect=2.0))
     try:
         # Two calls at once: two pooled connections to the first pod.
         await asyncio.gather(*(client.send_run("clerk", "s1", b"{}", f"k{i}") for i in (1, 2)))
@@ -219,10 +220,46 @@ async def test_a_call_without_an_answer_goes_again_on_a_new_connection() -> None
         assert (len(lost_saw), live_saw) == (2, ["POST /clerk/s1/run/send"])
         started = time.monotonic()
         await client.send_run("clerk", "s1", b"{}", "k4")
-        assert time.monotonic() - started < 0.5, "a later call waited on a silent connection"
+        assert time.monotonic() - started < 1.5, "a later call waited on a silent connection"
         assert len(live_saw) == 2
     finally:
         await client.close()
+        await service.close()
+        await lost_runner.cleanup()
+        await live_runner.cleanup()
+
+
+async def eventually(condition: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        await asyncio.sleep(0.02)
+
+
+async def test_the_worker_s_live_events_go_on_new_connections_after_a_post_without_answer() -> None:
+    """Best effort: the batch posted on a silent connection is dropped (it may have arrived, so it
+    is not sent again), and the next batch goes on a new connection, not the other silent one."""
+    (lost, lost_saw, lost_runner), (live, live_saw, live_runner) = [
+        await live_node() for _ in range(2)
+    ]
+    service = Service([lost, live])
+    await service.start()
+    publisher = LivePublisher("clerk", service.url, None, timeout=3.0)
+    try:
+        for session in ("s1", "s2"):  # one flush, two posts at once: two pooled connections
+            publisher(session, 0, {"kind": "text_delta"})
+        await eventually(lambda: len(lost_saw) == 2, "posts to the first pod")
+        service.lose_pod()
+        publisher("s3", 0, {"kind": "text_delta"})
+        task = publisher._task
+        assert task is not None
+        await eventually(task.done, "the post on a silent connection dropped")
+        publisher("s4", 0, {"kind": "text_delta"})
+        # Sooner than the timeout a silent connection would take.
+        await eventually(lambda: bool(live_saw), "a post to the pod in service", within=2.5)
+        assert live_saw == ["POST /clerk-live/s4/push/send"] and len(lost_saw) == 2
+    finally:
+        await publisher.close()
         await service.close()
         await lost_runner.cleanup()
         await live_runner.cleanup()

@@ -105,15 +105,21 @@ class LivePublisher:
     """The worker's `LiveSink`: queues live events and posts them, batched per session, to
     `<agent>-live/<session>/push/send` through the ingress (a cluster's nodes in turn, when the
     connection to one cannot be made: `tether.programs.restate_endpoints`; a post that may have
-    arrived is not sent twice). Best effort: a failed post is dropped and logged."""
+    arrived is not sent twice). Best effort: a failed post is dropped and logged, and the posts
+    after it go on new connections (the pooled ones may lead to a lost node's pod, which
+    answers nothing: `tether.programs.renewable_session`)."""
 
-    def __init__(self, agent: str, ingress_url: str, secret: bytes | None) -> None:
+    def __init__(
+        self, agent: str, ingress_url: str, secret: bytes | None, timeout: float = 5.0
+    ) -> None:
         self.agent = agent
         self.ingress = Endpoints(ingress_url) if ingress_url else None
         self.secret = secret
+        self.timeout = timeout
         self._pending: dict[str, list[JSON]] = defaultdict(list)
         self._task: asyncio.Task[None] | None = None
         self._client: httpx2.AsyncClient | None = None
+        self._retired: httpx2.AsyncClient | None = None
 
     def __call__(self, session: str, after: int, event: JSON) -> None:
         self._pending[session].append({"after": after, "event": event})
@@ -133,7 +139,7 @@ class LivePublisher:
         if self.ingress is None:
             return
         if self._client is None:
-            self._client = httpx2.AsyncClient(timeout=5.0, trust_env=False)
+            self._client = httpx2.AsyncClient(timeout=self.timeout, trust_env=False)
         client = self._client
         path = f"/{self.agent}-live/{quote(session, safe='')}/push/send"
         try:
@@ -145,10 +151,20 @@ class LivePublisher:
                 log.warning("live events: Restate answered HTTP %s", response.status_code)
         except httpx2.HTTPError as error:
             log.warning("live events dropped: %s", type(error).__name__)
+            await self._renew(client)
+
+    async def _renew(self, client: httpx2.AsyncClient) -> None:
+        """New connections from now on; the client retired before `client` is closed (a post
+        still on it is dropped, as a failed one is)."""
+        if self._client is client:
+            retired, self._retired, self._client = self._retired, client, None
+            if retired is not None:
+                await retired.aclose()
 
     async def close(self) -> None:
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await self._task
-        if self._client is not None:
-            await self._client.aclose()
+        for client in (self._retired, self._client):
+            if client is not None:
+                await client.aclose()
