@@ -482,9 +482,13 @@ def run(cluster: Cluster, report: Report) -> None:
         p.apply_agent(E2E / "agent.yaml")
         wait_for(f"{CLERK} Ready", lambda: p.ready(CLERK), 300)
         report.time("kubectl apply -> agent Ready", time.monotonic() - started)
-        services = [row["name"] for row in p.sql("SELECT name FROM sys_service")]
-        if CLERK not in services:
-            raise StepFailed(f"{CLERK} is not registered with the cluster: {services}")
+        # Registered through one node; the others' metadata has it a moment later.
+        wait_for(
+            f"{CLERK} registered with the cluster",
+            lambda: CLERK in [row["name"] for row in p.sql("SELECT name FROM sys_service")],
+            30,
+            0.2,
+        )
         print("==> 3. the node leading a parked run's partition is lost", flush=True)
         lose_the_leader(p, report)
         if cluster.outside_attempts is not None:
