@@ -157,7 +157,7 @@ addresses = {{ toJson $addresses }}
 [networking]
 # A lost node's pod address answers nothing (no reset): the survivors' connections to it fail
 # at this timeout, not at the default 3 s, several of which lay between a node loss and its
-# partitions' new leaders (measured on the e2e's real node: 6-12 s at 3 s, 0.4-1 s at 1 s).
+# partitions' new leaders (measured on the e2e's real node: 6-12 s at 3 s, 0.4-2.9 s at 1 s).
 connect-timeout = "1s"
 {{- end -}}
 
