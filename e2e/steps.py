@@ -23,9 +23,13 @@ The steps, in order (each checks what a user would look at, and times what a use
     every panel of the chart's Grafana dashboard has data in Prometheus;
 10. NetworkPolicy: only the operator reaches Restate's admin API; its ingress, the agents and a
     listed namespace;
-11. a spec change rolls out while the operator's pod is killed: it converges, the old version
+    only Restate invokes the workers and the sidecar's index;
+11. a parked version scales to zero, and so does the idle active version; the approval, through
+    the agent's sidecar (its own Deployment), wakes the parked one; a new run wakes the active
+    one;
+12. a spec change rolls out while the operator's pod is killed: it converges, the old version
     drains and is retired;
-12. no pod attempted a connection outside the cluster (where the cluster can tell).
+13. no pod attempted a connection outside the cluster (where the cluster can tell).
 """
 
 from __future__ import annotations
@@ -321,7 +325,8 @@ def install_agent(p: Platform) -> None:
     p.apply_agent(E2E / "agent.yaml")
     wait_for(f"{CLERK} Ready", lambda: p.ready(CLERK), 300)
     p.report.time("kubectl apply -> agent Ready", time.monotonic() - started)
-    p.await_metric(f'sum(up{{namespace="{AGENTS_NS}"}})', 1, timeout=60)
+    # Prometheus scrapes its sidecar pod and its worker pod.
+    p.await_metric(f'sum(up{{namespace="{AGENTS_NS}"}})', 2, timeout=60)
 
 
 class ClerkRun:
@@ -795,12 +800,17 @@ def only_restate_invokes_workers(p: Platform) -> None:
     base = f"http://{worker['metadata']['name']}.{AGENTS_NS}.svc:9080"
     urls = {"health": f"{base}/health", "discover": f"{base}/discover"}
     urls["invoke"] = f"{base}/invoke/{CLERK}/pending"
+    # The sidecar's index container too (the parked calls, the live events).
+    index = f"http://{CLERK}-sidecar.{AGENTS_NS}.svc:9080"
+    urls["index discover"] = f"{index}/discover"
+    urls["index invoke"] = f"{index}/invoke/{CLERK}-parked/calls"
     labels = {
         "app.kubernetes.io/name": "tether-agent",
         "app.kubernetes.io/managed-by": "tether-operator",
     }
     statuses = _run_in_pod(p, AGENTS_NS, "worker-probe", labels, HTTP_PROBE, urls)
-    if statuses != {"health": 200, "discover": 401, "invoke": 401}:
+    expected = {"health": 200, "discover": 401, "invoke": 401}
+    if statuses != {**expected, "index discover": 401, "index invoke": 401}:
         raise StepFailed(f"requests to the worker not from Restate answered {statuses}")
     p.report.fact("worker requests not signed by Restate", f"refused: {statuses}")
 
@@ -918,8 +928,10 @@ def rollout_with_operator_killed(p: Platform, run: ClerkRun) -> None:
 
 def parked_version_scales_to_zero(p: Platform) -> None:
     """A version whose only run waits for a person goes to zero pods once a new version takes
-    the new runs (`scaling.idleAfter`); the approval, sent to the new version's sidecar, brings
-    a pod of the old one back, and the run completes on it."""
+    the new runs (`scaling.idleAfter`), and so does the new one, idle; the approval, sent to the
+    agent's sidecar (its own Deployment), brings a pod of the old one back, and the run
+    completes on it. Then a new run wakes the active version. Then `idleAfter` goes, and every
+    version has its pods again."""
     session = f"zero-{secrets.token_hex(4)}"
     old = p.agent_status(CLERK)["activeVersion"]
     invocation = p.start_run(CLERK, session, "ship the release")
@@ -947,7 +959,14 @@ def parked_version_scales_to_zero(p: Platform) -> None:
     version = f'agent="{CLERK}",version="{old}"'
     p.await_metric(f"max(tether_version_parked_runs{{{version}}})", 1)
     p.await_metric(f"max(tether_version_replicas{{{version}}})", 0)
-    p.sidecar(CLERK).restart()  # its forward may have been to a pod of the old version
+    active = p.agent_status(CLERK)["activeVersion"]
+    active_pods = f"{AGENT_LABEL}={CLERK},{VERSION_LABEL}={active}"
+    wait_for(
+        f"the active version {active}, idle, at zero pods",
+        lambda: not p.kubectl.pods(AGENTS_NS, active_pods),
+        180,
+        0.5,
+    )
     answered = time.time()
     p.tether(CLERK, "resolve", call["awakeable_id"], "--value", '{"approved": true}')
     # The woken pod may finish the run and be retired within a second or two: the run's
@@ -971,6 +990,29 @@ def parked_version_scales_to_zero(p: Platform) -> None:
         lambda: not p.kubectl.exists(AGENTS_NS, "deployment", deployment),
         300,
         1,
+    )
+    # A new run: Restate finds no pod of the active version and backs off; the operator wakes it.
+    # Its first steps run there: it parks on its approval, and completes once approved.
+    session = f"wake-{secrets.token_hex(4)}"
+    sent = time.monotonic()
+    fresh = p.start_run(CLERK, session, "ship it again")
+    (call,) = wait_for("the new run's parked call", lambda: p.parked(CLERK, session), 180, 0.5)
+    p.report.time(
+        "new run -> parked on the active version woken from zero", time.monotonic() - sent
+    )
+    p.tether(CLERK, "resolve", call["awakeable_id"], "--value", '{"approved": true}')
+    outcome = p.result(fresh)
+    if outcome.get("status") != "completed":
+        raise StepFailed(f"the run sent to the active version at zero pods ended {outcome}")
+    unset = {"spec": {"scaling": None}}
+    p.kubectl(
+        "-n", AGENTS_NS, "patch", "durableagent", CLERK, "--type", "merge", "-p", json.dumps(unset)
+    )
+    wait_for(
+        f"the active version {active} with its pods again",
+        lambda: p.kubectl.ready(AGENTS_NS, active_pods),
+        180,
+        0.5,
     )
 
 

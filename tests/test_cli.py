@@ -190,6 +190,55 @@ def test_a_worker_without_its_model_key_says_which_variable(tmp_path: Path) -> N
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "env", "error"),
+    [
+        (
+            [],
+            {"TETHER_WORKER_SERVES": "runs"},
+            "tether: TETHER_WORKER_SERVES must be all, agent or index (what the worker serves: "
+            "the agent with its index of parked calls and live events, the agent alone, or that "
+            "index alone), not 'runs'",
+        ),
+        (
+            ["--serve", "index"],
+            {"TETHER_WORKER_METRICS_PORT": "metrics"},
+            "tether: TETHER_WORKER_METRICS_PORT must be a port number from 1 to 65535 (where the "
+            "worker serves its own /metrics), or unset",
+        ),
+        (
+            ["--serve", "index", "--port", "9090", "--metrics-port", "9090"],
+            {},
+            "tether: the metrics port 9090 is --port: give it a port of its own",
+        ),
+    ],
+    ids=["unknown role", "metrics port not a number", "metrics port is the Restate port"],
+)
+def test_a_worker_says_which_role_or_metrics_port_setting_is_wrong(
+    tmp_path: Path, args: list[str], env: dict[str, str], error: str
+) -> None:
+    manifest = tmp_path / "agent.yaml"
+    manifest.write_text(
+        "apiVersion: tether.dev/v1alpha1\nkind: DurableAgent\nmetadata: {name: a}\n"
+        "spec: {model: {provider: anthropic, name: claude-sonnet-4-5}}\n"
+    )
+    done = tether("worker", "--spec", str(manifest), *args, cwd=tmp_path, env=env)
+    assert (done.returncode, done.stderr.strip()) == (2, error)
+
+
+def test_the_worker_flags_take_only_known_roles_and_ports(tmp_path: Path) -> None:
+    from tether.programs.cli import WORKER_SERVES
+    from tether.programs.worker.settings import SERVES
+
+    assert WORKER_SERVES == SERVES
+    for args, error in [
+        (["--serve", "runs"], "argument --serve: invalid choice: 'runs'"),
+        (["--metrics-port", "0"], "argument --metrics-port: '0' is not a port number (1-65535)"),
+    ]:
+        done = tether("worker", "--spec", "agent.yaml", *args, cwd=tmp_path)
+        assert done.returncode == 2 and error in done.stderr, done.stderr
+
+
 def write_manifest(directory: Path, tools: list[dict[str, Any]], script: list[Any]) -> Path:
     document = {
         "apiVersion": "tether.dev/v1alpha1",

@@ -14,6 +14,7 @@ from tests.helpers import RecordingProvider
 from tether import create_agent, tool
 from tether.durable import sqlite_runtime
 from tether.programs.worker import services
+from tether.programs.worker.served import index_services
 from tether.programs.worker.settings import WorkerSettings
 from tether.restate import restate_runtime
 from tether.restate.chain import PER_SEGMENT
@@ -154,11 +155,9 @@ class Built(Exception):
     """Stops the run handler once its runtime is built."""
 
 
-async def runtime_of_a_run(
-    settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Any, list[Any]]:
+async def runtime_of_a_run(settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The durable runtime the worker's `run` handler builds (its event log is what the test
-    looks at), and the worker's services."""
+    looks at)."""
     built: list[Any] = []
 
     def capture(*args: Any, **kwargs: Any) -> Any:
@@ -169,13 +168,13 @@ async def runtime_of_a_run(
     objects = services.agent_services(settings)
     with pytest.raises(Built):
         await objects[0].handlers["run"].fn(ObjectState("s1"), services.RunRequest(prompt="hi"))
-    return built[0], objects
+    return built[0]
 
 
 async def test_spec_events_retain_is_the_retention_of_the_restate_event_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    durable, _ = await runtime_of_a_run(worker_settings(tmp_path, {"retain": 150}), monkeypatch)
+    durable = await runtime_of_a_run(worker_settings(tmp_path, {"retain": 150}), monkeypatch)
     log = durable.stores.events
     assert isinstance(log, RestateEventLog) and log.retain == 150
     for _ in range(3):
@@ -185,16 +184,13 @@ async def test_spec_events_retain_is_the_retention_of_the_restate_event_log(
     assert kept == list(range(kept[0], 301))
     assert 150 <= len(kept) <= 150 + 2 * PER_SEGMENT
 
-    default, _ = await runtime_of_a_run(worker_settings(tmp_path, None), monkeypatch)
+    default = await runtime_of_a_run(worker_settings(tmp_path, None), monkeypatch)
     assert default.stores.events.retain == DEFAULT_RETAIN
 
 
-async def test_spec_events_live_batches_is_what_the_live_object_keeps(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_spec_events_live_batches_is_what_the_live_object_keeps(tmp_path: Path) -> None:
     settings = worker_settings(tmp_path, {"liveBatches": 3})
-    _, objects = await runtime_of_a_run(settings, monkeypatch)
-    live = next(o for o in objects if o.name == "kept-live")
+    live = next(o for o in index_services(settings) if o.name == "kept-live")
     session = ObjectState("s1")
     for n in range(5):
         event = {"type": "model_text", "run": "r", "delta": str(n)}

@@ -14,7 +14,7 @@ import yaml
 from tether.programs.worker.parking import host_of
 from tether.programs.worker.settings import settings_from_env
 from tether.spec import NOTIFY_URL_ENV, SpecError, parse_agent
-from tether_operator.render import version_objects
+from tether_operator.render import sidecar_objects, version_objects
 from tether_operator.settings import settings_from_env as operator_settings
 
 TOKEN = "xT0kenT0kenT0kenT0kenT0ke"
@@ -121,16 +121,19 @@ def test_the_operator_maps_the_secret_and_keeps_the_url_out_of_the_config_map() 
         }
     )
     for notify, variable in ((FROM_SECRET, NOTIFY_URL_ENV), ({**FROM_SECRET, "urlEnv": "U"}, "U")):
-        objects = version_objects(parse_agent(manifest(**notify)), "ops", settings)
+        agent = parse_agent(manifest(**notify))
+        objects = version_objects(agent, "ops", settings)
         document = objects.config_map["data"]["agent.yaml"]
         assert yaml.safe_load(document)["spec"]["approvals"]["notify"] == notify
-        worker, sidecar = objects.deployment["spec"]["template"]["spec"]["containers"]
+        [worker] = objects.deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e for e in worker["env"]}
         assert env[variable] == {
             "name": variable,
             "valueFrom": {"secretKeyRef": {"name": "slack", "key": "url"}},
         }
-        assert variable not in {e["name"] for e in sidecar["env"]}
+        sidecar = sidecar_objects(agent, "ops", settings).deployment["spec"]["template"]["spec"]
+        for container in sidecar["containers"]:  # the sidecar and the index send nothing
+            assert variable not in {e["name"] for e in container["env"]}
 
 
 def test_a_log_line_names_the_host_only() -> None:

@@ -1,4 +1,5 @@
-"""Applying, finding and deleting the Kubernetes objects of an agent's versions."""
+"""Applying, finding and deleting the Kubernetes objects of an agent's versions and its
+sidecar."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from .names import (
     AGENT_LABEL,
     REPLICAS_ANNOTATION,
     SCALED_TO_ZERO_ANNOTATION,
+    SIDECAR_VERSION,
     VERSION_LABEL,
     WORKER_PORT,
+    sidecar_name,
     version_name,
 )
 from .settings import OperatorSettings
@@ -120,16 +123,18 @@ def url_of(settings: OperatorSettings, service: dict[str, Any], agent: str, dige
 async def apply_version(
     kube: Kube, settings: OperatorSettings, body: kopf.Body, agent: DurableAgent
 ) -> tuple[str, str]:
-    """Apply the current version's objects and the stable sidecar Service; (hash, worker URL)."""
+    """Apply the current version's objects and the agent's sidecar; (hash, worker URL)."""
     namespace = str(body["metadata"]["namespace"])
     objects = render.version_objects(agent, namespace, settings)
-    sidecar = render.sidecar_service(agent.metadata.name, namespace, settings)
+    sidecar = render.sidecar_objects(agent, namespace, settings)
+    if await _scaled_to_zero(kube, namespace, objects.name):
+        del objects.deployment["spec"]["replicas"]  # the scaler's (`scaling`), until it wakes it
     manifests = [
+        *sidecar.manifests,
         objects.config_map,
         objects.service,
         objects.disruption_budget,
         objects.deployment,
-        sidecar,
     ]
     egress = await egress_policy(kube, settings, agent, namespace)
     if egress is not None:  # before the pods it confines start
@@ -138,6 +143,14 @@ async def apply_version(
     applied = [await kube.apply(manifest) for manifest in manifests]
     service = applied[manifests.index(objects.service)]
     return objects.hash, url_of(settings, service, agent.metadata.name, objects.hash)
+
+
+async def _scaled_to_zero(kube: Kube, namespace: str, name: str) -> bool:
+    found = await kube.get("apps/v1", "Deployment", namespace, name)
+    if found is None:
+        return False
+    annotations = found["metadata"].get("annotations") or {}
+    return SCALED_TO_ZERO_ANNOTATION in annotations and found["spec"].get("replicas") == 0
 
 
 async def egress_policy(
@@ -170,16 +183,31 @@ async def refresh_egress(
     return rules
 
 
-async def version_url(
-    kube: Kube, settings: OperatorSettings, namespace: str, agent: str, digest: str
+async def _service_url(
+    kube: Kube, settings: OperatorSettings, namespace: str, name: str, agent: str, digest: str
 ) -> str | None:
-    """The URL of an existing version (reads its Service when the template needs a node port)."""
-    name = version_name(agent, digest)
+    """Where Restate reaches Service `name` (reads it when the template needs a node port)."""
     if "{node_port}" not in settings.worker_url_template:
         service = {"metadata": {"name": name, "namespace": namespace}, "spec": {}}
         return url_of(settings, service, agent, digest)
     found = await kube.get("v1", "Service", namespace, name)
     return None if found is None else url_of(settings, found, agent, digest)
+
+
+async def version_url(
+    kube: Kube, settings: OperatorSettings, namespace: str, agent: str, digest: str
+) -> str | None:
+    """The URL of an existing version."""
+    name = version_name(agent, digest)
+    return await _service_url(kube, settings, namespace, name, agent, digest)
+
+
+async def sidecar_url(
+    kube: Kube, settings: OperatorSettings, namespace: str, agent: str
+) -> str | None:
+    """Where Restate reaches the sidecar's index (`{hash}` is `sidecar` in the URL template)."""
+    name = sidecar_name(agent)
+    return await _service_url(kube, settings, namespace, name, agent, SIDECAR_VERSION)
 
 
 ANSWER_TIMEOUT = aiohttp.ClientTimeout(total=1.0)
@@ -203,6 +231,20 @@ async def delete_version(kube: Kube, namespace: str, agent: str, digest: str) ->
     name = version_name(agent, digest)
     for api_version, kind in KINDS:
         await kube.delete(api_version, kind, namespace, name)
+
+
+async def delete_sidecar(kube: Kube, namespace: str, agent: str) -> None:
+    for api_version, kind in KINDS:
+        await kube.delete(api_version, kind, namespace, sidecar_name(agent))
+
+
+async def sidecar_rolled_out(kube: Kube, namespace: str, agent: str) -> bool:
+    """Whether the sidecar's Deployment has all its pods on its current template."""
+    found = await kube.get("apps/v1", "Deployment", namespace, sidecar_name(agent))
+    if found is None:
+        return False
+    meta = found["metadata"]
+    return is_available(found["spec"], found.get("status") or {}, int(meta.get("generation", 0)))
 
 
 async def versions_on_cluster(kube: Kube, namespace: str, agent: str) -> set[str]:

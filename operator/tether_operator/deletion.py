@@ -1,5 +1,5 @@
 """Deleting a DurableAgent: the finalizer waits for the runs in flight, bounded by drain.timeout,
-then unregisters every version from Restate and deletes their objects."""
+then unregisters every version from Restate and deletes their objects, then the sidecar's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from . import children, metrics, scaling
 from .conditions import DRAINING, READY, Verdict, merge, parse_rfc3339
 from .context import AgentMemory, Operator
 from .kube import KubeError
-from .names import sidecar_service_name
+from .names import RESTATE_AGENT_KEY, RESTATE_ROLE_KEY, restate_agent
 from .restate_admin import InFlight, RestateError
 from .supervisor import base_status, parse, write_status
 
@@ -58,6 +58,40 @@ async def _wake(
         mem.status = previous.model_copy(update={"versions": versions})
 
 
+def _retry_or_give_up(body: kopf.Body, error: RestateError, left: float, what: str) -> None:
+    """Retry while drain.timeout has not passed; then say what is left to remove by hand."""
+    if left > 0:
+        raise kopf.TemporaryError(str(error), delay=POLL) from None
+    kopf.warn(
+        body,
+        reason="UnregistrationFailed",
+        message=f"{error}; remove {what} with the Restate CLI",
+    )
+
+
+async def _unregister(op: Operator, body: kopf.Body, deployment_id: str, left: float) -> None:
+    try:
+        await op.restate.unregister(deployment_id)
+    except RestateError as error:
+        _retry_or_give_up(body, error, left, f"deployment {deployment_id}")
+
+
+async def _unregister_sidecar(op: Operator, body: kopf.Body, left: float) -> None:
+    """Unregister the sidecar's index, once the versions whose runs answer through it are gone
+    (found by its metadata: the status may have lost its id)."""
+    meta = body["metadata"]
+    owner = restate_agent(meta["namespace"], meta["name"])
+    try:
+        found = await op.restate.deployments()
+    except RestateError as error:
+        _retry_or_give_up(body, error, left, "the sidecar's deployment")
+        return
+    for deployment in found:
+        metadata = deployment.get("metadata") or {}
+        if metadata.get(RESTATE_AGENT_KEY) == owner and metadata.get(RESTATE_ROLE_KEY):
+            await _unregister(op, body, deployment["id"], left)
+
+
 async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -> None:
     """Raise `kopf.TemporaryError` while runs are in flight and drain.timeout has not passed."""
     meta = body["metadata"]
@@ -99,19 +133,11 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
             message=f"drain.timeout passed with {waiting} runs in flight; they are cut off",
         )
     for digest, deployment_id in ids.items():
-        try:
-            await op.restate.unregister(deployment_id)
-        except RestateError as error:
-            if left > 0:
-                raise kopf.TemporaryError(str(error), delay=POLL) from None
-            kopf.warn(
-                body,
-                reason="UnregistrationFailed",
-                message=f"{error}; remove deployment {deployment_id} with the Restate CLI",
-            )
+        await _unregister(op, body, deployment_id, left)
         kopf.info(body, reason="Unregistered", message=f"version {digest} ({deployment_id})")
     for digest in known | extra:
         await children.delete_version(op.kube, namespace, name, digest)
-    await op.kube.delete("v1", "Service", namespace, sidecar_service_name(name))
+    await _unregister_sidecar(op, body, left)
+    await children.delete_sidecar(op.kube, namespace, name)
     metrics.forget(namespace, name, mem.gauges)
     await _say(op, body, mem, False, "Deleted", "every version is unregistered and deleted")

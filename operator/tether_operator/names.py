@@ -25,11 +25,16 @@ AGENT_LABEL = f"{GROUP}/agent"
 VERSION_LABEL = f"{GROUP}/version"
 SCALED_TO_ZERO_ANNOTATION = f"{GROUP}/scaled-to-zero-at"
 """On a version Deployment at zero replicas: when the operator scaled it there (RFC 3339)."""
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+"""On the sidecar's pod template: the hash of its spec document and pod spec."""
 REPLICAS_ANNOTATION = f"{GROUP}/replicas"
 """On a version Deployment at zero replicas: how many it had, to scale it back to."""
 
 WORKER_PORT = 9080
+"""The Restate endpoint of a worker pod and of a sidecar pod's index container."""
 SIDECAR_PORT = 8000
+WORKER_METRICS_PORT = 9090
+"""A worker pod's own `/metrics` (its sidecar is in another pod)."""
 SPEC_DIR = "/etc/tether"
 SPEC_FILE = "agent.yaml"
 METRICS_DIR = "/var/run/tether/metrics"
@@ -42,9 +47,14 @@ def version_name(agent: str, version_hash: str) -> str:
     return f"{agent}-{version_hash}"
 
 
-def sidecar_service_name(agent: str) -> str:
-    """The stable Service in front of every version's sidecar (webhooks, metrics)."""
+def sidecar_name(agent: str) -> str:
+    """The agent's sidecar ConfigMap, Deployment, Service and PodDisruptionBudget: stable across
+    versions (webhooks, metrics, and the index of parked calls and live events on Restate)."""
     return f"{agent}-sidecar"
+
+
+SIDECAR_VERSION = "sidecar"
+"""The `{hash}` of the sidecar's URL template: its Restate deployment is no version."""
 
 
 def agent_labels(agent: str) -> dict[str, str]:
@@ -69,6 +79,8 @@ def selector(agent: str, version_hash: str | None = None) -> dict[str, str]:
 
 RESTATE_AGENT_KEY = f"{GROUP}/agent"
 RESTATE_VERSION_KEY = f"{GROUP}/version"
+RESTATE_ROLE_KEY = f"{GROUP}/role"
+"""`sidecar` on the sidecar's Restate deployment; versions have none."""
 
 
 def restate_agent(namespace: str, agent: str) -> str:
@@ -81,6 +93,10 @@ def restate_metadata(namespace: str, agent: str, version_hash: str) -> dict[str,
         RESTATE_AGENT_KEY: restate_agent(namespace, agent),
         RESTATE_VERSION_KEY: version_hash,
     }
+
+
+def sidecar_metadata(namespace: str, agent: str) -> dict[str, str]:
+    return {RESTATE_AGENT_KEY: restate_agent(namespace, agent), RESTATE_ROLE_KEY: SIDECAR_VERSION}
 
 
 def content_hash(*parts: Any) -> str:

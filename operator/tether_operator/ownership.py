@@ -1,11 +1,11 @@
 """Who owns a Restate service name.
 
-A DurableAgent's versions serve Restate services named after the agent (`<agent>` and its inbox
-`<agent>-inbox`), and Restate's service namespace is flat: `triage` in team-a and `triage` in
-team-b would take the services from each other (registrations are forced, so the last one wins
-and the other's runs go to its worker). Before registering, the operator looks for another
-owner of the names and refuses while one exists: another DurableAgent that still exists, or a
-deployment tether did not register.
+A DurableAgent's versions and sidecar serve Restate services named after the agent (`<agent>`,
+`<agent>-inbox`, `<agent>-parked`, `<agent>-live`), and Restate's service namespace is flat:
+`triage` in team-a and `triage` in team-b would take the services from each other
+(registrations are forced, so the last one wins and the other's runs go to its worker). Before
+registering, the operator looks for another owner of the names and refuses while one exists:
+another DurableAgent that still exists, or a deployment tether did not register.
 """
 
 from __future__ import annotations

@@ -1,9 +1,17 @@
-"""The Kubernetes objects of one agent version, as plain manifests for server-side apply.
+"""The Kubernetes objects of an agent, as plain manifests for server-side apply: those of one
+version, and the agent's sidecar, which every version shares.
 
-A version is identified by a hash of the agent spec (without `drain`, `scaling` and
+A version is identified by a hash of the agent spec (without `drain`, `scaling`, `sidecar` and
 `worker.replicas`, which change how versions are run, not what runs) and of the pod template.
 Same input, same hash, same names: a rollback to an earlier spec maps onto the earlier
 version's objects.
+
+The sidecar is a Deployment of its own, so that webhooks, metrics and the index of parked calls
+answer whichever versions have pods (a version at zero replicas has none). Its pods run the
+sidecar (FastAPI: webhooks, approvals, the event stream, metrics) and the index container (the
+agent's `<agent>-parked` and `<agent>-live` objects, a Restate deployment of their own); its
+ConfigMap holds the same spec document, and a hash of both in the pod template rolls the pods
+when either changes.
 """
 
 from __future__ import annotations
@@ -26,17 +34,19 @@ from tether.spec import (
 
 from .names import (
     COMPONENT_LABEL,
+    CONFIG_HASH_ANNOTATION,
     METRICS_DIR,
     SIDECAR_PORT,
     SPEC_DIR,
     SPEC_FILE,
     VERSION_LABEL,
+    WORKER_METRICS_PORT,
     WORKER_PORT,
     WORKSPACE_DIR,
     agent_labels,
     content_hash,
     selector,
-    sidecar_service_name,
+    sidecar_name,
     version_labels,
     version_name,
 )
@@ -45,6 +55,21 @@ from .settings import OperatorSettings
 Manifest = dict[str, Any]
 RUN_AS = 65532
 DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+@dataclass(frozen=True)
+class SidecarObjects:
+    """The agent's sidecar: ConfigMap, Deployment, Service and PodDisruptionBudget."""
+
+    hash: str
+    config_map: Manifest
+    deployment: Manifest
+    service: Manifest
+    disruption_budget: Manifest
+
+    @property
+    def manifests(self) -> list[Manifest]:
+        return [self.config_map, self.service, self.disruption_budget, self.deployment]
 
 
 @dataclass(frozen=True)
@@ -85,7 +110,7 @@ def _secret_env(name: str, secret: str, key: str) -> Manifest:
 
 def sidecar_url(settings: OperatorSettings, agent: str, namespace: str) -> str:
     return settings.webhook_url(
-        service=sidecar_service_name(agent),
+        service=sidecar_name(agent),
         namespace=namespace,
         agent=agent,
         hash="",
@@ -185,9 +210,12 @@ def _worker_container(
         "name": "worker",
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["tether", "worker", "--spec", f"{SPEC_DIR}/{SPEC_FILE}"],
-        "args": ["--port", str(WORKER_PORT)],
-        "ports": [{"name": "restate", "containerPort": WORKER_PORT, "protocol": "TCP"}],
+        "command": ["tether", "worker", "--spec", f"{SPEC_DIR}/{SPEC_FILE}", "--serve", "agent"],
+        "args": ["--port", str(WORKER_PORT), "--metrics-port", str(WORKER_METRICS_PORT)],
+        "ports": [
+            {"name": "restate", "containerPort": WORKER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
+        ],
         "env": env,
         "resources": resources,
         **_probes(check),
@@ -224,24 +252,80 @@ def _sidecar_container(
         secret = notify.slack_signing_secret_ref
         env.append(_secret_env(SLACK_SIGNING_SECRET_ENV, secret.name, secret.key))
 
+    # /healthz, not /readyz (which asks Restate): a pod's readiness also gates its index's
+    # endpoint, and a Restate restart must not take every agent's index out of service.
+    check = {"httpGet": {"path": "/healthz", "port": "http"}}
+    command = ["tether", "sidecar"]
+    return _small_container("sidecar", image, settings, command, ("http", SIDECAR_PORT), env, check)
+
+
+def _small_container(
+    name: str,
+    image: str,
+    settings: OperatorSettings,
+    command: list[str],
+    port: tuple[str, int],
+    env: list[Manifest],
+    check: Manifest,
+) -> Manifest:
+    """A container of the sidecar's pods: one port, small requests, no workspace."""
+    port_name, number = port
     return {
-        "name": "sidecar",
+        "name": name,
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": ["tether", "sidecar"],
-        "args": ["--port", str(SIDECAR_PORT)],
-        "ports": [{"name": "http", "containerPort": SIDECAR_PORT, "protocol": "TCP"}],
+        "command": command,
+        "args": ["--port", str(number)],
+        "ports": [{"name": port_name, "containerPort": number, "protocol": "TCP"}],
         "env": env,
         "resources": {
             "requests": {"cpu": "10m", "memory": "64Mi"},
             "limits": {"memory": "256Mi"},
         },
-        # /healthz, not /readyz (which asks Restate): a pod's readiness also gates its worker's
-        # endpoint, and a Restate restart must not take every agent's workers out of service.
-        **_probes({"httpGet": {"path": "/healthz", "port": "http"}}),
+        **_probes(check),
         "securityContext": _container_security(),
         "volumeMounts": _mounts(),
     }
+
+
+def _index_container(
+    agent: DurableAgent, namespace: str, settings: OperatorSettings, image: str
+) -> Manifest:
+    """The agent's index of parked calls and its live events, served to Restate: it holds the
+    webhook secret (to check proofs and signatures), no model key and no tool."""
+    env = _shared_env(agent, namespace, settings)
+    if settings.restate_identity_keys:  # only Restate may invoke it
+        env.append({"name": IDENTITY_KEYS_ENV, "value": ",".join(settings.restate_identity_keys)})
+    command = ["tether", "worker", "--spec", f"{SPEC_DIR}/{SPEC_FILE}", "--serve", "index"]
+    check = {"tcpSocket": {"port": "restate"}}
+    return _small_container("index", image, settings, command, ("restate", WORKER_PORT), env, check)
+
+
+def _pod_security() -> Manifest:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS,
+        "runAsGroup": RUN_AS,
+        "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _spread(labels: dict[str, str]) -> list[Manifest]:
+    """Replicas go to different nodes where there are several, never left unscheduled where
+    there is one."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": labels},
+        }
+    ]
+
+
+def _tmp() -> Manifest:
+    return {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}
 
 
 def pod_template(
@@ -255,35 +339,14 @@ def pod_template(
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "terminationGracePeriodSeconds": 30,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": RUN_AS,
-                "runAsGroup": RUN_AS,
-                "fsGroup": RUN_AS,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            # Replicas of a version go to different nodes where there are several, never
-            # left unscheduled where there is one.
-            "topologySpreadConstraints": [
-                {
-                    "maxSkew": 1,
-                    "topologyKey": "kubernetes.io/hostname",
-                    "whenUnsatisfiable": "ScheduleAnyway",
-                    "labelSelector": {"matchLabels": selector(name, version_hash)},
-                }
-            ],
-            "containers": [
-                _worker_container(agent, namespace, settings, image),
-                _sidecar_container(agent, namespace, settings, image),
-            ],
+            "securityContext": _pod_security(),
+            "topologySpreadConstraints": _spread(selector(name, version_hash)),
+            "containers": [_worker_container(agent, namespace, settings, image)],
             "volumes": [
-                {
-                    "name": "spec",
-                    "configMap": {"name": version_name(name, version_hash)},
-                },
+                {"name": "spec", "configMap": {"name": version_name(name, version_hash)}},
                 {"name": "metrics", "emptyDir": {}},
                 _workspace(agent),
-                {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+                _tmp(),
             ],
         },
     }
@@ -300,6 +363,7 @@ def _hash_input(agent: DurableAgent) -> Manifest:
     spec = agent.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
     spec.pop("drain", None)
     spec.pop("scaling", None)
+    spec.pop("sidecar", None)
     spec.get("worker", {}).pop("replicas", None)
     return spec
 
@@ -324,7 +388,7 @@ def version_objects(
     name = agent.metadata.name
     digest = version_hash(agent, namespace, settings)
     object_name = version_name(name, digest)
-    labels = version_labels(name, digest)
+    labels = {**version_labels(name, digest), COMPONENT_LABEL: "worker"}
     config_map: Manifest = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -377,22 +441,86 @@ def version_objects(
     return VersionObjects(digest, config_map, deployment, service, disruption_budget)
 
 
-def sidecar_service(agent: str, namespace: str, settings: OperatorSettings) -> Manifest:
-    """The stable Service for webhooks and metrics, across versions."""
-    return {
+def sidecar_selector(agent: str) -> dict[str, str]:
+    return {**selector(agent), COMPONENT_LABEL: "sidecar"}
+
+
+def sidecar_objects(
+    agent: DurableAgent, namespace: str, settings: OperatorSettings
+) -> SidecarObjects:
+    """The agent's sidecar (see the module's docstring)."""
+    name = agent.metadata.name
+    object_name = sidecar_name(name)
+    labels = {**agent_labels(name), COMPONENT_LABEL: "sidecar"}
+    image = agent.spec.worker.image or settings.worker_image
+    document = spec_document(agent, namespace)
+    pod_spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": _pod_security(),
+        "topologySpreadConstraints": _spread(sidecar_selector(name)),
+        "containers": [
+            _sidecar_container(agent, namespace, settings, image),
+            _index_container(agent, namespace, settings, image),
+        ],
+        "volumes": [
+            {"name": "spec", "configMap": {"name": object_name}},
+            {"name": "metrics", "emptyDir": {}},
+            _tmp(),
+        ],
+    }
+    digest = content_hash(document, pod_spec)
+    config_map: Manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(object_name, namespace, labels, settings),
+        "data": {SPEC_FILE: document},
+    }
+    deployment: Manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(object_name, namespace, labels, settings),
+        "spec": {
+            "replicas": agent.spec.sidecar.replicas,
+            "revisionHistoryLimit": 1,
+            "selector": {"matchLabels": sidecar_selector(name)},
+            "strategy": {"type": "RollingUpdate"},
+            "template": {
+                # A changed spec (the ConfigMap) rolls the pods too.
+                "metadata": {"labels": labels, "annotations": {CONFIG_HASH_ANNOTATION: digest}},
+                "spec": pod_spec,
+            },
+        },
+    }
+    service: Manifest = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(
-            sidecar_service_name(agent), namespace, agent_labels(agent), settings
-        ),
+        "metadata": _metadata(object_name, namespace, labels, settings),
         "spec": {
-            "type": "ClusterIP",
-            "selector": selector(agent),
+            # Restate reaches the index as it reaches the versions (a NodePort when it runs
+            # outside the cluster); the Restate port comes first, the one a node port URL uses.
+            "type": settings.worker_service_type,
+            "selector": sidecar_selector(name),
             "ports": [
-                {"name": "http", "port": SIDECAR_PORT, "targetPort": "http", "protocol": "TCP"}
+                {
+                    "name": "restate",
+                    "port": WORKER_PORT,
+                    "targetPort": "restate",
+                    "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c",
+                },
+                {"name": "http", "port": SIDECAR_PORT, "targetPort": "http", "protocol": "TCP"},
             ],
         },
     }
+    disruption_budget: Manifest = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(object_name, namespace, labels, settings),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": sidecar_selector(name)}},
+    }
+    return SidecarObjects(digest, config_map, deployment, service, disruption_budget)
 
 
 DNS_RULE: Manifest = {

@@ -13,7 +13,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +37,14 @@ IN_FLIGHT_SQL = (
 any, e.g. inboxed or scheduled), its service and its status: the drain, the scaler and the
 gauges of every agent read this one query."""
 PAUSED_SQL = "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id = '{}'"
+UNPINNED_PAUSED_SQL = (
+    "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id IS NULL "
+    "AND target_service_name IN ({})"
+)
+SERVICE_NAME = re.compile(r"^[a-z0-9][-a-z0-9]*$")
+NOT_STARTED_YET = frozenset({"scheduled", "inboxed"})
+"""Statuses of an unpinned invocation that needs no worker yet: due later, or queued behind
+another invocation of its key (which is pinned, and counted there)."""
 DEPLOYMENT_ID = re.compile(r"^dp_[A-Za-z0-9]+$")
 WAITING_STATUSES = frozenset({"suspended", "paused"})
 """Statuses of an invocation that waits without a worker: for a person, a timer or another call
@@ -114,11 +122,17 @@ class RestateAdmin:
     async def query(self, sql: str) -> list[dict[str, Any]]:
         return await self._send(admin.query(sql))
 
-    async def resume_paused(self, deployment_id: str) -> int:
-        """Resume the paused invocations pinned to `deployment_id` (on it); how many."""
+    async def resume_paused(self, deployment_id: str, services: Sequence[str] = ()) -> int:
+        """Resume the paused invocations pinned to `deployment_id` (on it), and those of
+        `services` pinned to none (on their latest deployment); how many."""
         if not DEPLOYMENT_ID.match(deployment_id):
             raise RestateError("QueryFailed", f"not a Restate deployment id: {deployment_id!r}")
+        if not all(SERVICE_NAME.match(name) for name in services):
+            raise RestateError("QueryFailed", f"not Restate service names: {services!r}")
         rows = await self.query(PAUSED_SQL.format(deployment_id))
+        if services:
+            names = ", ".join(f"'{name}'" for name in services)
+            rows += await self.query(UNPINNED_PAUSED_SQL.format(names))
         for row in rows:
             await self._send(admin.resume(str(row["id"])))
         return len(rows)
@@ -147,6 +161,13 @@ class Runs:
         """Runs that wait without a worker."""
         return self.suspended + self.paused
 
+    def __add__(self, other: Runs) -> Runs:
+        return Runs(
+            self.active + other.active,
+            self.suspended + other.suspended,
+            self.paused + other.paused,
+        )
+
 
 @dataclass(frozen=True)
 class InFlight:
@@ -156,15 +177,32 @@ class InFlight:
     unpinned: dict[str, int]
     statuses: dict[str, dict[str, int]] = field(default_factory=dict)
     """The pinned ones by deployment, then by status."""
+    unpinned_statuses: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The unpinned ones by service, then by status."""
 
     def runs(self, deployment_id: str | None) -> Runs:
-        counts = self.statuses.get(deployment_id or "", {})
-        waiting = {s: n for s, n in counts.items() if s in WAITING_STATUSES}
-        return Runs(
-            active=sum(counts.values()) - sum(waiting.values()),
-            suspended=waiting.get("suspended", 0),
-            paused=waiting.get("paused", 0),
-        )
+        """The invocations pinned to `deployment_id`."""
+        return _runs(self.statuses.get(deployment_id or "", {}))
+
+    def starting(self, services: Iterable[str]) -> Runs:
+        """The invocations of `services` pinned to no deployment yet, which want one now: new
+        runs (and their messages, answers and reads) that Restate sends to the services'
+        latest deployment, and those it paused there (e.g. while it had no pods)."""
+        counts: Counter[str] = Counter()
+        for service in services:
+            for status, n in self.unpinned_statuses.get(service, {}).items():
+                if status not in NOT_STARTED_YET:
+                    counts[status] += n
+        return _runs(counts)
+
+
+def _runs(counts: Mapping[str, int]) -> Runs:
+    waiting = {s: n for s, n in counts.items() if s in WAITING_STATUSES}
+    return Runs(
+        active=sum(counts.values()) - sum(waiting.values()),
+        suspended=waiting.get("suspended", 0),
+        paused=waiting.get("paused", 0),
+    )
 
 
 class RestateObserver:
@@ -188,10 +226,12 @@ class RestateObserver:
         pinned: Counter[str] = Counter()
         unpinned: Counter[str] = Counter()
         statuses: dict[str, Counter[str]] = {}
+        unpinned_statuses: dict[str, Counter[str]] = {}
         for row in await self.admin.query(IN_FLIGHT_SQL):
             n = int(row["n"])
             if row.get("id") is None:
                 unpinned[row["service"]] += n
+                unpinned_statuses.setdefault(row["service"], Counter())[str(row["status"])] += n
                 continue
             pinned[row["id"]] += n
             statuses.setdefault(row["id"], Counter())[str(row["status"])] += n
@@ -199,6 +239,7 @@ class RestateObserver:
             pinned=dict(pinned),
             unpinned=dict(unpinned),
             statuses={d: dict(counts) for d, counts in statuses.items()},
+            unpinned_statuses={s: dict(counts) for s, counts in unpinned_statuses.items()},
         )
 
     async def in_flight(self, max_age: float | None = None) -> InFlight:

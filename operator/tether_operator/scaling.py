@@ -1,30 +1,32 @@
-"""Scale to zero: a draining version's worker pods go while its runs only wait, and come back
-as soon as one of them has work again.
+"""Scale to zero: a version's worker pods go while its runs only wait, and come back as soon as
+one of them has work again.
 
 Every supervision pass reads Restate's one cached count of unfinished invocations by deployment
 and status (`RestateObserver.in_flight`), and for each version:
 
 - records its active runs (running, ready, backing off, pending) and parked ones (suspended,
-  paused) in the status (and so in the gauges, `metrics`);
-- a draining version (neither the spec's nor the active one) with no active run for
-  `spec.scaling.idleAfter` goes to 0 replicas (unless it has paused runs: they would wake it at
-  once). It stays registered with Restate, which keeps its runs pinned to it;
+  paused) in the status (and so in the gauges, `metrics`). The active version's also count the
+  invocations of the agent's services that no deployment has yet: Restate sends a new run (or a
+  message, or a read of a session) to the services' latest deployment, and pins it there only
+  once a worker answers;
+- a version with no active run for `spec.scaling.idleAfter` goes to 0 replicas (unless it has
+  paused runs: they would wake it at once), the active one too: the agent's sidecar, a
+  Deployment of its own, takes the webhooks and keeps the index of parked calls meanwhile. It
+  stays registered with Restate, which keeps its runs pinned to it;
 - a version at zero is scaled back to the replicas it had (within `minReplicas` and
   `maxReplicas`) at once when one of its runs has work (an approval answered makes its run
-  ready; Restate cannot reach the version and backs off, at most 1 s between attempts for about
-  an hour, then pauses the run), when it has paused runs (their retries ran out while nobody
-  woke it), when it is the spec's version again (a rollback) or when the agent no longer sets
-  `idleAfter`. Its paused runs are resumed once it has pods.
-
-The active version keeps its replicas: the sidecar that receives the approval webhooks runs in
-its pods.
+  ready, a new run is pending; Restate cannot reach the version and backs off, at most 1 s
+  between attempts for about an hour, then pauses the run), when it has paused runs (their
+  retries ran out while nobody woke it), when it is the spec's version but not registered (a
+  rollback: registration needs its pods) or when the agent no longer sets `idleAfter`. Its
+  paused runs are resumed once it has pods.
 
 Who owns `spec.replicas`: the scaler applies `spec.replicas` alone (and two annotations: when,
 and from how many) with a field manager of its own, `tether-operator-scale`. The version
-objects' own apply (`children.apply_version`, field manager `tether-operator`) only ever applies
-the spec's version, which is never at zero, so the two never meet on a Deployment at zero; on a
-rollback to a version at zero, that apply takes `spec.replicas` back, which is the wake-up the
-rollback needs, and the scaler's next pass agrees (the spec's version is never kept at zero).
+objects' own apply (`children.apply_version`, field manager `tether-operator`) leaves
+`spec.replicas` out while the Deployment is at zero, so applying the agent again does not wake
+its active version; on a rollback to a version at zero, the scaler wakes it (it is the spec's
+version and not registered).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 
 import kopf
 
-from tether.spec import DurableAgent, VersionStatus, parse_duration
+from tether.spec import DurableAgent, VersionStatus, parse_duration, restate_services
 
 from .children import WorkerDeployment, observed
 from .conditions import parse_rfc3339
@@ -71,10 +73,10 @@ def _runs_text(runs: Runs) -> str:
     return f"{runs.active + runs.paused} runs need it ({runs.active} active, {runs.paused} paused)"
 
 
-def _wake_reason(runs: Runs, *, draining: bool, idle_after: float | None) -> str | None:
+def _wake_reason(runs: Runs, *, needed: bool, idle_after: float | None) -> str | None:
     """Why a version at zero must have pods again, if it must."""
-    if not draining:
-        return "it is the version that takes new runs"
+    if needed:
+        return "it is the spec's version, registered only once it has pods"
     if idle_after is None:
         return "spec.scaling.idleAfter is no longer set"
     if runs.active or runs.paused:
@@ -86,7 +88,7 @@ def decide(
     version: VersionStatus,
     runs: Runs,
     *,
-    draining: bool,
+    needed: bool,
     idle_after: float | None,
     deployment: WorkerDeployment,
     restore: int,
@@ -95,14 +97,15 @@ def decide(
 ) -> Decision:
     """The idle rule for one version with a Deployment (see the module's docstring).
 
-    `draining`: neither the spec's nor the active version; `idle_after`: seconds, None when the
-    agent does not scale to zero; `restore`: the replicas to wake it with; `hold`: keep it up
-    whatever its runs say (it was woken, and its paused runs are not resumed yet)."""
+    `needed`: it must have pods whatever its runs say (the spec's version, not registered yet);
+    `idle_after`: seconds, None when the agent does not scale to zero; `restore`: the replicas
+    to wake it with; `hold`: keep it up whatever its runs say (it was woken, and its paused runs
+    are not resumed yet)."""
     stamp = _stamp(now)
     counts: dict[str, Any] = {"active_runs": runs.active, "parked_runs": runs.parked}
-    watched = draining and idle_after is not None
+    watched = not needed and idle_after is not None
     if version.scaled_to_zero_at is not None:
-        why = _wake_reason(runs, draining=draining, idle_after=idle_after)
+        why = _wake_reason(runs, needed=needed, idle_after=idle_after)
         if why is None:
             return Decision(version.model_copy(update={**counts, "replicas": 0}))
         woken = version.model_copy(
@@ -215,19 +218,19 @@ async def scale(
     seconds = idle_after(agent)
     now = time.time()
     for digest, version in list(versions.items()):
-        runs = in_flight.runs(version.restate_deployment_id)
+        runs = runs_of(agent.metadata.name, version, in_flight)
         deployment = by_hash.get(digest)
         if deployment is None:  # nothing to scale (yet, or any more): the counts only
             counts = {"active_runs": runs.active, "parked_runs": runs.parked}
             versions[digest] = version.model_copy(update=counts)
             continue
-        draining = digest != desired and version.state != "Active"
+        needed = digest == desired and version.state != "Active"
         # The spec's version, woken by a rollback, gets the spec's replicas (as its apply does).
-        before = deployment.replicas_before_zero if draining else None
+        before = None if needed else deployment.replicas_before_zero
         decision = decide(
             version,
             runs,
-            draining=draining,
+            needed=needed,
             idle_after=seconds,
             deployment=deployment,
             restore=restore_replicas(agent, before),
@@ -253,12 +256,22 @@ async def scale(
             else:
                 mem.resume_due.discard(digest)
         versions[digest] = decision.version
-    await _resume_woken(op, body, mem, versions, by_hash)
+    await _resume_woken(op, body, agent, mem, versions, by_hash)
+
+
+def runs_of(agent: str, version: VersionStatus, in_flight: InFlight) -> Runs:
+    """The runs that need the version: pinned to it, and for the active version those no
+    deployment has yet (Restate sends them to the latest)."""
+    runs = in_flight.runs(version.restate_deployment_id)
+    if version.state == "Active":
+        runs += in_flight.starting(restate_services(agent).of_versions)
+    return runs
 
 
 async def _resume_woken(
     op: Operator,
     body: kopf.Body,
+    agent: DurableAgent,
     mem: AgentMemory,
     versions: dict[str, VersionStatus],
     by_hash: dict[str, WorkerDeployment],
@@ -272,8 +285,10 @@ async def _resume_woken(
         if deployment is None or not deployment.available:
             continue
         if version.restate_deployment_id:
+            active = version.state == "Active"
+            services = restate_services(agent.metadata.name).of_versions if active else ()
             try:
-                resumed = await op.restate.resume_paused(version.restate_deployment_id)
+                resumed = await op.restate.resume_paused(version.restate_deployment_id, services)
             except RestateError as error:
                 log.warning("resuming the paused runs of %s failed: %s", digest, error)
                 continue
@@ -299,7 +314,7 @@ async def wake_for_deletion(
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     updated = []
     for version in versions:
-        runs = in_flight.runs(version.restate_deployment_id)
+        runs = runs_of(name, version, in_flight)
         asleep = version.scaled_to_zero_at is not None
         wanted = (asleep and (runs.active or runs.paused)) or (runs.paused and version.woke_at)
         found = None

@@ -4,6 +4,9 @@ The pass is level-triggered and idempotent: it reads what exists (the status it 
 version Deployments from kopf's index, Restate's deployments once per process) and moves every
 version one step towards the goal:
 
+- the agent's sidecar (shared by its versions) is registered with Restate once its pods run
+  its current template: it serves the index of parked calls and the live events that every
+  version's runs send to, so a version is registered only after it;
 - the version of the current spec becomes `Active` as soon as its Deployment is available:
   its URL is registered with Restate (with `force`, so a rollback to an earlier, still
   registered URL becomes the latest deployment again), and the previous `Active` one starts
@@ -12,8 +15,8 @@ version one step towards the goal:
   `drain.delay` has passed, it is unregistered, then its objects are deleted; after
   `drain.timeout` it goes regardless, with a Warning event;
 - a version that was never registered and is no longer wanted is deleted at once;
-- with `spec.scaling.idleAfter`, a `Draining` version whose runs only wait goes to zero replicas
-  and comes back when one has work (`scaling`).
+- with `spec.scaling.idleAfter`, a version whose runs only wait goes to zero replicas and comes
+  back when one has work, or, for the active version, when a new run comes (`scaling`).
 
 Nothing is ever removed because Restate or the API server failed to answer: a failure becomes a
 condition and the step is retried with backoff.
@@ -30,6 +33,7 @@ import kopf
 from tether.spec import (
     DurableAgent,
     DurableAgentStatus,
+    SidecarStatus,
     SpecError,
     VersionStatus,
     parse_agent,
@@ -49,7 +53,15 @@ from .conditions import (
 )
 from .context import AgentMemory, Operator
 from .kube import KubeError
-from .names import RESTATE_AGENT_KEY, RESTATE_VERSION_KEY, restate_agent, restate_metadata
+from .names import (
+    RESTATE_AGENT_KEY,
+    RESTATE_ROLE_KEY,
+    RESTATE_VERSION_KEY,
+    SIDECAR_VERSION,
+    restate_agent,
+    restate_metadata,
+    sidecar_metadata,
+)
 from .ownership import other_owner
 from .restate_admin import InFlight, RestateError
 
@@ -118,6 +130,7 @@ async def sync_once(
         d["metadata"].get(RESTATE_VERSION_KEY, ""): d
         for d in await op.restate.deployments()
         if (d.get("metadata") or {}).get(RESTATE_AGENT_KEY) == owner
+        and not d["metadata"].get(RESTATE_ROLE_KEY)  # the sidecar is no version
     }
     now = now_rfc3339()
     for digest, found in registered.items():
@@ -167,6 +180,72 @@ def _adopt_deployments(
 # Steps
 
 
+def _registration_failed(mem: AgentMemory, body: kopf.Body, what: str, error: RestateError) -> None:
+    delay = mem.registration.failed()
+    mem.registration_problem = Verdict(REGISTERED, False, error.reason, str(error))
+    log.info("registration of %s failed; next attempt in %.0fs", what, delay)
+    event_once(mem, body, error.reason, str(error))
+
+
+def _registration_succeeded(mem: AgentMemory) -> None:
+    mem.registration.succeeded()
+    mem.registration_problem = None
+    mem.warned.clear()
+
+
+async def _refuse_taken_names(op: Operator, namespace: str, name: str) -> None:
+    taken_by = await other_owner(op, namespace, name)
+    if taken_by is not None:
+        raise RestateError(
+            "ServiceNameTaken",
+            f"the Restate services of {name!r} are served by {taken_by}; Restate's service "
+            "names are shared by all namespaces, so give this agent another name",
+        )
+
+
+async def _routed(mem: AgentMemory, key: str, url: str) -> bool:
+    """Whether to register `url` now: it answers, or it has not for `ROUTE_WAIT`. The Service
+    may route to ready pods a moment later; but the operator may be kept from the pods (a
+    NetworkPolicy) where Restate is not."""
+    if await children.answers(url):
+        return True
+    first = mem.unanswered_since.setdefault(key, time.monotonic())
+    return time.monotonic() - first >= ROUTE_WAIT
+
+
+async def register_sidecar(
+    op: Operator, body: kopf.Body, mem: AgentMemory, agent: DurableAgent
+) -> SidecarStatus | None:
+    """Register the sidecar's index with Restate once its pods run its current template (again
+    after a change: the image may serve other handlers); its status, as it is now."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    current = base_status(body, mem).sidecar
+    digest = render.sidecar_objects(agent, namespace, op.settings).hash
+    if current is not None and current.hash == digest and current.restate_deployment_id:
+        return current
+    if mem.blocker is not None or not mem.registration.ready():
+        return current
+    if not await children.sidecar_rolled_out(op.kube, namespace, name):
+        return current
+    url = await children.sidecar_url(op.kube, op.settings, namespace, name)
+    if url is None or not await _routed(mem, SIDECAR_VERSION, url):
+        return current
+    try:
+        await _refuse_taken_names(op, namespace, name)
+        deployment_id = await op.restate.register(url, sidecar_metadata(namespace, name))
+    except RestateError as error:
+        _registration_failed(mem, body, "the sidecar", error)
+        return current
+    _registration_succeeded(mem)
+    kopf.info(
+        body,
+        reason="Registered",
+        message=f"the sidecar's index registered with Restate as {deployment_id} at {url}",
+    )
+    return SidecarStatus(hash=digest, restate_deployment_id=deployment_id, url=url)
+
+
 async def register_desired(
     op: Operator,
     body: kopf.Body,
@@ -187,30 +266,15 @@ async def register_desired(
     )
     if url is None:
         return
-    if not await children.answers(url):
-        # Wait for the Service to route to the ready pods; but not forever: the operator may
-        # be kept from the workers (a NetworkPolicy) where Restate is not.
-        first = mem.unanswered_since.setdefault(desired, time.monotonic())
-        if time.monotonic() - first < ROUTE_WAIT:
-            return
+    if not await _routed(mem, desired, url):
+        return
     try:
-        taken_by = await other_owner(op, namespace, name)
-        if taken_by is not None:
-            raise RestateError(
-                "ServiceNameTaken",
-                f"the Restate services of {name!r} are served by {taken_by}; Restate's service "
-                "names are shared by all namespaces, so give this agent another name",
-            )
+        await _refuse_taken_names(op, namespace, name)
         deployment_id = await op.restate.register(url, restate_metadata(namespace, name, desired))
     except RestateError as error:
-        delay = mem.registration.failed()
-        mem.registration_problem = Verdict(REGISTERED, False, error.reason, str(error))
-        log.info("registration of %s failed; next attempt in %.0fs", desired, delay)
-        event_once(mem, body, error.reason, str(error))
+        _registration_failed(mem, body, desired, error)
         return
-    mem.registration.succeeded()
-    mem.registration_problem = None
-    mem.warned.clear()
+    _registration_succeeded(mem)
     now = now_rfc3339()
     rollback = version.state == "Draining"
     versions[desired] = version.model_copy(
@@ -330,6 +394,7 @@ def _verdicts(
     desired: str,
     available: dict[str, bool],
     drain_timeout: str,
+    sidecar: SidecarStatus | None,
 ) -> list[Verdict]:
     target = versions.get(desired)
     live = target is not None and target.state == "Active" and bool(target.restate_deployment_id)
@@ -344,6 +409,23 @@ def _verdicts(
         )
     elif problem is not None:
         registered = Verdict(REGISTERED, False, problem.reason, problem.message)
+    elif (sidecar is None or not sidecar.restate_deployment_id) and (
+        SIDECAR_VERSION in mem.unanswered_since
+    ):
+        registered = Verdict(
+            REGISTERED,
+            False,
+            "WaitingForService",
+            "the agent's sidecar has ready pods, but its URL does not answer yet",
+        )
+    elif sidecar is None or not sidecar.restate_deployment_id:
+        registered = Verdict(
+            REGISTERED,
+            False,
+            "WaitingForSidecar",
+            "the agent's sidecar is not registered yet (its pods are not available, or its URL "
+            "does not answer); versions are registered after it",
+        )
     elif target is not None and not available.get(desired):
         registered = Verdict(
             REGISTERED, False, "WaitingForPods", f"version {desired} has no available pods yet"
@@ -358,13 +440,19 @@ def _verdicts(
     else:
         registered = Verdict(REGISTERED, False, "Registering", f"registering version {desired}")
 
+    # A version at zero replicas takes new runs too: the first one wakes it (`scaling`).
     serving = [
         v
         for v in versions.values()
-        if v.state == "Active" and v.restate_deployment_id and available.get(v.hash)
+        if v.state == "Active"
+        and v.restate_deployment_id
+        and (available.get(v.hash) or v.scaled_to_zero_at)
     ]
     if serving:
-        ready = Verdict(READY, True, "VersionActive", f"version {serving[0].hash} takes new runs")
+        asleep = " (at zero replicas: a new run wakes it)" if serving[0].scaled_to_zero_at else ""
+        ready = Verdict(
+            READY, True, "VersionActive", f"version {serving[0].hash} takes new runs{asleep}"
+        )
     else:
         ready = Verdict(READY, False, registered.reason, registered.message)
 
@@ -413,11 +501,12 @@ async def assemble_status(
     desired: str,
     available: dict[str, bool],
     drain_timeout: str,
+    sidecar: SidecarStatus | None,
 ) -> DurableAgentStatus:
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     previous = base_status(body, mem)
-    verdicts = _verdicts(mem, versions, desired, available, drain_timeout)
+    verdicts = _verdicts(mem, versions, desired, available, drain_timeout, sidecar)
     try:
         parked = await op.observer.parked_calls(name)
     except RestateError:
@@ -439,6 +528,7 @@ async def assemble_status(
         endpoint=f"{op.settings.public_ingress_url}/{name}/{{session}}/run",
         webhook_url=render.sidecar_url(op.settings, name, namespace),
         parked_calls=parked,
+        sidecar=sidecar,
     )
 
 
@@ -479,7 +569,9 @@ async def converge(
     if desired not in versions and mem.blocker is None and mem.applied == desired:
         versions[desired] = VersionStatus(hash=desired, state="Pending", created_at=now_rfc3339())
     await repair_children(op, body, agent, mem, desired, available)
-    if desired in versions:
+    sidecar = await register_sidecar(op, body, mem, agent)
+    # A version's runs send to the sidecar's index: no version is registered before it.
+    if desired in versions and sidecar is not None and sidecar.restate_deployment_id:
         await register_desired(op, body, mem, versions, desired, available)
     in_flight = None
     try:
@@ -491,7 +583,7 @@ async def converge(
     if in_flight is not None:  # nothing is scaled on counts Restate did not give
         await scaling.scale(op, body, agent, mem, versions, desired, deployments, in_flight)
     status = await assemble_status(
-        op, body, mem, versions, desired, available, agent.spec.drain.timeout
+        op, body, mem, versions, desired, available, agent.spec.drain.timeout, sidecar
     )
     await write_status(op, body, mem, status)
     metrics.report(meta["namespace"], meta["name"], status.versions, mem.gauges)

@@ -259,9 +259,10 @@ def test_pod_monitors_select_the_agents_the_operator_and_restate(helm_bin: Path)
     pod_labels = version_labels("clerk", "0123456789")
     assert agents["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert agents["spec"]["namespaceSelector"] == {"matchNames": ["a", "b"]}
-    assert agents["spec"]["podMetricsEndpoints"][0] == {
-        "port": "http", "path": "/metrics", "interval": "30s"
-    }  # fmt: skip
+    # The sidecar pods' `http` port and the worker pods' `metrics` port (both in test_children).
+    assert agents["spec"]["podMetricsEndpoints"] == [
+        {"port": port, "path": "/metrics", "interval": "30s"} for port in ("http", "metrics")
+    ]
     statefulset = one(objects, "StatefulSet")
     assert (
         restate["spec"]["selector"]["matchLabels"].items()

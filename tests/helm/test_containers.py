@@ -119,8 +119,8 @@ def test_the_operator_starts_with_the_charts_settings(
 
         def version_deployment() -> dict[str, Any] | None:
             listed = kube.kubectl(
-                "-n", namespace, "get", "deployments", "-l", "tether.dev/agent=e2e-clerk",
-                "-o", "json",
+                "-n", namespace, "get", "deployments", "-o", "json",
+                "-l", "tether.dev/agent=e2e-clerk,app.kubernetes.io/component=worker",
             )  # fmt: skip
             items = json.loads(listed.stdout)["items"]
             return items[0] if items else None

@@ -2,9 +2,10 @@
 
 kwok marks the pods of the operator's Deployments Ready without running anything. This helper
 runs what the pod would run: for each version Deployment it starts the worker container's
-command as a real process, with the container's environment (values from `secretKeyRef`s read
-from the Secrets, as the kubelet does), the spec from the version's ConfigMap, and listening on
-127.0.0.1 at the node port of the version's Service (the operator runs with
+command as a real process (for the agent's sidecar Deployment, its index container's), with the
+container's environment (values from `secretKeyRef`s read from the Secrets, as the kubelet
+does), the spec from the Deployment's ConfigMap, and listening on 127.0.0.1 at the node port of
+its Service (the operator runs with
 `TETHER_WORKER_SERVICE_TYPE=NodePort` and `TETHER_WORKER_URL_TEMPLATE=http://127.0.0.1:{node_port}`).
 When the Deployment goes, the process goes.
 """
@@ -72,7 +73,10 @@ class LocalKubelet:
         (home / "metrics").mkdir(exist_ok=True)
         spec = home / "agent.yaml"
         spec.write_text(config_map.data["agent.yaml"])
-        worker = deployment.spec.template.spec.containers[0]
+        # A version's `worker` container, or the sidecar's `index` (the sidecar itself is not
+        # run: nothing here sends it webhooks).
+        containers = deployment.spec.template.spec.containers
+        worker = next(c for c in containers if c.command[:2] == ["tether", "worker"])
         env: dict[str, str] = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         for variable in worker.env or []:
             if variable.value_from is not None:
@@ -93,6 +97,8 @@ class LocalKubelet:
         argv = [sys.executable, "-m", "tether", *command[1:]]
         argv = [str(spec) if part == SPEC_PATH else part for part in argv]
         argv[argv.index("--port") + 1] = str(ports[0].node_port)
+        if "--metrics-port" in argv:  # one port per pod in a cluster, not on one host
+            del argv[argv.index("--metrics-port") : argv.index("--metrics-port") + 2]
         argv += ["--host", "127.0.0.1"]
         self.started.append(name)
         return GroupProcess(argv, env=env, log=home / "worker.log", cwd=home)

@@ -246,8 +246,10 @@ class Cluster:
             ),
         )
 
-    def child_names(self, agent: str) -> dict[str, set[str]]:
-        selector = f"tether.dev/agent={agent}"
+    def child_names(self, agent: str, *, sidecar: bool = False) -> dict[str, set[str]]:
+        """The names of the agent's versions' objects (its sidecar's, with `sidecar`)."""
+        component = "app.kubernetes.io/component" + ("=" if sidecar else "!=") + "sidecar"
+        selector = f"tether.dev/agent={agent},{component}"
         ns = self.namespace
         return {
             "deployments": {
@@ -316,12 +318,14 @@ class Restate:
         _, body = http("GET", f"{self.server.admin_url}/deployments")
         return {d["id"]: d for d in body["deployments"]}
 
-    def deployments_of(self, namespace: str, agent: str) -> set[str]:
+    def deployments_of(self, namespace: str, agent: str, *, sidecar: bool = False) -> set[str]:
+        """The agent's versions' deployments (its sidecar's, with `sidecar`)."""
         owner = f"{namespace}/{agent}"
         return {
             i
             for i, d in self.deployments().items()
             if (d.get("metadata") or {}).get("tether.dev/agent") == owner
+            and bool(d["metadata"].get("tether.dev/role")) == sidecar
         }
 
     def send(self, agent: str, session: str, prompt: str) -> str:

@@ -6,7 +6,8 @@ The Restate SDK routes by path suffix, so one ASGI app serves every agent: each 
 object named after it with the real worker's protocol: `run` (`{"prompt": str}`) and a shared
 `pending` that lists the calls parked in the `tether:parked` state. A prompt starting with
 `park` parks the run on an awakeable (recorded like the real worker does) until it is resolved.
-`run` answers which version served it, so a test can tell old from new.
+`run` answers which version served it, so a test can tell old from new. The agent's sidecar
+(`<hash>` is `sidecar`) serves stand-ins of its index and live objects.
 """
 
 from __future__ import annotations
@@ -65,7 +66,23 @@ def _agent_object(agent: str) -> restate.VirtualObject:
     return obj
 
 
-_apps: dict[str, Any] = {}
+def _sidecar_objects(agent: str) -> list[restate.VirtualObject]:
+    """`<agent>-parked` and `<agent>-live`, with nothing in them: the names are what matters."""
+    parked = restate.VirtualObject(f"{agent}-parked")
+    live = restate.VirtualObject(f"{agent}-live")
+
+    @parked.handler(kind="shared")
+    async def calls(ctx: restate.ObjectSharedContext, token: dict[str, Any]) -> list[Any]:
+        return []
+
+    @live.handler()
+    async def push(ctx: restate.ObjectContext, batch: dict[str, Any]) -> None:
+        return None
+
+    return [parked, live]
+
+
+_apps: dict[tuple[str, bool], Any] = {}
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -77,10 +94,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b"no such agent"})
         return
     agent, version = parts[1], parts[2]
-    if agent not in _apps:
-        _apps[agent] = restate.app(services=[_agent_object(agent)])
+    key = (agent, version == "sidecar")
+    if key not in _apps:
+        services = _sidecar_objects(agent) if key[1] else [_agent_object(agent)]
+        _apps[key] = restate.app(services=services)
     token = _version.set(version)
     try:
-        await _apps[agent](scope, receive, send)
+        await _apps[key](scope, receive, send)
     finally:
         _version.reset(token)

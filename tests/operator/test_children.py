@@ -104,11 +104,29 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
     assert pod.security_context.seccomp_profile is not None
     assert pod.security_context.seccomp_profile.type == "RuntimeDefault"
     assert pod.automount_service_account_token is False
-    worker, sidecar = pod.containers
-    assert worker.command == ["tether", "worker", "--spec", "/etc/tether/agent.yaml"]
-    assert worker.args == ["--port", "9080"]
+    [worker] = pod.containers
+    spec_file = ["--spec", "/etc/tether/agent.yaml"]
+    assert worker.command == ["tether", "worker", *spec_file, "--serve", "agent"]
+    assert worker.args == ["--port", "9080", "--metrics-port", "9090"]
+    assert {p.name: p.container_port for p in worker.ports or []} == {
+        "restate": 9080,
+        "metrics": 9090,
+    }
+    # The agent's sidecar: its own Deployment, up whichever versions have pods.
+    sidecar_name = f"{AGENT}-sidecar"
+    sidecar_deployment = cluster.apps.read_namespaced_deployment(sidecar_name, cluster.namespace)
+    assert sidecar_deployment.metadata is not None and sidecar_deployment.spec is not None
+    [owner] = sidecar_deployment.metadata.owner_references or []
+    assert (owner.kind, owner.name, owner.controller) == ("DurableAgent", AGENT, True)
+    assert sidecar_deployment.spec.replicas == 1
+    sidecar_pod = sidecar_deployment.spec.template.spec
+    assert sidecar_pod is not None and sidecar_pod.automount_service_account_token is False
+    assert sidecar_pod.security_context == pod.security_context
+    sidecar, index = sidecar_pod.containers
     assert sidecar.command == ["tether", "sidecar"] and sidecar.args == ["--port", "8000"]
-    for container in (worker, sidecar):
+    assert index.command == ["tether", "worker", *spec_file, "--serve", "index"]
+    assert index.args == ["--port", "9080"]
+    for container in (worker, sidecar, index):
         security = container.security_context
         assert security is not None and security.capabilities is not None
         assert security.read_only_root_filesystem is True
@@ -122,21 +140,24 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
         assert env["PROMETHEUS_MULTIPROC_DIR"].value == "/var/run/tether/metrics"
         assert env["TETHER_WEBHOOK_BASE_URL"].value == status["webhookUrl"]
         assert env["TETHER_AGENT"].value == AGENT
-        assert env["RESTATE_INGRESS_URL"].value == restate.server.ingress_url
         mounts = {m.mount_path for m in container.volume_mounts or []}
         assert {"/etc/tether", "/var/run/tether/metrics", "/tmp"} <= mounts
+    for container in (worker, sidecar):
+        assert env_of(container)["RESTATE_INGRESS_URL"].value == restate.server.ingress_url
     key = env_of(worker)["ANTHROPIC_API_KEY"].value_from.secret_key_ref
     assert (key.name, key.key) == ("llm", "api-key")
-    assert "ANTHROPIC_API_KEY" not in env_of(sidecar)
-    # The pod reaches Restate through the ingress only: the admin API reads and kills every
-    # agent's runs, and the agent's tools share the sidecar's network.
+    # The model key stays in the worker; the sidecar's pods run no tool.
+    assert "ANTHROPIC_API_KEY" not in env_of(sidecar) | env_of(index)
+    # The pods reach Restate through the ingress only: the admin API reads and kills every
+    # agent's runs.
     assert not {"RESTATE_ADMIN_URL"} & (env_of(sidecar).keys() | env_of(worker).keys())
     assert "/workspace" in {m.mount_path for m in worker.volume_mounts or []}
+    assert "/workspace" not in {m.mount_path for m in sidecar.volume_mounts or []}
     assert worker.readiness_probe is not None and worker.readiness_probe.tcp_socket is not None
     assert worker.readiness_probe.tcp_socket.port == "restate"
     assert worker.startup_probe is not None and worker.startup_probe.period_seconds == 1
     assert sidecar.startup_probe is not None and sidecar.startup_probe.period_seconds == 1
-    # Readiness never asks Restate: a Restate restart must not pull the workers' endpoints.
+    # Readiness never asks Restate: a Restate restart must not pull the index's endpoint.
     assert sidecar.readiness_probe is not None and sidecar.readiness_probe.http_get is not None
     assert sidecar.readiness_probe.http_get.path == "/healthz"
     assert sidecar.liveness_probe is not None and sidecar.liveness_probe.http_get is not None
@@ -147,14 +168,34 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
     volumes = {v.name: v for v in pod.volumes or []}
     assert volumes["spec"].config_map is not None and volumes["spec"].config_map.name == name
     assert volumes["metrics"].empty_dir is not None and volumes["workspace"].empty_dir is not None
+    sidecar_volumes = {v.name: v for v in sidecar_pod.volumes or []}
+    assert sidecar_volumes["spec"].config_map is not None
+    assert sidecar_volumes["spec"].config_map.name == sidecar_name
+    sidecar_config = cluster.core.read_namespaced_config_map(sidecar_name, cluster.namespace)
+    assert sidecar_config.data == config_map.data  # the same spec document
 
     service = cluster.core.read_namespaced_service(name, cluster.namespace)
     assert service.spec is not None and service.spec.ports is not None
     assert [(p.port, p.app_protocol) for p in service.spec.ports] == [(9080, "kubernetes.io/h2c")]
     assert service.spec.selector == {"tether.dev/agent": AGENT, "tether.dev/version": digest}
     assert service.spec.publish_not_ready_addresses  # Restate retries; it need not wait probes
-    sidecars = cluster.core.read_namespaced_service(f"{AGENT}-sidecar", cluster.namespace)
-    assert sidecars.spec is not None and sidecars.spec.selector == {"tether.dev/agent": AGENT}
+    sidecars = cluster.core.read_namespaced_service(sidecar_name, cluster.namespace)
+    assert sidecars.spec is not None and sidecars.spec.ports is not None
+    assert sidecars.spec.selector == {
+        "tether.dev/agent": AGENT,
+        "app.kubernetes.io/component": "sidecar",
+    }
+    assert [(p.name, p.port) for p in sidecars.spec.ports] == [("restate", 9080), ("http", 8000)]
+
+    # Restate knows the sidecar's index, registered before the version, tagged with the agent.
+    [sidecar_id] = restate.deployments_of(cluster.namespace, AGENT, sidecar=True)
+    assert status["sidecar"]["restateDeploymentId"] == sidecar_id
+    assert restate.deployments()[sidecar_id]["metadata"] == {
+        "tether.dev/agent": f"{cluster.namespace}/{AGENT}",
+        "tether.dev/role": "sidecar",
+    }
+    served = {s["name"] for s in restate.deployments()[sidecar_id]["services"]}
+    assert served == {f"{AGENT}-parked", f"{AGENT}-live"}
 
     # Restate knows the version under the id in the status, tagged with the agent.
     deployment_id = version["restateDeploymentId"]
@@ -201,12 +242,15 @@ def test_the_notify_url_reaches_the_worker_from_its_secret_only(
 
     deployment = cluster.apps.read_namespaced_deployment(name, cluster.namespace)
     assert deployment.spec is not None and deployment.spec.template.spec is not None
-    worker, sidecar = deployment.spec.template.spec.containers
+    [worker] = deployment.spec.template.spec.containers
     variable = env_of(worker)["TETHER_NOTIFY_URL"]
     assert variable.value is None and variable.value_from is not None
     ref = variable.value_from.secret_key_ref
     assert (ref.name, ref.key) == ("slack", "url")
-    assert "TETHER_NOTIFY_URL" not in env_of(sidecar)  # the sidecar never sends notifications
+    sidecars = cluster.apps.read_namespaced_deployment(f"{AGENT}-sidecar", cluster.namespace)
+    assert sidecars.spec is not None and sidecars.spec.template.spec is not None
+    for container in sidecars.spec.template.spec.containers:  # they never send notifications
+        assert "TETHER_NOTIFY_URL" not in env_of(container)
 
     written = json.dumps(
         [
@@ -239,6 +283,8 @@ def test_applying_again_changes_nothing(
             "service": cluster.core.read_namespaced_service(name, ns),
             "configmap": cluster.core.read_namespaced_config_map(name, ns),
             "sidecar": cluster.core.read_namespaced_service(f"{AGENT}-sidecar", ns),
+            "sidecar-deployment": cluster.apps.read_namespaced_deployment(f"{AGENT}-sidecar", ns),
+            "sidecar-configmap": cluster.core.read_namespaced_config_map(f"{AGENT}-sidecar", ns),
         }
         return {k: o.metadata.resource_version for k, o in objects.items() if o.metadata}
 
@@ -264,9 +310,11 @@ def test_applying_again_changes_nothing(
         timeout=30,
         what="the events of the first run",
     )
-    # The restarted operator adopts the same version without registering anything new.
+    # The restarted operator adopts the same version and sidecar without registering anything.
     agent_deployments = restate.deployments_of(cluster.namespace, AGENT)
     assert agent_deployments == {version["restateDeploymentId"]}
+    sidecar_id = cluster.status(AGENT)["sidecar"]["restateDeploymentId"]
+    assert restate.deployments_of(cluster.namespace, AGENT, sidecar=True) == {sidecar_id}
     resumed = cluster.agent(AGENT)
     assert resumed is not None
     wait_for(

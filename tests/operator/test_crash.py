@@ -57,7 +57,8 @@ def test_killed_operator_converges_without_orphans(
         what="v0 retired",
     )
     [version] = cluster.versions(AGENT)
-    # No orphans: one Restate deployment, the objects of one version plus the sidecar Service.
+    # No orphans: one Restate deployment per version and the sidecar, the objects of one version
+    # plus the sidecar's.
     owned = restate.deployments_of(cluster.namespace, AGENT)
     wait_for(
         lambda: (
@@ -69,10 +70,18 @@ def test_killed_operator_converges_without_orphans(
     name = f"{AGENT}-{final}"
     assert cluster.child_names(AGENT) == {
         "deployments": {name},
-        "services": {name, f"{AGENT}-sidecar"},
+        "services": {name},
         "configmaps": {name},
         "poddisruptionbudgets": {name},
     }
+    sidecar = f"{AGENT}-sidecar"
+    assert cluster.child_names(AGENT, sidecar=True) == {
+        "deployments": {sidecar},
+        "services": {sidecar},
+        "configmaps": {sidecar},
+        "poddisruptionbudgets": {sidecar},
+    }
+    sidecar_id = cluster.status(AGENT)["sidecar"]["restateDeploymentId"]
     prefix = f"/{cluster.namespace}/{AGENT}/"
     stray = [d for d in restate.deployments().values() if prefix in d["uri"]]
-    assert [d["id"] for d in stray] == [version["restateDeploymentId"]]
+    assert {d["id"] for d in stray} == {version["restateDeploymentId"], sidecar_id}

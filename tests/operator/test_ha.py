@@ -213,14 +213,15 @@ def test_one_replica_acts_and_another_takes_over_a_rollout_when_it_is_killed(
     name = f"{AGENT}-{v2}"
     assert cluster.child_names(AGENT) == {
         "deployments": {name},
-        "services": {name, f"{AGENT}-sidecar"},
+        "services": {name},
         "configmaps": {name},
         "poddisruptionbudgets": {name},
     }
     # Nothing registered twice: one Restate deployment per version URL for the whole test, one
     # registration of v1 (by a) and, unless a had registered v2 just before it died, of v2.
     assert all(len(ids) == 1 for ids in acting.ids.values()), dict(acting.ids)
-    assert set().union(*acting.ids.values()) == {v1_id, v2_id}
+    sidecar_id = status["sidecar"]["restateDeploymentId"]
+    assert set().union(*acting.ids.values()) == {v1_id, v2_id, sidecar_id}
     assert registered_events(cluster, v1) == 1
     # b acted no sooner than a's record expired, seconds after the kill: a v2 registration seen
     # within the first second was a's, in flight as it died.

@@ -141,13 +141,16 @@ def test_the_egress_policy_reaches_the_mcp_services_and_secrets_reach_only_their
 
     # The header's value reaches the worker from its Secret, never through the ConfigMap; Slack's
     # signing secret reaches the sidecar only (it alone verifies clicks).
-    def containers() -> list[Any] | None:
+    def containers(component: str) -> list[Any] | None:
         listed = cluster.apps.list_namespaced_deployment(
-            cluster.namespace, label_selector="tether.dev/agent=triage"
+            cluster.namespace,
+            label_selector=f"tether.dev/agent=triage,app.kubernetes.io/component={component}",
         ).items
         return listed[0].spec.template.spec.containers if listed else None
 
-    worker, sidecar = wait_for(containers, timeout=60, what="the worker Deployment")
+    [worker] = wait_for(lambda: containers("worker"), timeout=60, what="the worker Deployment")
+    sidecar, index = wait_for(lambda: containers("sidecar"), timeout=60, what="the sidecar's")
+    assert "TETHER_SLACK_SIGNING_SECRET" not in {e.name for e in index.env}
     env = {e.name: e for e in worker.env}
     reference = env["TETHER_MCP_CLOCK_AUTHORIZATION"].value_from.secret_key_ref
     assert (reference.name, reference.key) == ("mcp", "token")
@@ -158,10 +161,11 @@ def test_the_egress_policy_reaches_the_mcp_services_and_secrets_reach_only_their
         "signing",
     )
     assert "TETHER_MCP_CLOCK_AUTHORIZATION" not in {e.name for e in sidecar.env}
-    [config_map] = cluster.core.list_namespaced_config_map(
+    config_maps = cluster.core.list_namespaced_config_map(
         cluster.namespace, label_selector="tether.dev/agent=triage"
     ).items
-    assert "mcp-secret-token" not in str(config_map.data)
+    assert len(config_maps) == 2  # the version's and the sidecar's
+    assert "mcp-secret-token" not in str([c.data for c in config_maps])
 
 
 def test_the_operators_trace_collector_is_reached_and_set_on_the_worker(
@@ -180,7 +184,8 @@ def test_the_operators_trace_collector_is_reached_and_set_on_the_worker(
 
     def worker_env() -> dict[str, Any] | None:
         listed = cluster.apps.list_namespaced_deployment(
-            cluster.namespace, label_selector="tether.dev/agent=triage"
+            cluster.namespace,
+            label_selector="tether.dev/agent=triage,app.kubernetes.io/component=worker",
         ).items
         if not listed:
             return None

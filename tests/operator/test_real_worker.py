@@ -67,7 +67,9 @@ def test_runs_reach_the_real_worker_and_drain_from_it(
 
         cluster.apply_agent(scripted("v2", [{"text": "v2: hello"}]))
         v2 = wait_for(lambda: active(cluster, other_than=v1), timeout=90, what="v2 registered")
-        assert kubelet.started == [f"{AGENT}-{v1}", f"{AGENT}-{v2}"]
+        versions = [n for n in kubelet.started if n != f"{AGENT}-sidecar"]
+        assert versions == [f"{AGENT}-{v1}", f"{AGENT}-{v2}"]
+        assert f"{AGENT}-sidecar" in kubelet.started  # its index: the parked calls
         fresh = restate.call(AGENT, "fresh", "hi", timeout=120)
         assert fresh["status"] == "completed" and fresh["text"] == "v2: hello"
         old = next(v for v in cluster.versions(AGENT) if v["hash"] == v1)
@@ -82,7 +84,7 @@ def test_runs_reach_the_real_worker_and_drain_from_it(
             what="v1 retired",
         )
         wait_for(
-            lambda: list(kubelet.workers) == [f"{AGENT}-{v2}"],
+            lambda: sorted(kubelet.workers) == [f"{AGENT}-{v2}", f"{AGENT}-sidecar"],
             timeout=30,
             what="v1's worker process stopped",
         )

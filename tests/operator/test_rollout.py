@@ -75,7 +75,7 @@ def test_a_change_drains_the_old_version_then_retires_it(
     assert old_id not in restate.deployments()
     children = cluster.child_names(AGENT)
     assert children["deployments"] == {f"{AGENT}-{new}"}
-    assert children["services"] == {f"{AGENT}-{new}", f"{AGENT}-sidecar"}
+    assert children["services"] == {f"{AGENT}-{new}"}
     assert children["configmaps"] == {f"{AGENT}-{new}"}
     assert children["poddisruptionbudgets"] == {f"{AGENT}-{new}"}
     assert cluster.condition(AGENT, "Draining")["status"] == "False"
@@ -150,12 +150,14 @@ def test_deleting_waits_for_the_run_in_flight(
     assert restate.output(parked_run)["answer"] == "done"
     wait_for(lambda: cluster.agent(AGENT) is None, timeout=30, what="the agent to be deleted")
     assert restate.deployments_of(cluster.namespace, AGENT) == set()
-    assert cluster.child_names(AGENT) == {
-        "deployments": set(),
-        "services": set(),
-        "configmaps": set(),
-        "poddisruptionbudgets": set(),
-    }
+    assert restate.deployments_of(cluster.namespace, AGENT, sidecar=True) == set()
+    for sidecar in (False, True):
+        assert cluster.child_names(AGENT, sidecar=sidecar) == {
+            "deployments": set(),
+            "services": set(),
+            "configmaps": set(),
+            "poddisruptionbudgets": set(),
+        }
 
 
 def test_drain_timeout_bounds_the_wait(

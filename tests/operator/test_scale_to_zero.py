@@ -1,6 +1,7 @@
 """Scale to zero: a draining version whose only run is parked on a person goes to zero replicas
 after `spec.scaling.idleAfter` and stays registered; the answer wakes it, the run finishes on
-it, and it drains and is retired as before.
+it, and it drains and is retired as before. The active version goes to zero when idle too, and
+a new run wakes it.
 
 Real components: the operator process, kube-apiserver with the controller-manager and kwok (the
 Deployment's pods come and go), a restate-server, and the stand-in worker behind a loopback
@@ -209,11 +210,10 @@ def test_a_parked_version_scales_to_zero_and_the_answer_wakes_it(
     owners = {m.manager for m in scaled.metadata.managed_fields or []}
     assert "tether-operator-scale" in owners
     assert scaled.metadata.annotations["tether.dev/replicas"] == "1"
-    # The active version keeps its replicas though it has been idle longer than idleAfter: its
-    # pods receive the approval webhooks.
-    active = version(cluster, new)
-    assert active["replicas"] == 1 and "scaledToZeroAt" not in active
-    assert replicas(cluster, new) == 1
+    # The active version, idle too, goes to zero as well (the agent's sidecar, a Deployment of
+    # its own, takes the webhooks); it still takes new runs.
+    wait_for(lambda: replicas(cluster, new) == 0, timeout=30, what="v2 scaled to zero replicas")
+    assert cluster.condition(AGENT, "Ready")["status"] == "True"
 
     # The person answers: Restate cannot reach v1 and backs off; the operator sees the run
     # active and scales v1 back up; Restate's next attempt reaches the new pod.
@@ -248,9 +248,62 @@ def test_a_parked_version_scales_to_zero_and_the_answer_wakes_it(
         timeout=10,
         what="v1's gauges gone",
     )
-    assert gauges(operator.metrics, cluster.namespace, new)["tether_version_replicas"] == 1
+    # Waking v1 left v2 asleep: its runs did not need it.
+    assert replicas(cluster, new) == 0
+    assert gauges(operator.metrics, cluster.namespace, new)["tether_version_replicas"] == 0
     log = operator.process.log_tail(200_000)
     assert "Forbidden" not in log and " 403" not in log, log[-4000:]
+
+
+def test_the_active_version_scales_to_zero_and_a_new_run_wakes_it(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, proxy: LocalProxy
+) -> None:
+    with_secrets(cluster)
+    run_operator(**local_proxy.url_template())
+    active = roll(cluster, "v1", None)
+    assert restate.call(AGENT, "first", "hello")["version"] == active
+    wait_for(lambda: replicas(cluster, active) == 0, timeout=30, what="v1 scaled to zero")
+    wait_for(lambda: not proxy.is_open(f"{AGENT}-{active}"), timeout=10, what="v1's port closed")
+    ready = wait_for(
+        lambda: (
+            (c := cluster.condition(AGENT, "Ready")).get("status") == "True"
+            and "at zero replicas" in c.get("message", "")
+            and c
+        ),
+        timeout=10,
+        what="Ready to say v1 is at zero and takes new runs",
+    )
+    assert f"version {active} takes new runs" in ready["message"]
+    assert cluster.status(AGENT)["phase"] == "Ready"
+    # A change that is not a new version applies the version's objects again (as an operator
+    # restart does): that apply leaves spec.replicas to the scaler while it is at zero.
+    changed = agent("v1")
+    changed["spec"]["drain"]["timeout"] = "11m"
+    cluster.apply_agent(changed)
+    wait_for(
+        lambda: (
+            '"11m"'
+            in (cluster.agent(AGENT) or {})["metadata"]["annotations"].get(
+                "tether.dev/last-handled-configuration", ""
+            )
+        ),
+        timeout=30,
+        what="the change handled",
+    )
+    assert cluster.status(AGENT)["activeVersion"] == active and replicas(cluster, active) == 0
+
+    # A new run: Restate cannot reach v1 and backs off, unpinned; the operator counts it for
+    # the active version and wakes it.
+    with dumped_on_failure(lambda: str(cluster.events(AGENT))):
+        sent = time.monotonic()
+        result = restate.call(AGENT, "second", "hello again", timeout=30)
+        answered = time.monotonic() - sent
+    assert result["version"] == active
+    print(
+        f"\nwake-up of the active version: the new run answered {answered:.2f}s after it was sent"
+    )
+    assert answered < 10
+    assert "1 runs need it (1 active, 0 paused)" in event(cluster, "WokeUp")["message"]
 
 
 def test_runs_paused_while_the_operator_was_down_are_resumed(
@@ -299,4 +352,5 @@ def test_deleting_the_agent_wakes_a_version_whose_run_has_work(
     assert result["version"] == old and result["answer"] == "approved"
     wait_for(lambda: cluster.agent(AGENT) is None, timeout=30, what="the agent deleted")
     assert restate.deployments_of(cluster.namespace, AGENT) == set()
+    assert restate.deployments_of(cluster.namespace, AGENT, sidecar=True) == set()
     assert "(1 active, 0 paused)" in event(cluster, "WokeUp")["message"]

@@ -13,7 +13,7 @@ from tether_operator.children import WorkerDeployment, observed
 from tether_operator.conditions import parse_rfc3339
 from tether_operator.context import AgentMemory
 from tether_operator.restate_admin import InFlight, Runs
-from tether_operator.scaling import Decision, decide, restore_memory, restore_replicas
+from tether_operator.scaling import Decision, decide, restore_memory, restore_replicas, runs_of
 
 NOW = parse_rfc3339("2026-12-01T12:00:00Z")
 SUSPENDED = Runs(suspended=1)
@@ -30,13 +30,13 @@ def step(
     *,
     idle_after: float | None = 2.0,
     now: float = NOW,
-    is_draining: bool = True,
+    needed: bool = False,
     hold: bool = False,
 ) -> Decision:
     return decide(
         version,
         runs,
-        draining=is_draining,
+        needed=needed,
         idle_after=idle_after,
         deployment=DEPLOYMENT,
         restore=2,
@@ -97,29 +97,54 @@ def test_a_version_at_zero_wakes_when_a_run_has_work_or_is_paused(runs: Runs, te
 
 
 @pytest.mark.parametrize(
-    ("is_draining", "idle_after", "why"),
+    ("needed", "idle_after", "why"),
     [
-        (False, 2.0, "it is the version that takes new runs"),
-        (True, None, "spec.scaling.idleAfter is no longer set"),
+        (True, 2.0, "it is the spec's version, registered only once it has pods"),
+        (False, None, "spec.scaling.idleAfter is no longer set"),
     ],
 )
 def test_a_version_at_zero_wakes_when_it_must_keep_its_replicas(
-    is_draining: bool, idle_after: float | None, why: str
+    needed: bool, idle_after: float | None, why: str
 ) -> None:
     asleep = draining(scaled_to_zero_at="2026-12-01T11:00:00.000Z", replicas=0)
-    woken = step(asleep, Runs(), is_draining=is_draining, idle_after=idle_after)
+    woken = step(asleep, Runs(), needed=needed, idle_after=idle_after)
     assert woken.replicas == 2 and why in woken.message
 
 
 @pytest.mark.parametrize(
-    ("is_draining", "idle_after", "hold"),
-    [(False, 2.0, False), (True, None, False), (True, 2.0, True)],
-    ids=["the-active-version", "no-idle-after", "paused-runs-to-resume"],
+    ("needed", "idle_after", "hold"),
+    [(True, 2.0, False), (False, None, False), (False, 2.0, True)],
+    ids=["the-spec-s-version-to-register", "no-idle-after", "paused-runs-to-resume"],
 )
-def test_never_to_zero(is_draining: bool, idle_after: float | None, hold: bool) -> None:
+def test_never_to_zero(needed: bool, idle_after: float | None, hold: bool) -> None:
     version = draining(idle_since="2026-12-01T11:00:00.000Z")
-    decision = step(version, is_draining=is_draining, idle_after=idle_after, hold=hold)
+    decision = step(version, needed=needed, idle_after=idle_after, hold=hold)
     assert decision.replicas is None and decision.version.scaled_to_zero_at is None
+
+
+def test_the_active_version_counts_the_runs_no_deployment_has_yet() -> None:
+    """Restate sends a new run to the latest deployment, and pins it only once a worker
+    answers: while the active version is at zero, its new runs are unpinned, backing off."""
+    in_flight = InFlight(
+        pinned={"dp_1": 1},
+        unpinned={},
+        statuses={"dp_1": {"suspended": 1}},
+        unpinned_statuses={
+            "triage": {"backing-off": 1, "scheduled": 4, "inboxed": 8, "paused": 1},
+            "triage-inbox": {"pending": 2},
+            "triage-parked": {"backing-off": 16},  # the sidecar's
+            "other": {"backing-off": 32},
+        },
+    )
+    active = VersionStatus(hash="abc", state="Active", restate_deployment_id="dp_1")
+    assert runs_of("triage", active, in_flight) == Runs(active=3, suspended=1, paused=1)
+    assert runs_of("triage", draining(), in_flight) == Runs(suspended=1)
+    # So the active version goes to zero when idle, and a new run wakes it.
+    idle = step(active, Runs(suspended=1), now=NOW).version
+    asleep = step(idle, Runs(suspended=1), now=NOW + 2)
+    assert asleep.replicas == 0
+    woken = step(asleep.version, runs_of("triage", active, in_flight), now=NOW + 3)
+    assert woken.replicas == 2 and "3 active" in woken.message
 
 
 def test_paused_runs_keep_a_version_up_they_would_wake_it_at_once() -> None:

@@ -80,18 +80,43 @@ def _waiting_parser(commands: Any) -> None:
     )
 
 
+WORKER_SERVES = ("all", "agent", "index")
+"""`tether worker --serve` (`tether.programs.worker.settings.Serves`; not imported here, the
+parser is built for every command)."""
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return int(text)
+
+
 def _worker_parser(commands: Any) -> None:
     worker = commands.add_parser(
         "worker",
         help="serve a DurableAgent on Restate (hypercorn, HTTP/2 cleartext)",
         description="Serve the agent of a DurableAgent manifest as a Restate virtual object "
-        "named after the agent (key = session id). API keys and the webhook secret come from "
-        "the environment (the operator maps them in from Secrets).",
+        "named after the agent (key = session id), with its index of parked calls and its live "
+        "events (--serve). API keys and the webhook secret come from the environment (the "
+        "operator maps them in from Secrets).",
     )
     worker.add_argument("--spec", required=True, help="DurableAgent manifest (YAML)")
     worker.add_argument("--host", default="0.0.0.0", help="bind address (default: %(default)s)")
-    worker.add_argument("--port", type=int, default=9080, help="port (default: %(default)s)")
+    worker.add_argument("--port", type=_port, default=9080, help="port (default: %(default)s)")
     worker.add_argument("--processes", type=int, default=1, help="hypercorn worker processes")
+    worker.add_argument(
+        "--serve",
+        choices=WORKER_SERVES,
+        help="all: everything below (the default; or TETHER_WORKER_SERVES); agent: the agent's "
+        "object, inbox and budget ledger (the runs); index: its index of parked calls and its "
+        "live events, for the sidecars (needs only the webhook secret: no model key)",
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve the worker's own GET /metrics on this port, and nothing else there (or "
+        "TETHER_WORKER_METRICS_PORT; default: none); merged over PROMETHEUS_MULTIPROC_DIR",
+    )
 
 
 def _sidecar_parser(commands: Any) -> None:
@@ -361,30 +386,63 @@ def worker_command(args: argparse.Namespace) -> int:
     """Check the manifest and settings here (clear errors), then become the small process that
     runs the hypercorn CLI under a hard deadline after SIGTERM
     (`tether.programs.worker.deadline`)."""
-    from ..spec.assemble import check_subagents, require_api_key
     from .worker import deadline
     from .worker.hypercorn_config import graceful_timeout
-    from .worker.settings import settings_from_env
+    from .worker.settings import (
+        METRICS_PORT_ENV,
+        SERVES_ENV,
+        metrics_port_from_env,
+        serves_from_env,
+        settings_from_env,
+        without_agent_secrets,
+    )
 
+    # A flag wins over its variable; a variable that is not used is not checked either.
+    serves = args.serve or serves_from_env(os.environ)
+    metrics_port = args.metrics_port
+    if metrics_port is None:
+        metrics_port = metrics_port_from_env(os.environ)
+    if metrics_port == args.port:
+        raise ConfigError(f"the metrics port {metrics_port} is --port: give it a port of its own")
     env = {
         **os.environ,
         "TETHER_SPEC": str(Path(args.spec).resolve()),
         "TETHER_WORKER_BIND": f"{args.host}:{args.port}",
         "TETHER_WORKER_PROCESSES": str(args.processes),
+        SERVES_ENV: serves,
     }
+    env.pop(METRICS_PORT_ENV, None)
+    if metrics_port is not None:
+        env[METRICS_PORT_ENV] = str(metrics_port)
     # What the worker would refuse at start-up, said here without a traceback (and without
     # importing the worker itself: its process imports it once, and starts sooner).
-    spec = settings_from_env(env).manifest.spec
-    require_api_key(spec, env)
-    if spec.model.provider in ("anthropic", "openai"):
-        provider = spec.model.provider
-        require_extra(f"tether.providers.{provider}", provider)
-    check_subagents(spec)
+    settings = settings_from_env(env)
+    if settings.serves_agent:
+        _check_agent(settings.manifest.spec, env)
+    else:
+        env = without_agent_secrets(settings)  # an index has no use for them
+    if metrics_port is not None and args.processes > 1 and not env.get("PROMETHEUS_MULTIPROC_DIR"):
+        print(
+            "tether: warning: without PROMETHEUS_MULTIPROC_DIR each of the worker's processes "
+            "answers /metrics with its own values only",
+            file=sys.stderr,
+        )
     command = [sys.executable, "-m", "hypercorn", "--config"]
     command += ["python:tether.programs.worker.hypercorn_config", "tether.programs.worker.asgi:app"]
     # Run as a script, not as `tether.programs.worker.deadline`: nothing of tether stays in memory.
     script = [sys.executable, "-I", deadline.__file__, str(graceful_timeout), *command]
     os.execve(sys.executable, script, env)
+
+
+def _check_agent(spec: Any, env: dict[str, str]) -> None:
+    """What the agent's runs need: the model's key and SDK, sub-agent settings that work."""
+    from ..spec.assemble import check_subagents, require_api_key
+
+    require_api_key(spec, env)
+    if spec.model.provider in ("anthropic", "openai"):
+        provider = spec.model.provider
+        require_extra(f"tether.providers.{provider}", provider)
+    check_subagents(spec)
 
 
 def main(argv: list[str] | None = None) -> None:

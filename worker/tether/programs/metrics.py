@@ -2,8 +2,9 @@
 
 The two are separate processes: both run with `PROMETHEUS_MULTIPROC_DIR` pointing at one shared
 directory (an emptyDir), so prometheus_client's multiprocess mode writes every value to a file
-there and the sidecar's `/metrics` merges them (`MultiProcessCollector`). The variable must be set
-before `prometheus_client` is first imported; without it the metrics simply live in memory.
+there and the sidecar's `/metrics` merges them (`merged_files`); so does the worker's own
+`/metrics` (`tether worker --metrics-port`) over its hypercorn processes' files. The variable must
+be set before `prometheus_client` is first imported; without it the metrics simply live in memory.
 
 `agent_hooks()` turns the agent's hooks into counts. Those hooks fire only when a step runs live,
 so a replay never counts work twice; the few that also fire on a replay (the end of a run, and
@@ -16,13 +17,17 @@ sidecar at scrape time, like the count of parked calls.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, get_args
 
 from .._optional import extra_imports
 
 with extra_imports("tether.programs.metrics", "sidecar", "prometheus_client"):
     from prometheus_client import Counter, Gauge, Histogram, values
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.registry import Collector
 
 from ..agent.hooks import HookFn, HookPayload
 from ..agent.stats import AgentStatus
@@ -235,6 +240,21 @@ def agent_series_at_zero(agent: str, *, provider: str, model: str) -> None:
 def multiprocess_enabled() -> bool:
     """True when this process writes its metric values to `PROMETHEUS_MULTIPROC_DIR`."""
     return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+def multiprocess_dir(configured: Path | None = None) -> Path | None:
+    """The directory of metric files to merge: `configured` (the sidecar's setting), else the
+    `PROMETHEUS_MULTIPROC_DIR` this process writes to; none when it keeps its values in memory."""
+    if configured is not None:
+        return configured
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return Path(directory) if directory and multiprocess_enabled() else None
+
+
+def merged_files(directory: Path) -> Collector:
+    """The values every process wrote to `directory`, merged: whichever process is scraped, it
+    gives the same view of them all."""
+    return MultiProcessCollector(None, path=str(directory))  # type: ignore[no-untyped-call]
 
 
 def agent_hooks(

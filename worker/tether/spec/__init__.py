@@ -589,6 +589,20 @@ class WorkerSpec(_Model):
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
 
 
+class SidecarSpec(_Model):
+    """The agent's sidecar pods: one Deployment for all its versions, up whichever versions
+    have pods. They take the webhooks and approvals, serve the event stream and the metrics,
+    and hold the index of the agent's parked calls and its live events on Restate."""
+
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=10,
+        description="Sidecar pods (2 or more: approvals are taken while one is replaced; an "
+        "answer acts once through any of them).",
+    )
+
+
 class ObservabilitySpec(_Model):
     """Where the agent's traces go: OpenTelemetry, a trace per run (its turns, model and tool
     calls, waits for approval and sub-agents), exported over OTLP/HTTP by the worker."""
@@ -637,18 +651,18 @@ class DrainSpec(_Model):
 
 class ScalingSpec(_Model):
     """How many worker pods a version keeps while its runs only wait (for a person, a timer,
-    another call): none, once it has been idle long enough. Waiting runs hold no worker memory;
-    Restate keeps them, and the version stays registered."""
+    another call) or it has none: none, once it has been idle long enough. Waiting runs hold no
+    worker memory; Restate keeps them, and the version stays registered."""
 
     idle_after: Duration | None = Field(
         default=None,
-        description="Scale a draining version's Deployment to zero replicas once Restate has "
-        "shown no run pinned to it running, ready, backing off or pending for this long "
-        "(suspended and paused runs wait without pods); it keeps its Restate registration and "
-        "is scaled back to its replicas as soon as one of its runs has work again (an approval "
-        "answered), and its paused runs are resumed. The active version keeps its replicas: it "
-        "receives the webhooks (its pods hold the sidecar that takes approvals). Unset: never "
-        "scale to zero.",
+        description="Scale a version's Deployment to zero replicas once Restate has shown no "
+        "run of it running, ready, backing off or pending for this long (suspended and paused "
+        "runs wait without pods), the active version's too (the agent's sidecar Deployment "
+        "takes the webhooks meanwhile); it keeps its Restate registration and is scaled back to "
+        "its replicas as soon as one of its runs has work again (an approval answered, for the "
+        "active version a new run), and its paused runs are resumed. Unset: never scale to "
+        "zero.",
     )
     min_replicas: int | None = Field(
         default=None,
@@ -726,6 +740,10 @@ class DurableAgentSpec(_Model):
     )
     worker: WorkerSpec = Field(
         default_factory=WorkerSpec, description="The worker pods of each version."
+    )
+    sidecar: SidecarSpec = Field(
+        default_factory=SidecarSpec,
+        description="The agent's sidecar pods, shared by its versions.",
     )
     webhook: WebhookSpec | None = Field(default=None, description="Webhook signing secret.")
     drain: DrainSpec = Field(
@@ -850,6 +868,17 @@ class VersionStatus(_Model):
     )
 
 
+class SidecarStatus(_Model):
+    """The agent's sidecar pods: webhooks and approvals, metrics, and on Restate the index of
+    its parked calls and its live events, whichever versions have pods."""
+
+    hash: str = Field(description="Hash of the sidecar's pod template and spec.")
+    restate_deployment_id: str | None = Field(
+        default=None, description="Its Restate deployment (the index of parked calls, live events)."
+    )
+    url: str | None = Field(default=None, description="Where Restate reaches it.")
+
+
 class DurableAgentStatus(_Model):
     """What the operator observed and did."""
 
@@ -876,6 +905,7 @@ class DurableAgentStatus(_Model):
     endpoint: str | None = Field(default=None, description="Ingress path that starts runs.")
     webhook_url: str | None = Field(default=None, description="Base URL of the approval hooks.")
     parked_calls: int = Field(default=0, ge=0, description="Calls waiting for a person.")
+    sidecar: SidecarStatus | None = Field(default=None, description="The agent's sidecar pods.")
 
 
 class Metadata(BaseModel):
@@ -885,8 +915,8 @@ class Metadata(BaseModel):
 
 
 class RestateServices(NamedTuple):
-    """The Restate services an agent's worker serves; Restate's service names are shared by all
-    namespaces, so the operator checks that no other agent serves any of them."""
+    """The Restate services an agent's worker and sidecar serve; Restate's service names are
+    shared by all namespaces, so the operator checks that no other agent serves any of them."""
 
     agent: str
     """The agent's object: one session per key."""
@@ -895,10 +925,21 @@ class RestateServices(NamedTuple):
     parked: str
     """The index of its parked calls, read by its sidecars
     (`tether.programs.worker.parked_index`)."""
+    live: str
+    """The live events of its sessions (`tether.programs.worker.live`)."""
+    budget: str
+    """The budget ledgers of its root runs, with sub-agents (`tether.restate.budget`)."""
+
+    @property
+    def of_versions(self) -> tuple[str, ...]:
+        """Those its versions serve (the others are its sidecar's)."""
+        return (self.agent, self.inbox, self.budget)
 
 
 def restate_services(agent: str) -> RestateServices:
-    return RestateServices(agent, f"{agent}-inbox", f"{agent}-parked")
+    return RestateServices(
+        agent, f"{agent}-inbox", f"{agent}-parked", f"{agent}-live", f"{agent}-budget"
+    )
 
 
 class DurableAgent(BaseModel):

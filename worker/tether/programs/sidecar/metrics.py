@@ -11,16 +11,13 @@ webhook counter is served from memory instead.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
@@ -34,6 +31,8 @@ from ..metrics import (
     PARKED_OLDEST_NAME,
     WEBHOOK_REQUESTS,
     WEBHOOK_REQUESTS_NAME,
+    merged_files,
+    multiprocess_dir,
     multiprocess_enabled,
 )
 from .context import Sidecar, SidecarDep
@@ -86,12 +85,9 @@ def build_registry(sidecar: Sidecar, records: Mapping[str, ParkedCall] | None) -
     if not multiprocess_enabled():
         registry.register(WEBHOOK_REQUESTS)
         served_here.add(WEBHOOK_REQUESTS_NAME)
-    directory = sidecar.settings.prometheus_multiproc_dir
-    if directory is None and multiprocess_enabled() and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        directory = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])  # where this process writes
+    directory = multiprocess_dir(sidecar.settings.prometheus_multiproc_dir)
     if directory is not None:
-        files = MultiProcessCollector(None, path=str(directory))  # type: ignore[no-untyped-call]
-        registry.register(WithoutFamilies(files, served_here))
+        registry.register(WithoutFamilies(merged_files(directory), served_here))
     if records is not None:
         registry.register(ParkedCallsCollector(sidecar.settings.agent, records))
     return registry

@@ -1,9 +1,11 @@
 """The worker's ASGI app, for the hypercorn CLI: `hypercorn tether.programs.worker.asgi:app`.
 
-Settings come from the environment (`TETHER_SPEC` and the Secrets the operator maps in). This
-module runs in hypercorn's worker child, which holds those secrets: it makes the process
-non-dumpable first, so the agent's `shell` commands (same user id) cannot read them from its
-`/proc/<pid>/environ` or memory (`tether.programs.hardening`)."""
+Settings come from the environment (`TETHER_SPEC` and the Secrets the operator maps in); what it
+serves, from `TETHER_WORKER_SERVES` (`served`), and its own `/metrics` is on
+`TETHER_WORKER_METRICS_PORT` when that is set (`metrics_port`). This module runs in hypercorn's
+worker child, which holds those secrets: it makes the process non-dumpable first, so the agent's
+`shell` commands (same user id) cannot read them from its `/proc/<pid>/environ` or memory
+(`tether.programs.hardening`)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from .. import redact
 from ..hardening import make_undumpable
 from ..restate_identity import IDENTITY_KEYS_ENV
 from .lifespan import answering_lifespan
-from .services import agent_services
+from .metrics_port import with_metrics_port
+from .served import served_services
 from .settings import settings_from_env
 
 make_undumpable()  # before the secrets are read
@@ -31,5 +34,7 @@ if not settings.identity_keys:
         "that reaches its port",
         IDENTITY_KEYS_ENV,
     )
-endpoint = restate.app(agent_services(settings), identity_keys=list(settings.identity_keys))
+endpoint = restate.app(served_services(settings), identity_keys=list(settings.identity_keys))
 app = answering_lifespan(endpoint)
+if settings.metrics_port is not None:
+    app = with_metrics_port(app, settings.metrics_port)

@@ -1,10 +1,12 @@
 """Hypercorn settings of the worker (`--config python:tether.programs.worker.hypercorn_config`).
 
 HTTP/2 cleartext, so Restate keeps one bidirectional stream per invocation; the limits are
-Restate's recommendation. The hypercorn CLI runs the app in a child process and handles
-SIGTERM in the parent, which stops accepting work and waits `graceful_timeout` for in-flight
-invocations; `tether worker` kills what is left soon after (`tether.programs.worker.deadline`), and
-Restate resumes what was cut off on another worker from the journal.
+Restate's recommendation. With `TETHER_WORKER_METRICS_PORT`, a second bind serves the worker's
+own `/metrics` (`tether.programs.worker.metrics_port`). The hypercorn CLI runs the app in a child
+process and handles SIGTERM in the parent, which stops accepting work and waits
+`graceful_timeout` for in-flight invocations; `tether worker` kills what is left soon after
+(`tether.programs.worker.deadline`), and Restate resumes what was cut off on another worker from
+the journal.
 
 Imported in the hypercorn parent (the master), which holds the worker's secrets in its
 environment: that process makes itself non-dumpable here, and starts multiprocessing's resource
@@ -24,6 +26,8 @@ from .. import hardening, redact
 redact.install()
 
 bind = [os.environ.get("TETHER_WORKER_BIND", "0.0.0.0:9080")]
+if os.environ.get("TETHER_WORKER_METRICS_PORT"):  # on the same address: only `/metrics` there
+    bind.append(f"{bind[0].rsplit(':', 1)[0]}:{os.environ['TETHER_WORKER_METRICS_PORT']}")
 workers = int(os.environ.get("TETHER_WORKER_PROCESSES", "1"))
 graceful_timeout = float(os.environ.get("TETHER_WORKER_GRACEFUL_TIMEOUT", "20"))
 h2_max_concurrent_streams = 2147483647

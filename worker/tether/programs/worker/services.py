@@ -1,11 +1,14 @@
-"""The agent as Restate services: a virtual object per session, keyed by session id.
+"""The agent's runs as Restate services: a virtual object per session, keyed by session id.
 
 `<agent>/<session>/run` (exclusive) runs the agent on `restate_runtime` with the session in the
 object's state; `session` and `pending` (shared) read it while a run is going on;
-`<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`);
-`<agent>-parked/all` indexes the parked calls for the sidecars, which answer them through it
-(`parked_index`); with sub-agents and a budget, `<agent>-budget/<root run>` is the ledger a run
-and all its sub-agents reserve their model calls from (`tether.restate.budget`).
+`<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`); with
+sub-agents and a budget, `<agent>-budget/<root run>` is the ledger a run and all its sub-agents
+reserve their model calls from (`tether.restate.budget`). These are what `tether worker --serve
+agent` serves (`agent_services`). A run adds the calls it parks to the agent's index
+`<agent>-parked` (`parked_index`) and posts its live events to `<agent>-live` (`live`) by service
+name, through Restate: those are served wherever `--serve index` runs (`served`), in the
+sidecar's pods or in this same worker (`--serve all`, the default).
 
 With `spec.subagents`, the agent has a `spawn` tool (`restate_spawn_tool`). Each child is an
 invocation of the exclusive `child` handler of the same object, keyed `<parent key>::<label>`
@@ -62,7 +65,7 @@ from ...tools.toolset import Toolset
 from ..metrics import agent_hooks, agent_series_at_zero, budget_observer, mcp_observer
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
 from .inbox import RestateInbox, inbox_object
-from .live import LivePublisher, live_object
+from .live import LivePublisher
 from .parked_index import ParkedIndex
 from .parking import ParkSettings, restate_wait
 from .retries import RETRY_AFTER_WORKER_LOSS
@@ -143,7 +146,9 @@ def build_provider(settings: WorkerSettings) -> Provider:
 
 
 def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
-    """The agent's virtual object, named after the agent, and its sessions' inbox."""
+    """The agent's virtual object, named after the agent, its sessions' inbox and, when runs
+    with sub-agents have a budget, the budget ledger. Not the index of parked calls nor the
+    live events (`served.index_services`), which the runs reach by name."""
     manifest = settings.manifest
     spec = manifest.spec
     check_subagents(spec)
@@ -153,6 +158,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     subagents = spec.subagents
     approvals = spec.approvals
     kept = spec.events or EventsSpec()
+    # Sent to by name, served where `--serve index` runs (`served`).
     index = ParkedIndex(manifest.metadata.name, settings.webhook_secrets)
     park_settings = ParkSettings(
         agent=manifest.metadata.name,
@@ -337,5 +343,4 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         the sidecar streams them with the live ones of `<agent>-live`."""
         return await read_events(ctx, Cursor.parse(after))
 
-    live_events = live_object(manifest.metadata.name, settings.webhook_secrets, kept.live_batches)
-    return [obj, inbox, index.object, live_events, *([budget] if budgeted else [])]
+    return [obj, inbox, *([budget] if budgeted else [])]

@@ -7,11 +7,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from ...errors import ConfigError
 from ...spec import NOTIFY_URL, PREVIOUS_SECRET_ENV, DurableAgent, SpecError, load_agent
 from ..restate_endpoints import split_urls
 from ..restate_identity import identity_keys_from_env
+
+Serves = Literal["all", "agent", "index"]
+"""What a worker serves (`tether worker --serve`; `tether.programs.worker.served`)."""
+SERVES: tuple[Serves, ...] = get_args(Serves)
+SERVES_ENV = "TETHER_WORKER_SERVES"
+METRICS_PORT_ENV = "TETHER_WORKER_METRICS_PORT"
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,20 @@ class WorkerSettings:
     ingress_url: str | None = None
     """Restate's ingress (`RESTATE_INGRESS_URL`: one URL, or a cluster's nodes' separated by
     commas), where live events go; none: no live events."""
+    serves: Serves = "all"
+    """`agent`: the agent's object, inbox and budget ledger; `index`: its index of parked calls
+    and its live events; `all`: both."""
+    metrics_port: int | None = None
+    """The port of the worker's own `/metrics` (`tether.programs.worker.metrics_port`); none:
+    no metrics port."""
+
+    @property
+    def serves_agent(self) -> bool:
+        return self.serves in ("all", "agent")
+
+    @property
+    def serves_index(self) -> bool:
+        return self.serves in ("all", "index")
 
     @property
     def agent_name(self) -> str:
@@ -67,6 +88,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
         raise SpecError("TETHER_SPEC is not set: point it at the DurableAgent manifest")
     secret = env.get("TETHER_WEBHOOK_SECRET")
     manifest = load_agent(spec_path)
+    serves = serves_from_env(env)
     return WorkerSettings(
         manifest=manifest,
         spec_path=Path(spec_path).resolve(),
@@ -75,10 +97,48 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
         webhook_base_url=env.get("TETHER_WEBHOOK_BASE_URL") or None,
         workspace=Path(env.get("TETHER_WORKSPACE", "/tmp")),
         env=env,
-        notify_url=notify_url_from_env(manifest, env),
+        # Only the runs announce parked calls: an index needs no notify URL.
+        notify_url=notify_url_from_env(manifest, env) if serves != "index" else None,
         identity_keys=tuple(identity_keys_from_env(env)),
         ingress_url=_ingress_url(env),
+        serves=serves,
+        metrics_port=metrics_port_from_env(env),
     )
+
+
+def serves_from_env(env: Mapping[str, str]) -> Serves:
+    """`TETHER_WORKER_SERVES` (default `all`); a clear error for anything else."""
+    value = env.get(SERVES_ENV, "").strip() or "all"
+    if value not in SERVES:
+        raise ConfigError(
+            f"{SERVES_ENV} must be all, agent or index (what the worker serves: the agent with "
+            "its index of parked calls and live events, the agent alone, or that index alone), "
+            f"not {value!r}"
+        )
+    return value
+
+
+def metrics_port_from_env(env: Mapping[str, str]) -> int | None:
+    """`TETHER_WORKER_METRICS_PORT`, the port of the worker's own `/metrics` (none if unset)."""
+    value = env.get(METRICS_PORT_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(
+            f"{METRICS_PORT_ENV} must be a port number from 1 to 65535 (where the worker "
+            "serves its own /metrics), or unset"
+        )
+    return int(value)
+
+
+def without_agent_secrets(settings: WorkerSettings) -> dict[str, str]:
+    """The environment of a worker that serves only the index: its settings' minus the
+    secrets only the agent's runs use (the model's key, the notify URL, MCP servers' headers),
+    so the process holds only the webhook secrets and Restate's identity keys."""
+    from ...spec.assemble import DEFAULT_KEY_ENV
+
+    dropped = {*settings.secret_variables, *DEFAULT_KEY_ENV.values()}
+    return {name: value for name, value in settings.env.items() if name not in dropped}
 
 
 def _ingress_url(env: Mapping[str, str]) -> str | None:
