@@ -76,6 +76,11 @@ AGENT_LABEL = "tether.dev/agent"
 VERSION_LABEL = "tether.dev/version"
 
 
+def worker_pods(agent: str) -> str:
+    """The selector of an agent's worker pods (not its sidecar's)."""
+    return f"{AGENT_LABEL}={agent},app.kubernetes.io/component=worker"
+
+
 class Platform:
     """The e2e's view of an installed Tether: the cluster, forwards to its services, the
     webhook secret, and the report."""
@@ -349,7 +354,7 @@ def park(p: Platform, run: ClerkRun) -> None:
 
 
 def kill_parked_worker(p: Platform, run: ClerkRun) -> None:
-    selector = f"{AGENT_LABEL}={CLERK}"
+    selector = worker_pods(CLERK)
     (pod,) = [x["metadata"]["name"] for x in p.kubectl.pods(AGENTS_NS, selector)]
     p.kubectl("-n", AGENTS_NS, "delete", "pod", pod, "--grace-period=0", "--force")
     wait_for(
@@ -382,7 +387,7 @@ REMOVE_MARKER = ("-c", "worker", "--", "rm", "-f", "/workspace/started")
 def _pod_running_work(p: Platform, agent: str) -> str | None:
     """The worker pod whose `work` call has started (it leaves /workspace/started)."""
     check = "import os, sys; sys.exit(0 if os.path.exists('/workspace/started') else 1)"
-    for pod in p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={agent}"):
+    for pod in p.kubectl.ready_pods(AGENTS_NS, worker_pods(agent)):
         if p.kubectl.ok("-n", AGENTS_NS, "exec", pod, "-c", "worker", "--", "python", "-c", check):
             return pod
     return None
@@ -421,7 +426,7 @@ def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
     grace), and where the cluster can, its process SIGKILLed (a crash, an OOM kill). Times until
     the run's next journaled step, on the replacement or the other replica."""
     p.apply_agent(E2E / "resume-agent.yaml", worker={"replicas": replicas})
-    selector = f"{AGENT_LABEL}={RESUME}"
+    selector = worker_pods(RESUME)
     wait_for(
         f"{RESUME} Ready on {replicas} pods",
         lambda: (
@@ -893,7 +898,7 @@ def rollout_with_operator_killed(p: Platform, run: ClerkRun) -> None:
     )
     wait_for(
         "the new version's Deployment",
-        lambda: len(p.kubectl.pods(AGENTS_NS, f"{AGENT_LABEL}={CLERK}")) > 1,
+        lambda: len(p.kubectl.pods(AGENTS_NS, worker_pods(CLERK))) > 1,
         120,
         0.2,
     )
@@ -967,6 +972,9 @@ def parked_version_scales_to_zero(p: Platform) -> None:
         180,
         0.5,
     )
+    # The spec change rolled the sidecar's pod, where its port-forward ended.
+    p.kubectl("-n", AGENTS_NS, "rollout", "status", f"deployment/{CLERK}-sidecar", "--timeout=120s")
+    p.sidecar(CLERK).restart()
     answered = time.time()
     p.tether(CLERK, "resolve", call["awakeable_id"], "--value", '{"approved": true}')
     # The woken pod may finish the run and be retired within a second or two: the run's

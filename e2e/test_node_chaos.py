@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import Cluster, Report, StepFailed, helm, helm_install, wait_for
-from e2e.steps import AGENT_LABEL, AGENTS_NS, RELEASE, SYSTEM_NS, Platform, image_values
+from e2e.steps import AGENTS_NS, RELEASE, SYSTEM_NS, Platform, image_values, worker_pods
 from e2e.test_user_path import dump_logs
 from tests.chaos.__main__ import turns
 from tests.chaos.scenario import AGENT, LEDGER, manifest, run_scenario, tools_module
@@ -71,7 +71,7 @@ class ClusterPlatform:
 
     def kill(self, kind: str) -> str:
         namespace, selector, container = {
-            "worker": (AGENTS_NS, f"{AGENT_LABEL}={AGENT}", "worker"),
+            "worker": (AGENTS_NS, worker_pods(AGENT), "worker"),
             "restate": (SYSTEM_NS, RESTATE_PODS, "restate"),
             "operator": (SYSTEM_NS, OPERATOR_PODS, "operator"),
         }[kind]
@@ -103,7 +103,7 @@ class ClusterPlatform:
         return {pod["metadata"]["uid"]: pod["metadata"]["name"] for pod in ready}
 
     def ledger(self) -> list[str]:
-        (pod, *_) = self.p.kubectl.ready_pods(AGENTS_NS, f"{AGENT_LABEL}={AGENT}")
+        (pod, *_) = self.p.kubectl.ready_pods(AGENTS_NS, worker_pods(AGENT))
         read = f"import pathlib; print(pathlib.Path('/workspace/{LEDGER}').read_text(), end='')"
         text = self.p.kubectl(
             "-n", AGENTS_NS, "exec", pod, "-c", "worker", "--", "python", "-c", read

@@ -30,7 +30,7 @@ from tether.programs.webhooks import (
     verify_answer_proof,
 )
 from tether.spec import PREVIOUS_SECRET_ENV, parse_agent
-from tether_operator.render import version_objects
+from tether_operator.render import sidecar_objects, version_objects
 from tether_operator.settings import settings_from_env as operator_settings
 
 OLD = "the-key-being-replaced-now"
@@ -114,7 +114,7 @@ def test_the_worker_side_accepts_either_key_and_only_those() -> None:
     assert listing_token(OLD.encode())["sig"] != listing_token(SECRET.encode())["sig"]
 
 
-def test_the_previous_key_reaches_both_containers_from_its_secret() -> None:
+def test_the_previous_key_reaches_every_container_from_its_secret() -> None:
     settings = operator_settings(
         {
             "TETHER_RESTATE_ADMIN_URL": "http://restate.restate.svc:9070",
@@ -138,12 +138,17 @@ def test_the_previous_key_reaches_both_containers_from_its_secret() -> None:
         }
     )
     objects = version_objects(agent, "ops", settings)
-    for container in objects.deployment["spec"]["template"]["spec"]["containers"]:
+    sidecar = sidecar_objects(agent, "ops", settings)
+    pods = [objects.deployment["spec"]["template"], sidecar.deployment["spec"]["template"]]
+    containers = [c for pod in pods for c in pod["spec"]["containers"]]
+    assert [c["name"] for c in containers] == ["worker", "sidecar", "index"]
+    for container in containers:
         env = {e["name"]: e for e in container["env"]}
         assert env[PREVIOUS_SECRET_ENV]["valueFrom"] == {
             "secretKeyRef": {"name": "hooks", "key": "old"}
         }
-    assert "old" not in objects.config_map["data"]["agent.yaml"].replace("key: old", "")
+    for config_map in (objects.config_map, sidecar.config_map):
+        assert "old" not in config_map["data"]["agent.yaml"].replace("key: old", "")
 
 
 def test_the_sidecar_reads_the_previous_key_from_its_environment() -> None:

@@ -61,7 +61,7 @@ def test_an_index_loads_nothing_of_the_agent_loop(tmp_path: Path) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     names, loaded = json.loads(done.stdout)
-    assert names == ["a-parked", "a-live"]
+    assert names == ["a-parked", "a-live", "a-inbox"]
     assert not [m for m in loaded if m.startswith(LOOP)], loaded
 
 

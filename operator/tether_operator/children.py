@@ -238,15 +238,6 @@ async def delete_sidecar(kube: Kube, namespace: str, agent: str) -> None:
         await kube.delete(api_version, kind, namespace, sidecar_name(agent))
 
 
-async def sidecar_rolled_out(kube: Kube, namespace: str, agent: str) -> bool:
-    """Whether the sidecar's Deployment has all its pods on its current template."""
-    found = await kube.get("apps/v1", "Deployment", namespace, sidecar_name(agent))
-    if found is None:
-        return False
-    meta = found["metadata"]
-    return is_available(found["spec"], found.get("status") or {}, int(meta.get("generation", 0)))
-
-
 async def versions_on_cluster(kube: Kube, namespace: str, agent: str) -> set[str]:
     """Hashes of every version with any object left (a crash can leave a partial set)."""
     found: set[str] = set()

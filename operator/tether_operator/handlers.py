@@ -21,11 +21,13 @@ from .kube import Kube, KubeError
 from .names import (
     AGENT_LABEL,
     ANNOTATION_PREFIX,
+    COMPONENT_LABEL,
     FIELD_MANAGER,
     FINALIZER,
     GROUP,
     MANAGED_BY_LABEL,
     PLURAL,
+    SIDECAR_VERSION,
     VERSION,
     VERSION_LABEL,
 )
@@ -117,8 +119,11 @@ def worker_deployments(
     meta: kopf.Meta,
     **_: Any,
 ) -> dict[tuple[str, str], children.WorkerDeployment]:
-    """The version Deployments by (namespace, agent), with their availability."""
+    """The version Deployments by (namespace, agent), with their availability; the agent's
+    sidecar Deployment among them, as the version `SIDECAR_VERSION`."""
     agent, digest = labels.get(AGENT_LABEL), labels.get(VERSION_LABEL)
+    if labels.get(COMPONENT_LABEL) == "sidecar":
+        digest = SIDECAR_VERSION
     if not agent or not digest:
         return {}
     found = children.observed(digest, name, dict(spec), dict(status), dict(meta))

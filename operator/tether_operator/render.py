@@ -8,8 +8,9 @@ version's objects.
 
 The sidecar is a Deployment of its own, so that webhooks, metrics and the index of parked calls
 answer whichever versions have pods (a version at zero replicas has none). Its pods run the
-sidecar (FastAPI: webhooks, approvals, the event stream, metrics) and the index container (the
-agent's `<agent>-parked` and `<agent>-live` objects, a Restate deployment of their own); its
+sidecar (FastAPI: webhooks, approvals, the event stream, metrics) and the index container (what
+the runs of every version share: the agent's `<agent>-parked`, `<agent>-live`, `<agent>-inbox`
+and `<agent>-budget` objects, a Restate deployment of their own); its
 ConfigMap holds the same spec document, and a hash of both in the pod template rolls the pods
 when either changes.
 """
@@ -291,8 +292,9 @@ def _small_container(
 def _index_container(
     agent: DurableAgent, namespace: str, settings: OperatorSettings, image: str
 ) -> Manifest:
-    """The agent's index of parked calls and its live events, served to Restate: it holds the
-    webhook secret (to check proofs and signatures), no model key and no tool."""
+    """What the runs of every version share (the index of parked calls, the live events, the
+    inboxes, the budget ledgers), served to Restate: it holds the webhook secret (to check proofs
+    and signatures), no model key and no tool."""
     env = _shared_env(agent, namespace, settings)
     if settings.restate_identity_keys:  # only Restate may invoke it
         env.append({"name": IDENTITY_KEYS_ENV, "value": ",".join(settings.restate_identity_keys)})

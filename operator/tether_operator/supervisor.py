@@ -214,7 +214,11 @@ async def _routed(mem: AgentMemory, key: str, url: str) -> bool:
 
 
 async def register_sidecar(
-    op: Operator, body: kopf.Body, mem: AgentMemory, agent: DurableAgent
+    op: Operator,
+    body: kopf.Body,
+    mem: AgentMemory,
+    agent: DurableAgent,
+    pods: children.WorkerDeployment | None,
 ) -> SidecarStatus | None:
     """Register the sidecar's index with Restate once its pods run its current template (again
     after a change: the image may serve other handlers); its status, as it is now."""
@@ -226,7 +230,7 @@ async def register_sidecar(
         return current
     if mem.blocker is not None or not mem.registration.ready():
         return current
-    if not await children.sidecar_rolled_out(op.kube, namespace, name):
+    if pods is None or not pods.available:  # all its pods on its current template
         return current
     url = await children.sidecar_url(op.kube, op.settings, namespace, name)
     if url is None or not await _routed(mem, SIDECAR_VERSION, url):
@@ -370,10 +374,13 @@ async def repair_children(
     mem: AgentMemory,
     desired: str,
     available: dict[str, bool],
+    sidecar_found: bool,
 ) -> None:
-    """Apply the current version's objects again if its Deployment vanished (deleted by hand)."""
+    """Apply the current version's objects and the sidecar's again if the version's Deployment
+    or the sidecar's vanished (deleted by hand)."""
     settled = time.monotonic() - mem.applied_at > REPAIR_AFTER
-    if mem.applied != desired or desired in available or mem.blocker is not None or not settled:
+    missing = desired not in available or not sidecar_found
+    if mem.applied != desired or not missing or mem.blocker is not None or not settled:
         return
     try:
         _, mem.urls[desired] = await children.apply_version(op.kube, op.settings, body, agent)
@@ -381,7 +388,8 @@ async def repair_children(
         log.warning("re-applying version %s of %s failed: %s", desired, agent.metadata.name, error)
         return
     mem.applied_at = time.monotonic()
-    kopf.warn(body, reason="Repaired", message=f"version {desired}'s objects were missing")
+    what = f"version {desired}'s" if desired not in available else "the sidecar's"
+    kopf.warn(body, reason="Repaired", message=f"{what} objects were missing")
 
 
 # ------------------------------------------------------------------------------------------
@@ -542,9 +550,12 @@ async def converge(
     mem: AgentMemory,
     deployments: list[children.WorkerDeployment],
 ) -> None:
-    """One supervision pass (callers hold `mem.lock`)."""
+    """One supervision pass over the agent's Deployments, its sidecar's among them (callers
+    hold `mem.lock`)."""
     op.last_pass = time.monotonic()
     meta = body["metadata"]
+    sidecar_pods = next((d for d in deployments if d.hash == SIDECAR_VERSION), None)
+    deployments = [d for d in deployments if d.hash != SIDECAR_VERSION]
     try:
         agent = parse(body)
     except SpecError as error:
@@ -568,8 +579,8 @@ async def converge(
             mem.restate_problem = Verdict(DRAINING, False, error.reason, str(error))
     if desired not in versions and mem.blocker is None and mem.applied == desired:
         versions[desired] = VersionStatus(hash=desired, state="Pending", created_at=now_rfc3339())
-    await repair_children(op, body, agent, mem, desired, available)
-    sidecar = await register_sidecar(op, body, mem, agent)
+    await repair_children(op, body, agent, mem, desired, available, sidecar_pods is not None)
+    sidecar = await register_sidecar(op, body, mem, agent, sidecar_pods)
     # A version's runs send to the sidecar's index: no version is registered before it.
     if desired in versions and sidecar is not None and sidecar.restate_deployment_id:
         await register_desired(op, body, mem, versions, desired, available)

@@ -348,3 +348,21 @@ def test_a_deleted_deployment_is_applied_again(
     assert any(e["reason"] == "Repaired" for e in cluster.events(AGENT))
     # Same version, same Restate deployment: nothing was registered again.
     assert cluster.versions(AGENT)[0]["restateDeploymentId"] == version["restateDeploymentId"]
+
+    # The sidecar's too, without registering it again.
+    sidecar_id = cluster.status(AGENT)["sidecar"]["restateDeploymentId"]
+    cluster.apps.delete_namespaced_deployment(f"{AGENT}-sidecar", cluster.namespace)
+    wait_for(
+        lambda: f"{AGENT}-sidecar" in cluster.child_names(AGENT, sidecar=True)["deployments"],
+        timeout=30,
+        what="the sidecar's Deployment re-applied",
+    )
+    wait_for(  # kopf posts events in the background
+        lambda: (
+            "the sidecar's objects were missing"
+            in [e["message"] for e in cluster.events(AGENT) if e["reason"] == "Repaired"]
+        ),
+        timeout=10,
+        what="a Repaired event for the sidecar",
+    )
+    assert cluster.status(AGENT)["sidecar"]["restateDeploymentId"] == sidecar_id

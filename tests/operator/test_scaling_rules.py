@@ -131,20 +131,20 @@ def test_the_active_version_counts_the_runs_no_deployment_has_yet() -> None:
         statuses={"dp_1": {"suspended": 1}},
         unpinned_statuses={
             "triage": {"backing-off": 1, "scheduled": 4, "inboxed": 8, "paused": 1},
-            "triage-inbox": {"pending": 2},
-            "triage-parked": {"backing-off": 16},  # the sidecar's
+            "triage-inbox": {"pending": 2},  # the sidecar's, as the next two
+            "triage-parked": {"backing-off": 16},
             "other": {"backing-off": 32},
         },
     )
     active = VersionStatus(hash="abc", state="Active", restate_deployment_id="dp_1")
-    assert runs_of("triage", active, in_flight) == Runs(active=3, suspended=1, paused=1)
+    assert runs_of("triage", active, in_flight) == Runs(active=1, suspended=1, paused=1)
     assert runs_of("triage", draining(), in_flight) == Runs(suspended=1)
     # So the active version goes to zero when idle, and a new run wakes it.
     idle = step(active, Runs(suspended=1), now=NOW).version
     asleep = step(idle, Runs(suspended=1), now=NOW + 2)
     assert asleep.replicas == 0
     woken = step(asleep.version, runs_of("triage", active, in_flight), now=NOW + 3)
-    assert woken.replicas == 2 and "3 active" in woken.message
+    assert woken.replicas == 2 and "(1 active, 1 paused)" in woken.message
 
 
 def test_paused_runs_keep_a_version_up_they_would_wake_it_at_once() -> None:

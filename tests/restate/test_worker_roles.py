@@ -6,6 +6,7 @@ processes: restate-server, both workers, `tether sidecar`, and a fake Anthropic 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -207,8 +208,8 @@ def test_an_approval_is_listed_and_answered_through_the_index_apart_from_the_age
     split: SplitStack,
 ) -> None:
     assert services_of(split) == {
-        "agent": {AGENT, f"{AGENT}-inbox"},
-        "index": {f"{AGENT}-parked", f"{AGENT}-live"},
+        "agent": {AGENT},
+        "index": {f"{AGENT}-parked", f"{AGENT}-live", f"{AGENT}-inbox"},
     }
     write = ToolCall("write_file", {"path": "a.txt", "content": "x"})
     split.model.script(Reply(text=["Writing ", "it"], tool_calls=[write]), Reply(text=["done"]))
@@ -217,11 +218,17 @@ def test_an_approval_is_listed_and_answered_through_the_index_apart_from_the_age
     assert (call["tool"], call["session"], call["agent"]) == ("write_file", "s1", AGENT)
     assert not (split.workspace / "a.txt").exists()
 
+    # A message for the running session goes to its inbox, on the index's deployment too; the
+    # run takes it at its next turn.
+    message = signed(split, "POST", "/v1/sessions/s1/messages", b'{"text": "and keep it short"}')
+    assert message.status_code == 202, message.text
+
     body = b'{"approved": true, "approver": "alice"}'
     answered = signed(split, "POST", f"/v1/awakeables/{call['awakeable_id']}/resolve", body)
     assert answered.status_code == 202, answered.text
     result = result_of(split, invocation)
     assert (result["status"], result["text"]) == ("completed", "done")
+    assert "and keep it short" in json.dumps(split.model.requests[-1].body)
     assert (split.workspace / "a.txt").read_text() == "x"
     wait_until(lambda: parked(split) == [], timeout=30, what="the answered call to leave")
 

@@ -932,8 +932,9 @@ class RestateServices(NamedTuple):
 
     @property
     def of_versions(self) -> tuple[str, ...]:
-        """Those its versions serve (the others are its sidecar's)."""
-        return (self.agent, self.inbox, self.budget)
+        """Those its versions serve; the others, which the runs of every version share, are
+        served by its sidecar's index (`tether.programs.worker.served`)."""
+        return (self.agent,)
 
 
 def restate_services(agent: str) -> RestateServices:

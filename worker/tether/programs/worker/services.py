@@ -1,14 +1,15 @@
 """The agent's runs as Restate services: a virtual object per session, keyed by session id.
 
 `<agent>/<session>/run` (exclusive) runs the agent on `restate_runtime` with the session in the
-object's state; `session` and `pending` (shared) read it while a run is going on;
-`<agent>-inbox/<session>/post` leaves a message the run reads at its next turn (`inbox`); with
-sub-agents and a budget, `<agent>-budget/<root run>` is the ledger a run and all its sub-agents
-reserve their model calls from (`tether.restate.budget`). These are what `tether worker --serve
-agent` serves (`agent_services`). A run adds the calls it parks to the agent's index
-`<agent>-parked` (`parked_index`) and posts its live events to `<agent>-live` (`live`) by service
-name, through Restate: those are served wherever `--serve index` runs (`served`), in the
-sidecar's pods or in this same worker (`--serve all`, the default).
+object's state; `session` and `pending` (shared) read it while a run is going on. This is what
+`tether worker --serve agent` serves (`agent_services`). What the runs of every version share
+they reach by service name, through Restate, served wherever `--serve index` runs (`served`: in
+the sidecar's pods, or in this same worker with `--serve all`, the default): the agent's index
+`<agent>-parked`, where a run adds the calls it parks (`parked_index`); `<agent>-live`, where it
+posts its live events (`live`); `<agent>-inbox/<session>`, whose `post` leaves a message the run
+takes at its next turn (`inbox`); and with sub-agents and a budget, `<agent>-budget/<root run>`,
+the ledger a run and all its sub-agents reserve their model calls from
+(`tether.restate.budget`).
 
 With `spec.subagents`, the agent has a `spawn` tool (`restate_spawn_tool`). Each child is an
 invocation of the exclusive `child` handler of the same object, keyed `<parent key>::<label>`
@@ -62,13 +63,14 @@ from ...spec.assemble import (
 )
 from ...tools.base import ToolContext, ToolDef
 from ...tools.toolset import Toolset
-from ..metrics import agent_hooks, agent_series_at_zero, budget_observer, mcp_observer
+from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
 from .inbox import RestateInbox, inbox_object
 from .live import LivePublisher
 from .parked_index import ParkedIndex
 from .parking import ParkSettings, restate_wait
 from .retries import RETRY_AFTER_WORKER_LOSS
+from .served import shares_a_budget
 from .settings import WorkerSettings
 
 PARK_AFTER = timedelta(seconds=10)
@@ -146,9 +148,9 @@ def build_provider(settings: WorkerSettings) -> Provider:
 
 
 def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
-    """The agent's virtual object, named after the agent, its sessions' inbox and, when runs
-    with sub-agents have a budget, the budget ledger. Not the index of parked calls nor the
-    live events (`served.index_services`), which the runs reach by name."""
+    """The agent's virtual object, named after the agent. Not what the runs of every version
+    share (`served.index_services`: the index of parked calls, the live events, the inboxes,
+    the budget ledgers), which the runs reach by name."""
     manifest = settings.manifest
     spec = manifest.spec
     check_subagents(spec)
@@ -170,17 +172,15 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         index=index,
         notify_format=(approvals.notify.format if approvals.notify else None) or "json",
     )
-    inbox, take_messages = inbox_object(manifest.metadata.name)
+    _, take_messages = inbox_object(manifest.metadata.name)  # served with the index
     live = LivePublisher(
         manifest.metadata.name, settings.ingress_url or "", settings.webhook_secret
     )
     live_sink = live if settings.ingress_url else None
     observe_mcp = mcp_observer(manifest.metadata.name)
-    # Sub-agents run at once as invocations of their own: one ledger per root run keeps them
-    # all within its budget. A run alone checks its budget itself, at no cost.
-    budgeted = subagents is not None and (spec.limits.max_cost_usd or spec.limits.max_tokens)
-    observe_budget = budget_observer(manifest.metadata.name) if budgeted else None
-    budget, ledger_for = budget_object(manifest.metadata.name, observe_budget)
+    budgeted = shares_a_budget(spec)
+    # The ledgers are served with the index (`served`): here only the calls to them.
+    _, ledger_for = budget_object(manifest.metadata.name, None)
     agent_series_at_zero(manifest.metadata.name, provider=provider.name, model=provider.model)
     obj = restate.VirtualObject(
         manifest.metadata.name,
@@ -343,4 +343,4 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         the sidecar streams them with the live ones of `<agent>-live`."""
         return await read_events(ctx, Cursor.parse(after))
 
-    return [obj, inbox, *([budget] if budgeted else [])]
+    return [obj]
