@@ -6,9 +6,9 @@ and status (`RestateObserver.in_flight`), and for each version:
 
 - records its active runs (running, ready, backing off, pending) and parked ones (suspended,
   paused) in the status (and so in the gauges, `metrics`). The active version's also count the
-  invocations of the agent's services that no deployment has yet: Restate sends a new run (or a
-  message, or a read of a session) to the services' latest deployment, and pins it there only
-  once a worker answers;
+  invocations of the agent's object that no deployment has yet: Restate sends a new run (or a
+  read of a session) to its latest deployment, and pins it there only once a worker answers
+  (what every version's runs share, the inboxes, the index, is served by the sidecar's pods);
 - a version with no active run for `spec.scaling.idleAfter` goes to 0 replicas (unless it has
   paused runs: they would wake it at once), the active one too: the agent's sidecar, a
   Deployment of its own, takes the webhooks and keeps the index of parked calls meanwhile. It

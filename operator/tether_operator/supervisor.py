@@ -242,6 +242,7 @@ async def register_sidecar(
         _registration_failed(mem, body, "the sidecar", error)
         return current
     _registration_succeeded(mem)
+    mem.unanswered_since.pop(SIDECAR_VERSION, None)  # its next change waits for it again
     kopf.info(
         body,
         reason="Registered",
