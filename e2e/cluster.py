@@ -143,8 +143,8 @@ class Kubectl:
 
 
 class PortForward:
-    """`kubectl port-forward` to a Service on a free local port, started again when it dies
-    (a port-forward ends with the pod it picked)."""
+    """`kubectl port-forward` to a Service (or a `kind/name` such as `pod/x`) on a free local
+    port, started again when it dies (a port-forward ends with the pod it picked)."""
 
     def __init__(self, kubectl: Kubectl, namespace: str, service: str, port: int) -> None:
         self.kubectl, self.namespace, self.service, self.port = kubectl, namespace, service, port
@@ -167,7 +167,7 @@ class PortForward:
                 "-n",
                 self.namespace,
                 "port-forward",
-                f"svc/{self.service}",
+                self.service if "/" in self.service else f"svc/{self.service}",
                 f":{self.port}",
             ],
             stdout=subprocess.PIPE,
@@ -179,7 +179,7 @@ class PortForward:
         match = re.search(r"127\.0\.0\.1:(\d+)", line)
         if not match:
             self.close()
-            raise StepFailed(f"port-forward to svc/{self.service} failed: {line!r}")
+            raise StepFailed(f"port-forward to {self.service} failed: {line!r}")
         self.local_port = int(match.group(1))
 
     def restart(self) -> None:

@@ -74,6 +74,7 @@ E2E = Path(__file__).resolve().parent
 TETHER = ROOT / ".venv" / "bin" / "tether"
 AGENT_LABEL = "tether.dev/agent"
 VERSION_LABEL = "tether.dev/version"
+WORKER_METRICS_PORT = 9090  # a worker pod's own /metrics (tether_operator.names)
 
 
 def worker_pods(agent: str) -> str:

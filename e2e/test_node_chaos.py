@@ -21,8 +21,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import Cluster, Report, StepFailed, helm, helm_install, wait_for
-from e2e.steps import AGENTS_NS, RELEASE, SYSTEM_NS, Platform, image_values, worker_pods
+from e2e.cluster import Cluster, PortForward, Report, StepFailed, helm, helm_install, wait_for
+from e2e.steps import (
+    AGENTS_NS,
+    RELEASE,
+    SYSTEM_NS,
+    WORKER_METRICS_PORT,
+    Platform,
+    image_values,
+    worker_pods,
+)
 from e2e.test_user_path import dump_logs
 from tests.chaos.__main__ import turns
 from tests.chaos.scenario import AGENT, LEDGER, manifest, run_scenario, tools_module
@@ -60,6 +68,22 @@ class ClusterPlatform:
         self.p = p
         self.rng = rng
         self.secret = p.secret.encode()
+        self._worker_forwards: list[PortForward] = []
+
+    def metrics_urls(self) -> list[str]:
+        """The sidecar's `/metrics` and each ready worker pod's (its `metrics` port)."""
+        for forward in self._worker_forwards:
+            forward.close()
+        self._worker_forwards = [
+            PortForward(self.p.kubectl, AGENTS_NS, f"pod/{pod}", WORKER_METRICS_PORT)
+            for pod in self.p.kubectl.ready_pods(AGENTS_NS, worker_pods(AGENT))
+        ]
+        workers = [f"{forward.url}/metrics" for forward in self._worker_forwards]
+        return [f"{self.sidecar_url}/metrics", *workers]
+
+    def close(self) -> None:
+        for forward in self._worker_forwards:
+            forward.close()
 
     @property
     def ingress_url(self) -> str:
@@ -158,13 +182,15 @@ def test_chaos_on_the_real_node(cluster: Cluster, node: KubeNode, images: dict[s
         "workspaceClaim": CLAIM,
     }
     p = Platform(cluster, Report())
+    platform: ClusterPlatform | None = None
     try:
         started = time.monotonic()
         install(p, spec)
         print(f"\nplatform and agent ready in {time.monotonic() - started:.1f} s", flush=True)
         rng = random.Random(seed)
+        platform = ClusterPlatform(p, random.Random(rng.random()))
         report = run_scenario(
-            ClusterPlatform(p, random.Random(rng.random())),
+            platform,
             runs=runs,
             chaos_seconds=seconds,
             seed=seed,
@@ -178,5 +204,7 @@ def test_chaos_on_the_real_node(cluster: Cluster, node: KubeNode, images: dict[s
         dump_logs(cluster)
         raise
     finally:
+        if platform is not None:
+            platform.close()
         p.close()
         clean_up(p)

@@ -51,6 +51,9 @@ class LocalPlatform:
                 [str(code), *filter(None, [process.env.get("PYTHONPATH")])]
             )
 
+    def metrics_urls(self) -> list[str]:
+        return [f"{self.sidecar_url}/metrics"]  # the worker's processes' too (one directory)
+
     def __enter__(self) -> Self:
         self.stack.start()
         self.ingress_url = self.stack.server.ingress_url

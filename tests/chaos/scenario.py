@@ -164,14 +164,18 @@ class Platform(Protocol):
     secret: bytes
     kill_kinds: tuple[str, ...]
     exact_metrics: bool
-    """Whether `/metrics` at `sidecar_url` holds every count made (False where the counts of a
-    killed pod go with it: its metrics are then checked as drift only)."""
+    """Whether `metrics_urls` hold every count made (False where the counts of a killed pod go
+    with it: its metrics are then checked as drift only)."""
 
     @property
     def ingress_url(self) -> str: ...
 
     @property
     def sidecar_url(self) -> str: ...
+
+    def metrics_urls(self) -> list[str]:
+        """Where its `/metrics` are (the sidecar's, the workers'): their samples are summed."""
+        ...
 
     def kill(self, kind: str) -> str:
         """Kill one of `kill_kinds` and bring it back (or let it come back); what was done."""
@@ -263,12 +267,14 @@ def parked(platform: Platform) -> list[dict[str, Any]]:
 
 def scrape(platform: Platform, deadline: float) -> dict[tuple[str, frozenset[Any]], float]:
     def get() -> dict[tuple[str, frozenset[Any]], float]:
-        response = httpx2.get(f"{platform.sidecar_url}/metrics", timeout=30)
-        assert response.status_code == 200, response.text
-        samples = {}
-        for family in text_string_to_metric_families(response.text):
-            for sample in family.samples:
-                samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+        samples: dict[tuple[str, frozenset[Any]], float] = {}
+        for url in platform.metrics_urls():
+            response = httpx2.get(url, timeout=30)
+            assert response.status_code == 200, response.text
+            for family in text_string_to_metric_families(response.text):
+                for sample in family.samples:
+                    key = (sample.name, frozenset(sample.labels.items()))
+                    samples[key] = samples.get(key, 0.0) + sample.value
         return samples
 
     return _retry("scraping /metrics", get, deadline)
