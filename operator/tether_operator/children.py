@@ -129,13 +129,7 @@ async def apply_version(
     sidecar = render.sidecar_objects(agent, namespace, settings)
     if await _scaled_to_zero(kube, namespace, objects.name):
         del objects.deployment["spec"]["replicas"]  # the scaler's (`scaling`), until it wakes it
-    manifests = [
-        *sidecar.manifests,
-        objects.config_map,
-        objects.service,
-        objects.disruption_budget,
-        objects.deployment,
-    ]
+    manifests = [*sidecar.manifests, *objects.manifests]
     egress = await egress_policy(kube, settings, agent, namespace)
     if egress is not None:  # before the pods it confines start
         manifests.insert(0, egress)

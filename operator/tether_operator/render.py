@@ -59,23 +59,8 @@ DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 
 @dataclass(frozen=True)
-class SidecarObjects:
-    """The agent's sidecar: ConfigMap, Deployment, Service and PodDisruptionBudget."""
-
-    hash: str
-    config_map: Manifest
-    deployment: Manifest
-    service: Manifest
-    disruption_budget: Manifest
-
-    @property
-    def manifests(self) -> list[Manifest]:
-        return [self.config_map, self.service, self.disruption_budget, self.deployment]
-
-
-@dataclass(frozen=True)
-class VersionObjects:
-    """Everything one version consists of, plus its identity."""
+class PodObjects:
+    """Everything one version, or the agent's sidecar, consists of, plus its hash."""
 
     hash: str
     config_map: Manifest
@@ -86,6 +71,11 @@ class VersionObjects:
     @property
     def name(self) -> str:
         return str(self.deployment["metadata"]["name"])
+
+    @property
+    def manifests(self) -> list[Manifest]:
+        """In the order they are applied: the pods' ConfigMap and Service before the pods."""
+        return [self.config_map, self.service, self.disruption_budget, self.deployment]
 
 
 def spec_document(agent: DurableAgent, namespace: str) -> str:
@@ -382,9 +372,7 @@ def _metadata(
     return {"name": name, "namespace": namespace, "labels": {**settings.labels, **labels}}
 
 
-def version_objects(
-    agent: DurableAgent, namespace: str, settings: OperatorSettings
-) -> VersionObjects:
+def version_objects(agent: DurableAgent, namespace: str, settings: OperatorSettings) -> PodObjects:
     """ConfigMap, Deployment, worker Service and PodDisruptionBudget of the agent's current
     version."""
     name = agent.metadata.name
@@ -440,16 +428,14 @@ def version_objects(
         "metadata": _metadata(object_name, namespace, labels, settings),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name, digest)}},
     }
-    return VersionObjects(digest, config_map, deployment, service, disruption_budget)
+    return PodObjects(digest, config_map, deployment, service, disruption_budget)
 
 
 def sidecar_selector(agent: str) -> dict[str, str]:
     return {**selector(agent), COMPONENT_LABEL: "sidecar"}
 
 
-def sidecar_objects(
-    agent: DurableAgent, namespace: str, settings: OperatorSettings
-) -> SidecarObjects:
+def sidecar_objects(agent: DurableAgent, namespace: str, settings: OperatorSettings) -> PodObjects:
     """The agent's sidecar (see the module's docstring)."""
     name = agent.metadata.name
     object_name = sidecar_name(name)
@@ -522,7 +508,7 @@ def sidecar_objects(
         "metadata": _metadata(object_name, namespace, labels, settings),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": sidecar_selector(name)}},
     }
-    return SidecarObjects(digest, config_map, deployment, service, disruption_budget)
+    return PodObjects(digest, config_map, deployment, service, disruption_budget)
 
 
 DNS_RULE: Manifest = {

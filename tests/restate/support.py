@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
+import httpx2
 import yaml
 
 from tether.programs.local_http import Response
@@ -163,14 +164,35 @@ class ServedApp:
 SERVICES_DIR = Path(__file__).resolve().parent / "services"
 
 
-def approval_manifest(directory: Path, name: str, script: list[Any]) -> Path:
-    """`<directory>/<name>.yaml`: a scripted agent whose `write_file` waits for an approval."""
+def send_run(ingress_url: str, agent: str, session: str, prompt: str) -> str:
+    """Start a run through Restate's ingress without waiting for it; its invocation id."""
+    response = httpx2.post(
+        f"{ingress_url}/{agent}/{session}/run/send", json={"prompt": prompt}, timeout=30
+    )
+    assert response.status_code == 202, response.text
+    invocation: str = response.json()["invocationId"]
+    return invocation
+
+
+def attach(ingress_url: str, invocation: str, timeout: float) -> Any:
+    """The result of a run, once it ends (at most `timeout` seconds)."""
+    url = f"{ingress_url}/restate/invocation/{invocation}/attach"
+    response = httpx2.get(url, timeout=timeout)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def approval_manifest(
+    directory: Path, name: str, script: list[Any], model: dict[str, Any] | None = None
+) -> Path:
+    """`<directory>/<name>.yaml`: an agent whose `write_file` waits for an approval; its model
+    scripted with `script`, unless `model` is given."""
     document = {
         "apiVersion": "tether.dev/v1alpha1",
         "kind": "DurableAgent",
         "metadata": {"name": name},
         "spec": {
-            "model": {"provider": "scripted", "name": "s", "script": script},
+            "model": model or {"provider": "scripted", "name": "s", "script": script},
             "tools": [{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
         },
     }

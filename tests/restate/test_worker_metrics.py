@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.restate.support import decide_by_link, group_alive, wait_until
+from tests.restate.support import attach, decide_by_link, group_alive, send_run, wait_until
 from tether.programs.dev import DevStack, wait_for
 from tether.programs.webhooks import sign_request, signed_link
 
@@ -138,18 +138,11 @@ def parked(stack: DevStack) -> list[dict[str, Any]]:
 
 
 def start_run(stack: DevStack, session: str, prompt: str) -> str:
-    url = f"{stack.server.ingress_url}/{stack.agent}/{session}/run/send"
-    response = httpx2.post(url, json={"prompt": prompt}, timeout=30)
-    assert response.status_code == 202, response.text
-    invocation: str = response.json()["invocationId"]
-    return invocation
+    return send_run(stack.server.ingress_url, stack.agent, session, prompt)
 
 
 def result_of(stack: DevStack, invocation: str) -> Any:
-    url = f"{stack.server.ingress_url}/restate/invocation/{invocation}/attach"
-    response = httpx2.get(url, timeout=ANSWER_TIMEOUT)
-    assert response.status_code == 200, response.text
-    return response.json()
+    return attach(stack.server.ingress_url, invocation, ANSWER_TIMEOUT)
 
 
 def session_of(stack: DevStack, session: str) -> Any:

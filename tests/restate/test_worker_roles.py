@@ -17,10 +17,10 @@ from typing import Any
 
 import httpx2
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.model_server import ModelServer, Reply, ToolCall
+from tests.restate.support import approval_manifest, attach, send_run
 from tether.programs.dev import Process, wait_for
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer, free_port
@@ -61,18 +61,8 @@ class SplitStack:
 
 
 def write_spec(directory: Path, model_url: str) -> Path:
-    document = {
-        "apiVersion": "tether.dev/v1alpha1",
-        "kind": "DurableAgent",
-        "metadata": {"name": AGENT},
-        "spec": {
-            "model": {"provider": "anthropic", "name": "claude-test", "baseUrl": model_url},
-            "tools": [{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
-        },
-    }
-    path = directory / f"{AGENT}.yaml"
-    path.write_text(yaml.safe_dump(document))
-    return path
+    model = {"provider": "anthropic", "name": "claude-test", "baseUrl": model_url}
+    return approval_manifest(directory, AGENT, [], model=model)
 
 
 def tether(*args: str) -> list[str]:
@@ -172,18 +162,11 @@ def parked(split: SplitStack) -> list[dict[str, Any]]:
 
 
 def start_run(split: SplitStack, session: str, prompt: str) -> str:
-    url = f"{split.server.ingress_url}/{AGENT}/{session}/run/send"
-    response = httpx2.post(url, json={"prompt": prompt}, timeout=30)
-    assert response.status_code == 202, response.text
-    invocation: str = response.json()["invocationId"]
-    return invocation
+    return send_run(split.server.ingress_url, AGENT, session, prompt)
 
 
 def result_of(split: SplitStack, invocation: str) -> Any:
-    url = f"{split.server.ingress_url}/restate/invocation/{invocation}/attach"
-    response = httpx2.get(url, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
+    return attach(split.server.ingress_url, invocation, 120)
 
 
 def stream_to_end(url: str) -> list[dict[str, Any]]:
