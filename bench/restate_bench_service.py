@@ -3,7 +3,8 @@
 - `BenchRaw/<key>/steps` (`n`): the floor, `n` bare `ctx.run_typed` steps with the raw SDK.
 - `BenchAgent/<key>/run` (`{"turns": t, "unsafe": false}`): ours, a scripted agent on
   `restate_runtime` whose every turn but the last calls one tool: a model and a tool step per
-  turn (and the tool's intent when `unsafe`), the final answer's model step, `run:end`.
+  turn (and the tool's intent when `unsafe`), the final answer's model step (its time is the
+  run's end).
 - `BenchRaw/<key>/park` and `BenchAgent/<key>/park`: the same work, then an awakeable. Its id is
   written to the file named in the request (by one journaled step); the handler waits on it.
   Both park handlers have a 1 s inactivity timeout, so the invocation suspends soon after it

@@ -93,7 +93,7 @@ def test_kill_at_every_step_boundary(tmp_path: Path) -> None:
         resumed = run_program(db, effects)
         assert resumed.returncode == 0, f"boundary {n}: {resumed.stderr}"
         check_outcome(db, effects, json.loads(resumed.stdout), models_before)
-    assert killed >= 30
+    assert killed >= 29  # a boundary per commit of the clean run (its answer ends it: no run:end)
 
 
 @pytest.mark.parametrize("call", ALL_CALLS)

@@ -119,12 +119,42 @@ def writes_per_turn(server: RestateServer, invocation_id: str) -> list[tuple[int
     return turns
 
 
+def send_run(server: RestateServer, key: str, payload: dict[str, Any]) -> str:
+    response = http("POST", f"{server.ingress_url}/CrashAgent/{key}/run/send", payload)
+    assert response.status == 202, response.text
+    invocation: str = response.json()["invocationId"]
+    attached = http("GET", f"{server.ingress_url}/restate/invocation/{invocation}/attach")
+    assert attached.json()["status"] == "completed", attached.text
+    return invocation
+
+
+def test_quick_turns_share_their_writes_and_a_slow_turn_is_stored_before_the_next_model_call(
+    serve_app: Any, tmp_path: Path
+) -> None:
+    """Held writes go before a model call once the steps since they last went span
+    `checkpoint_every_ms` (500 ms): quick turns are stored together at the run's end, a turn
+    whose tools take 0.6 s is stored before the next model call, as each turn was before."""
+    server = serve_app("agent_service").server
+    quick = send_run(server, f"q-{uuid.uuid4().hex[:8]}", {"effects": str(tmp_path / "q")})
+    turns = writes_per_turn(server, quick)
+    assert len(turns) == 8 and all(writes == 0 for writes, _ in turns[:-1]), turns
+    # the end: the turns', the events' and the runs' tails, and a segment each the first two
+    # sealed on the way (16 records)
+    assert 3 <= turns[-1][0] <= 5, turns
+    slow = send_run(
+        server, f"s-{uuid.uuid4().hex[:8]}", {"effects": str(tmp_path / "s"), "tool_seconds": 0.6}
+    )
+    turns = writes_per_turn(server, slow)
+    # each turn: the turns' and the events' tails (and a segment when one seals)
+    assert len(turns) == 8 and all(2 <= writes <= 4 for writes, _ in turns[:-1]), turns
+
+
 def test_a_turn_stores_each_tail_once_and_a_parked_run_has_stored_its_turns(
     serve_app: Any, tmp_path: Path
 ) -> None:
-    """The stores' writes are held back and sent together before each model step: a turn
-    rewrites the session's and the event log's tails once each, however often the loop appends
-    to them. Before a park they go out too, so a shared handler shows the parked call."""
+    """The stores' writes are held back and sent together before a model step: a turn
+    rewrites the session's and the event log's tails at most once each, however often the loop
+    appends to them. Before a park they go out too, so a shared handler shows the parked call."""
     served: ServedApp = serve_app("agent_service")
     server = served.server
     effects = tmp_path / "effects"
@@ -157,3 +187,8 @@ def test_a_turn_stores_each_tail_once_and_a_parked_run_has_stored_its_turns(
     # the session's tail and the event log's tail, once each (the run's end writes its record);
     # a turn that waits sends them before the wait too, and a spawn adds the child's run
     assert all(writes <= (6 if waited else 2) for writes, waited in turns[:-1]), turns
+    # A new session lists no state keys (there is no older layout to move), and the run's end
+    # is the answer's journaled time, not a step of its own.
+    rows = server.query(f"SELECT entry_type, name FROM sys_journal WHERE id = '{invocation}'")
+    assert not [r for r in rows if "StateKeys" in r["entry_type"]], rows
+    assert not [r for r in rows if r.get("name") == "run:end"], rows

@@ -111,6 +111,7 @@ class AgentRun:
         await self._publish(event("run_started", self.run_id, started, prompt=prompt))
         status: AgentStatus
         error: str | None
+        ended_at: float | None = None
         try:
             self.tool_defs = await self._list_tools()
         except ToolsetError as failure:
@@ -131,13 +132,13 @@ class AgentRun:
                     budget_tree=self.budget_tree,
                 )
             )
-            status, error = await self._turns()
+            status, error, ended_at = await self._turns()
         self.stats.status = status
         self.stats.error = error
-        ended: dict[str, Any] = await durable.step(
-            "decision", "run:end", lambda: self._value({"status": status})
-        )
-        self.stats.ended_at = ended["at"]
+        if ended_at is None:  # no model step said when the run stopped: a step of its own
+            ended = await durable.step("decision", "run:end", lambda: self._value({}))
+            ended_at = ended["at"]
+        self.stats.ended_at = ended_at
         if self.ledger is not None and self.agent.budget_tree is None:
             await self.ledger.close(self.run_id)  # the root's: its tree is done
         record.status = status
@@ -149,7 +150,7 @@ class AgentRun:
             event(
                 "run_ended",
                 self.run_id,
-                ended["at"],
+                ended_at,
                 status=status,
                 error=error,
                 turns=stats.turns,
@@ -195,16 +196,18 @@ class AgentRun:
         self.record.decisions.append(decision)
         await self.session.save_run(self.record)
 
-    async def _turns(self) -> tuple[AgentStatus, str | None]:
+    async def _turns(self) -> tuple[AgentStatus, str | None, float]:
+        """The run's turns: how it stopped, and when (the journaled time of the model step that
+        stopped it, so the end needs no step of its own)."""
         turn = 0
         while True:
             response = await self._model_call(turn)
             if "decision" in response:  # the run stops before this turn's model call
-                return response["decision"], None
+                return response["decision"], None, response["at"]
             if "error" in response:
-                return "error", response["error"]
+                return "error", response["error"], response["at"]
             if response.get("aborted"):
-                return "aborted", None
+                return "aborted", None, response["at"]
             content = response["content"]
             self._count_model_call(response)
             turn_id = await self._append(
@@ -217,7 +220,7 @@ class AgentRun:
                 await self._turn_end(turn, response, response["at"])
                 follow_ups = await self._take_messages(turn)
                 if not follow_ups:
-                    return "completed", None
+                    return "completed", None, response["at"]
                 await self._append("user", follow_ups, created_at=response["at"])
                 turn += 1
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 AgentStatus = Literal["completed", "aborted", "max_turns", "budget_exceeded", "error"]
@@ -46,7 +46,10 @@ class AgentStats:
         return self.cost_usd + sum(c.total_cost_usd for c in self.children)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # by hand: `asdict` deep-copies through `copy.deepcopy`, once per run and child
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["children"] = [child.to_json() for child in self.children]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AgentStats:

@@ -22,7 +22,7 @@ split over several keys (`Values`), so it cannot turn a state write into a poiso
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from restate.serde import BytesSerde
@@ -57,8 +57,9 @@ class Values:
 
     Writes may be held (`hold`): kept here, the last value of each key only, until `flush`
     sends them all at once. A run's stores rewrite their tails several times a turn; held, a
-    turn costs one state write per tail. Reads see the held writes, and a key found empty is
-    not read again (a new session is looked for, then created)."""
+    turn costs one state write per tail, and a tail is put together once per flush (`later`).
+    Reads see the held writes, and a key found empty is not read again (a new session is
+    looked for, then created)."""
 
     def __init__(self, ctx: RestateObjectContextLike, limit: int = DEFAULT_MAX_VALUE_BYTES) -> None:
         self.ctx = ctx
@@ -67,8 +68,13 @@ class Values:
         self._read_along: dict[str, bytes | None] = {}
         self._held: dict[str, bytes | None] | None = None
         """The writes held back, by key (None: cleared); None when writes go out at once."""
+        self._later: dict[str, Callable[[], None]] = {}
+        """Writes held as the function that makes them, by key, run before the key is sent
+        or read."""
         self._absent: set[str] = set()
         """Keys read or written empty: only this invocation writes them, so they still are."""
+        self._read_empty: set[str] = set()
+        """Keys this invocation found empty in the state, whatever it wrote to them since."""
 
     @property
     def holding(self) -> bool:
@@ -79,8 +85,23 @@ class Values:
         if self._held is None:
             self._held = {}
 
+    def later(self, key: str, write: Callable[[], None]) -> None:
+        """Write `key` by calling `write` (which writes it with `put`) when the held writes go
+        out or the key is read, once however often this is called before; at once when writes
+        are not held."""
+        if self._held is None:
+            write()
+            return
+        self._held.setdefault(key, None)  # its place in the order of the flush
+        self._later[key] = write
+
+    def _make(self, keys: Iterable[str] | None = None) -> None:
+        for key in list(self._later) if keys is None else [k for k in keys if k in self._later]:
+            self._later.pop(key)()
+
     def flush(self) -> None:
         """Send the held writes, in the order their keys were first written."""
+        self._make()
         if self._held:
             held, self._held = self._held, {}
             for key, data in held.items():
@@ -95,6 +116,7 @@ class Values:
         if send:
             self.flush()
         self._held = None
+        self._later.clear()
 
     def _set(self, key: str, data: bytes | None) -> None:
         if data is None:
@@ -107,6 +129,10 @@ class Values:
             self.ctx.clear(key)
         else:
             self.ctx.set(key, data, serde=RAW)
+
+    def read_empty(self, key: str) -> bool:
+        """Whether `key` was empty when this invocation read it (False: not read, or set)."""
+        return key in self._read_empty
 
     def parts(self, size: int) -> int:
         """How many keys a value of `size` bytes is split over (0: it is not split)."""
@@ -161,6 +187,7 @@ class Values:
 
     async def _fetch(self, keys: Sequence[str]) -> list[bytes | None]:
         # every read is asked for before the first is awaited; a held write is the value
+        self._make(keys)
         held = self._held or {}
         wanted: list[Awaitable[bytes | None] | None] = [
             None if key in held or key in self._absent else self.ctx.get(key, serde=RAW)
@@ -171,6 +198,8 @@ class Values:
             data = held.get(key) if w is None else (await w) or None
             if data is None:
                 self._absent.add(key)
+                if w is not None:
+                    self._read_empty.add(key)
             found.append(data)
         return found
 
@@ -344,6 +373,9 @@ class Chain:
             self._seal_next(replacing[index] if index < len(replacing) else 0)
 
     def _write_tail(self) -> None:
+        self._values.later(self.tail_key, self._put_tail)
+
+    def _put_tail(self) -> None:
         head = b'{"n":%d,"first":%d,"marked":%d,' % (
             self.segments,
             self.tail_first,

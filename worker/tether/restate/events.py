@@ -24,6 +24,7 @@ from .. import jsoncodec
 from ..messages import JSON
 from ..session.events import DEFAULT_RETAIN, Cursor
 from .chain import PER_SEGMENT, Chain, Values, tail_only
+from .session import META_KEY as SESSION_META_KEY
 from .types import RestateObjectContextLike
 
 EVENTS = "tether:events/"
@@ -70,7 +71,10 @@ class RestateEventLog:
     async def _known(self) -> Chain:
         # once per invocation: the tail, a journaled read
         if not self._chain.known and await self._chain.read(tail_only) is None:
-            await self._move_older()
+            if self._values.read_empty(SESSION_META_KEY):
+                self._chain.start_empty()  # a new session: no older version wrote its events
+            else:
+                await self._move_older()
         return self._chain
 
     async def _move_older(self) -> None:

@@ -86,6 +86,36 @@ def _nonce_of(intent: JSON) -> str | None:
     return nonce if isinstance(nonce, str) else None
 
 
+class _Checkpoints:
+    """When a model step sends the run's held state writes: once the steps journaled since
+    they were last sent span `every_ms`, from the start of the first model call among them to
+    the latest step's end. A slow turn's writes go before its next model call, as they always
+    did; quick turns' go together, so a tail rewritten every turn is written once for many.
+    Decided from journaled values only: a replay sends them at the same journal positions."""
+
+    def __init__(self, values: Values, every_ms: float) -> None:
+        self.values = values
+        self.every_ms = every_ms
+        self._since: float | None = None
+        self._latest = 0.0
+
+    def saw(self, value: Any) -> None:
+        at = value.get("at") if isinstance(value, dict) else None
+        if not isinstance(at, (int, float)):
+            return
+        self._latest = at
+        if self._since is None and "latency_ms" in value:  # a model call's journaled start
+            self._since = at - float(value["latency_ms"])
+
+    def before_model_step(self) -> None:
+        if self._since is None or self._latest - self._since >= self.every_ms:
+            self.send()
+
+    def send(self) -> None:
+        self.values.flush()
+        self._since = None
+
+
 class _Started:
     """A step whose journal entry exists; `executed` tells whether its body ran here."""
 
@@ -105,7 +135,9 @@ class RestateRuntime:
         options: RestateRuntimeOptions,
         *,
         scope: str = "",
-        shared: tuple[StepCounters, ReplayTracker, RuntimeStores, CoalescedClock, Values | None]
+        shared: tuple[
+            StepCounters, ReplayTracker, RuntimeStores, CoalescedClock, _Checkpoints | None
+        ]
         | None = None,
     ) -> None:
         self.ctx = ctx
@@ -116,6 +148,8 @@ class RestateRuntime:
         self.run_id = str(ctx.request().id)
         self._scope = scope
         self._seed = options.id_seed or str(ctx.uuid())
+        if options.id_seed is None:  # its scopes share the seed drawn once
+            self.options = dataclasses.replace(options, id_seed=self._seed)
         self._ids = IdSequence(self._seed + scope)
         if shared is None:
             every = options.coalesce
@@ -123,18 +157,19 @@ class RestateRuntime:
             self._clock = CoalescedClock(ctx, reanchor)
             self.counters = StepCounters()
             self.tracker = options.replay_tracker or ReplayTracker()
-            self._values: Values | None = None
+            self._checkpoints: _Checkpoints | None = None
             self.stores = self._default_stores()
             self.stores.budget = options.budget
         else:
-            self.counters, self.tracker, self.stores, self._clock, self._values = shared
+            self.counters, self.tracker, self.stores, self._clock, self._checkpoints = shared
 
     def _default_stores(self) -> RuntimeStores:
         if self.options.session_store is not None:
             return RuntimeStores(session=self.options.session_store)
         if _has_state(self.ctx):
             # one reader of the state: the event log's tail is read with the session's
-            values = self._values = Values(self.ctx)  # type: ignore[arg-type]
+            values = Values(self.ctx)  # type: ignore[arg-type]
+            self._checkpoints = _Checkpoints(values, self.options.checkpoint_every_ms)
             return RuntimeStores(
                 session=restate_session_store(self.ctx, clock=self.now, values=values),  # type: ignore[arg-type]
                 tool_state=restate_tool_state_store(self.ctx),  # type: ignore[arg-type]
@@ -151,8 +186,8 @@ class RestateRuntime:
 
     def _start(self, kind: StepKind, name: str, fn: StepFn) -> _Started:
         options = journal_options(self.options.run_options.get(kind))
-        if kind == "model":
-            self.checkpoint()  # the model takes seconds: the turn so far is stored meanwhile
+        if kind == "model" and self._checkpoints is not None:
+            self._checkpoints.before_model_step()  # a model takes seconds: stored meanwhile
 
         async def action() -> Any:
             started.executed = True
@@ -167,6 +202,8 @@ class RestateRuntime:
     def _finish(self, kind: StepKind, started: _Started, value: Any) -> JSON:
         # Live or replayed, `value` is what the SDK decoded from the journaled bytes, so live
         # callers already get what a replay would.
+        if self._checkpoints is not None:
+            self._checkpoints.saw(value)
         if started.executed:
             self.counters.live[kind] += 1
             return value
@@ -230,7 +267,7 @@ class RestateRuntime:
     def hold_writes(self) -> Iterator[None]:
         # The stores' writes wait in `Values` for the next checkpoint: a model step, a sleep, a
         # park, the block's end. Their journal positions are as replay-stable as the steps'.
-        values = self._values
+        values = self._checkpoints.values if self._checkpoints is not None else None
         if values is None or values.holding:  # an in-process sub-agent's run: the outer sends
             yield
             return
@@ -249,8 +286,8 @@ class RestateRuntime:
         values.release()
 
     def checkpoint(self) -> None:
-        if self._values is not None:
-            self._values.flush()
+        if self._checkpoints is not None:
+            self._checkpoints.send()
 
     # Ids, clock, timers -------------------------------------------------------------------
 
@@ -280,9 +317,9 @@ class RestateRuntime:
         sequence per invocation, so scopes must run one after another, never concurrently."""
         return RestateRuntime(
             self.ctx,
-            dataclasses.replace(self.options, id_seed=self._seed),
+            self.options,
             scope=f"{self._scope}/{name}",
-            shared=(self.counters, self.tracker, self.stores, self._clock, self._values),
+            shared=(self.counters, self.tracker, self.stores, self._clock, self._checkpoints),
         )
 
 

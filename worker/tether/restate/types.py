@@ -149,6 +149,10 @@ class RestateRuntimeOptions:
       the oldest batches are cleared.
     - `budget`: the ledger budgeted runs and their children reserve model calls from
       (`tether.restate.budget.RestateLedger`); none: each run checks its own budget alone.
+    - `checkpoint_every_ms`: a run holds its state writes (its session's turns and run record,
+      its durable events) and sends them before a model call once the steps journaled since
+      they were last sent span this long (their journaled times); 0: before every model call.
+      A wait (a park, a sleep, a spawn's children) and the run's end always send them.
     """
 
     promises: RestateCombinators | Literal["sdk"] | None = "sdk"
@@ -161,6 +165,7 @@ class RestateRuntimeOptions:
     live_sink: Callable[[str, int, Any], None] | None = None
     events_retain: int = DEFAULT_RETAIN
     budget: BudgetLedger | None = None
+    checkpoint_every_ms: float = 500.0
 
 
 @dataclass
