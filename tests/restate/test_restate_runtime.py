@@ -189,6 +189,12 @@ def test_a_turn_stores_each_tail_once_and_a_parked_run_has_stored_its_turns(
     assert all(writes <= (6 if waited else 2) for writes, waited in turns[:-1]), turns
     # A new session lists no state keys (there is no older layout to move), and the run's end
     # is the answer's journaled time, not a step of its own.
-    rows = server.query(f"SELECT entry_type, name FROM sys_journal WHERE id = '{invocation}'")
+    rows = server.query(
+        f"SELECT index, entry_type, name FROM sys_journal WHERE id = '{invocation}'"
+    )
     assert not [r for r in rows if "StateKeys" in r["entry_type"]], rows
     assert not [r for r in rows if r.get("name") == "run:end"], rows
+    # The session's creation and the run's start read the clock once: no step between them.
+    names = [r.get("name") or "" for r in sorted(rows, key=lambda r: int(r["index"]))]
+    before_the_first_step = names[: next(i for i, n in enumerate(names) if n.startswith("model:"))]
+    assert before_the_first_step.count("timestamp") == 1, names

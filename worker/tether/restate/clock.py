@@ -28,9 +28,11 @@ async def journaled_time(ctx: RestateContextLike) -> float:
 
 class CoalescedClock:
     """`now()` that journals a real clock anchor (`journaled_time`) every `reanchor_every`
-    reads and derives a strictly increasing sequence in between (anchor + 1 ms per read).
-    Timestamps inside a window are logical, not wall-accurate; the number and order of
-    journaled reads depend only on the number of `now()` calls, never on wall time."""
+    reads (None: every read) and derives a strictly increasing sequence in between (anchor + 1
+    ms per read). Reads before the invocation's first step share its first journaled read: a
+    new session's creation and its run's start are one instant, not two round trips. Timestamps
+    inside a window are logical, not wall-accurate; the number and order of journaled reads
+    depend only on the `now()` calls and the steps, never on wall time."""
 
     def __init__(self, ctx: RestateContextLike, reanchor_every: int | None) -> None:
         self._ctx = ctx
@@ -38,13 +40,18 @@ class CoalescedClock:
         self._anchor = 0.0
         self._reads = 0
         self._last = 0.0
+        self._stepped = False
+
+    def step_started(self) -> None:
+        self._stepped = True
 
     async def now(self) -> float:
-        if self._every is None or self._reads % self._every == 0:
+        every = self._every
+        if self._reads == 0 or (self._stepped and (every is None or self._reads % every == 0)):
             self._anchor = await journaled_time(self._ctx) * 1000
             offset = 0.0
         else:
-            offset = float(self._reads % self._every)
+            offset = float(self._reads % every if every else self._reads)
         self._reads += 1
         # Never go backwards, even when a fresh anchor is earlier than a derived value.
         self._last = max(self._anchor + offset, self._last + (1.0 if self._reads > 1 else 0.0))

@@ -186,6 +186,7 @@ class RestateRuntime:
 
     def _start(self, kind: StepKind, name: str, fn: StepFn) -> _Started:
         options = journal_options(self.options.run_options.get(kind))
+        self._clock.step_started()
         if kind == "model" and self._checkpoints is not None:
             self._checkpoints.before_model_step()  # a model takes seconds: stored meanwhile
 
@@ -298,6 +299,7 @@ class RestateRuntime:
         return await self._clock.now()
 
     async def sleep(self, ms: float, name: str) -> None:
+        self._clock.step_started()
         self.checkpoint()
         await self.ctx.sleep(timedelta(milliseconds=max(0.0, ms)), name=name)
 
