@@ -81,3 +81,24 @@ def test_an_index_is_given_only_the_webhook_secrets_and_restates_keys(tmp_path: 
         NOTIFY_URL_ENV: "https://hooks.example/x",
     }
     assert without_agent_secrets(settings_from_env({**kept, **agents})) == kept
+
+
+def test_the_worker_freezes_what_it_loaded_before_serving(tmp_path: Path) -> None:
+    """The worker's app module leaves its import-time heap to no garbage collection."""
+    code = (
+        "import gc\n"
+        "before = gc.get_freeze_count()\n"
+        "import tether.programs.worker.asgi\n"
+        "print(before, gc.get_freeze_count())"
+    )
+    env = {
+        "PATH": os.environ["PATH"],
+        "TETHER_SPEC": str(write_spec(tmp_path)),
+        "TETHER_WORKER_SERVES": "index",
+        "TETHER_WEBHOOK_SECRET": "s" * 32,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    before, after = map(int, done.stdout.split())
+    assert before == 0 and after > 10_000, done.stdout
