@@ -43,6 +43,19 @@ def write_spec(directory: Path) -> Path:
     return path
 
 
+def run_index_code(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter set up as an index worker's (no model key, no notify URL)."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "TETHER_SPEC": str(write_spec(tmp_path)),
+        "TETHER_WORKER_SERVES": "index",
+        "TETHER_WEBHOOK_SECRET": "s" * 32,
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+
+
 def test_an_index_loads_nothing_of_the_agent_loop(tmp_path: Path) -> None:
     code = (
         "import json, sys\n"
@@ -51,15 +64,7 @@ def test_an_index_loads_nothing_of_the_agent_loop(tmp_path: Path) -> None:
         "names = [service.name for service in served_services(settings_from_env())]\n"
         "print(json.dumps([names, sorted(m for m in sys.modules if m.startswith('tether'))]))"
     )
-    env = {
-        "PATH": os.environ["PATH"],
-        "TETHER_SPEC": str(write_spec(tmp_path)),
-        "TETHER_WORKER_SERVES": "index",  # without the model key, or the notify URL
-        "TETHER_WEBHOOK_SECRET": "s" * 32,
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
+    done = run_index_code(code, tmp_path)
     names, loaded = json.loads(done.stdout)
     assert names == ["a-parked", "a-live", "a-inbox"]
     assert not [m for m in loaded if m.startswith(LOOP)], loaded
@@ -91,14 +96,6 @@ def test_the_worker_freezes_what_it_loaded_before_serving(tmp_path: Path) -> Non
         "import tether.programs.worker.asgi\n"
         "print(before, gc.get_freeze_count())"
     )
-    env = {
-        "PATH": os.environ["PATH"],
-        "TETHER_SPEC": str(write_spec(tmp_path)),
-        "TETHER_WORKER_SERVES": "index",
-        "TETHER_WEBHOOK_SECRET": "s" * 32,
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
+    done = run_index_code(code, tmp_path)
     before, after = map(int, done.stdout.split())
     assert before == 0 and after > 10_000, done.stdout
