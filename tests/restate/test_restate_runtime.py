@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.restate.support import ServedApp, http, wait_until
+from tests.restate.support import ServedApp, attach, http, wait_until
 from tether.programs.restate_server import RestateServer
 
 ALL_CALLS = [f"call_{t}_{i}" for t, n in enumerate([1, 1, 3, 1, 2, 1, 1]) for i in range(n)]
@@ -119,12 +119,17 @@ def writes_per_turn(server: RestateServer, invocation_id: str) -> list[tuple[int
     return turns
 
 
-def send_run(server: RestateServer, key: str, payload: dict[str, Any]) -> str:
+def start_run(server: RestateServer, key: str, payload: dict[str, Any]) -> str:
+    """Send `CrashAgent/<key>/run` without waiting for it; its invocation id."""
     response = http("POST", f"{server.ingress_url}/CrashAgent/{key}/run/send", payload)
     assert response.status == 202, response.text
     invocation: str = response.json()["invocationId"]
-    attached = http("GET", f"{server.ingress_url}/restate/invocation/{invocation}/attach")
-    assert attached.json()["status"] == "completed", attached.text
+    return invocation
+
+
+def run_to_the_end(server: RestateServer, key: str, payload: dict[str, Any]) -> str:
+    invocation = start_run(server, key, payload)
+    assert attach(server.ingress_url, invocation, timeout=120)["status"] == "completed"
     return invocation
 
 
@@ -135,13 +140,13 @@ def test_quick_turns_share_their_writes_and_a_slow_turn_is_stored_before_the_nex
     `checkpoint_every_ms` (500 ms): quick turns are stored together at the run's end, a turn
     whose tools take 0.6 s is stored before the next model call, as each turn was before."""
     server = serve_app("agent_service").server
-    quick = send_run(server, f"q-{uuid.uuid4().hex[:8]}", {"effects": str(tmp_path / "q")})
+    quick = run_to_the_end(server, f"q-{uuid.uuid4().hex[:8]}", {"effects": str(tmp_path / "q")})
     turns = writes_per_turn(server, quick)
     assert len(turns) == 8 and all(writes == 0 for writes, _ in turns[:-1]), turns
     # the end: the turns', the events' and the runs' tails, and a segment each the first two
     # sealed on the way (16 records)
     assert 3 <= turns[-1][0] <= 5, turns
-    slow = send_run(
+    slow = run_to_the_end(
         server, f"s-{uuid.uuid4().hex[:8]}", {"effects": str(tmp_path / "s"), "tool_seconds": 0.6}
     )
     turns = writes_per_turn(server, slow)
@@ -159,10 +164,7 @@ def test_a_turn_stores_each_tail_once_and_a_parked_run_has_stored_its_turns(
     server = served.server
     effects = tmp_path / "effects"
     key = f"w-{uuid.uuid4().hex[:8]}"
-    url = f"{server.ingress_url}/CrashAgent/{key}/run/send"
-    response = http("POST", url, {"effects": str(effects), "matrix": True})
-    assert response.status == 202, response.text
-    invocation = response.json()["invocationId"]
+    invocation = start_run(server, key, {"effects": str(effects), "matrix": True})
 
     def parked_line() -> str | None:
         lines = [x for x in effects.read_text().splitlines() if x.startswith("awakeable ")]
@@ -177,8 +179,7 @@ def test_a_turn_stores_each_tail_once_and_a_parked_run_has_stored_its_turns(
     wait_until(shows_the_parked_call, what="the parked call in the stored session", timeout=20)
     resolve = f"{server.ingress_url}/restate/awakeables/{awakeable}/resolve"
     assert http("POST", resolve, {"answer": "yes", "id": awakeable}).status in (200, 202)
-    attached = http("GET", f"{server.ingress_url}/restate/invocation/{invocation}/attach")
-    result = attached.json()
+    result = attach(server.ingress_url, invocation, timeout=120)
     assert result["status"] == "completed", result
     # per model step: the session's tail and the event log's tail; a few more at the start
     # (the session's metadata) and the end (the run record)

@@ -266,8 +266,9 @@ class RestateRuntime:
 
     @contextlib.contextmanager
     def hold_writes(self) -> Iterator[None]:
-        # The stores' writes wait in `Values` for the next checkpoint: a model step, a sleep, a
-        # park, the block's end. Their journal positions are as replay-stable as the steps'.
+        # The stores' writes wait in `Values` for a checkpoint: a sleep, a park, the block's end,
+        # a model step once `_Checkpoints` says so. Their journal positions are as replay-stable
+        # as the steps'.
         values = self._checkpoints.values if self._checkpoints is not None else None
         if values is None or values.holding:  # an in-process sub-agent's run: the outer sends
             yield
