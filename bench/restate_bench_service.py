@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 from typing import Any
@@ -138,3 +139,6 @@ async def agent_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[st
 
 
 app = restate.app([raw, agent_object])
+# As the worker's app does (`tether.programs.worker.asgi`): what is imported by now lives as long
+# as the process, and a full collection no longer walks it. Both sides run in this process.
+gc.freeze()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from tests.helpers import RecordingProvider, calls, results_after
 from tether import Behavior, create_agent, tool
 from tether.agent import Agent
 from tether.durable import JournalMismatchError, MemoryJournal, deterministic_uuid, memory_runtime
+from tether.durable.ids import IdSequence
 from tether.session import INTERRUPTED_RESULT
 
 
@@ -249,3 +251,14 @@ def test_deterministic_uuid_is_a_pure_v4_shaped_uuid() -> None:
     a = deterministic_uuid("seed")
     assert a == deterministic_uuid("seed") != deterministic_uuid("seed2")
     assert a[14] == "4" and a[19] in "89ab"
+
+
+def test_an_id_sequence_is_stable_unique_and_v4_shaped() -> None:
+    def ids(seed: str) -> list[str]:
+        sequence = IdSequence(seed)
+        return [sequence.next() for _ in range(20_000)]
+
+    run = ids("run-1")
+    assert ids("run-1") == run and len(set(run)) == len(run)
+    assert not set(run) & set(ids("run-2"))
+    assert all(str(uuid.UUID(value)) == value and uuid.UUID(value).version == 4 for value in run)

@@ -4,26 +4,41 @@ from __future__ import annotations
 
 import hashlib
 
+_MASK = (1 << 128) - 1
+_VERSION_4 = (0xF << 76, 0x4 << 76)
+_VARIANT = (0x3 << 62, 0x2 << 62)
+_STRIDE = 0x9E3779B97F4A7C15F39CC0605CEDC835
+"""Odd, so counter -> id is one-to-one (modulo 2**128); its bits spread consecutive ids."""
 
-def deterministic_uuid(seed: str) -> str:
-    """An RFC-4122-v4-shaped UUID derived from `seed`: a pure function, no randomness.
 
-    The version and variant bits are set so that databases and clients treat it as a regular v4.
-    """
-    raw = bytearray(hashlib.sha256(seed.encode()).digest()[:16])
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()  # formatted by hand: uuid.UUID is slow on a path every step takes
+def _uuid_v4_shaped(value: int) -> str:
+    """`value` (128 bits) as an RFC-4122 v4 UUID: version and variant bits set, so databases
+    and clients treat it as a regular v4; formatted by hand (uuid.UUID is slow on a hot path)."""
+    value = (value & ~_VERSION_4[0]) | _VERSION_4[1]
+    value = (value & ~_VARIANT[0]) | _VARIANT[1]
+    h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def _hash128(seed: str) -> int:
+    return int.from_bytes(hashlib.sha256(seed.encode()).digest()[:16], "big")
+
+
+def deterministic_uuid(seed: str) -> str:
+    """An RFC-4122-v4-shaped UUID derived from `seed`: a pure function, no randomness."""
+    return _uuid_v4_shaped(_hash128(seed))
+
+
 class IdSequence:
-    """Ids hashed from `(seed, counter)`: the same calls in the same order give the same ids."""
+    """The ids of `seed`'s counter 1, 2, ...: the same calls in the same order give the same
+    ids. The seed is hashed once; each id is that hash plus the counter times an odd stride,
+    so a sequence never repeats an id and sequences of different seeds start far apart."""
 
     def __init__(self, seed: str) -> None:
         self.seed = seed
+        self._base = _hash128(seed)
         self._counter = 0
 
     def next(self) -> str:
         self._counter += 1
-        return deterministic_uuid(f"{self.seed}:{self._counter}")
+        return _uuid_v4_shaped((self._base + self._counter * _STRIDE) & _MASK)

@@ -240,6 +240,7 @@ class Chain:
         """Marked records among the sealed ones."""
         self._tail: list[bytes] = []
         self._tail_marks: list[bool] = []
+        self._tail_bytes = 0
         self._stored_tail = 0
         """The size of the tail value as stored (its parts are cleared when it shrinks)."""
         self._split: dict[str, int] = {}
@@ -258,8 +259,13 @@ class Chain:
 
     def start_empty(self) -> None:
         self.segments = self.tail_first = self.tail_marked = self._stored_tail = 0
-        self._tail, self._tail_marks, self._split = [], [], {}
+        self._set_tail([], [])
+        self._split = {}
         self.known = True
+
+    def _set_tail(self, tail: list[bytes], marks: list[bool]) -> None:
+        self._tail, self._tail_marks = tail, marks
+        self._tail_bytes = sum(map(len, tail))
 
     async def read(self, enough: Enough | None = None) -> tuple[list[Json], int, int] | None:
         """The newest records: all of them, or (with `enough`) the tail and the segments before
@@ -278,8 +284,9 @@ class Chain:
         records: list[Json] = head["v"]
         self.segments, self.tail_first, self.tail_marked = head["n"], head["first"], head["marked"]
         self._split = dict(head.get("split") or {})
-        self._tail = [jsoncodec.dumps(record) for record in records]
-        self._tail_marks = [self._mark(record) for record in records]
+        self._set_tail(
+            [jsoncodec.dumps(record) for record in records], [self._mark(r) for r in records]
+        )
         self._stored_tail = len(tail)
         self.known = True
         k, first, marked = self.segments, self.tail_first, self.tail_marked
@@ -313,27 +320,46 @@ class Chain:
         assert self.known, "read the chain first"
         if start > self.count:
             raise ValueError(f"records are written in order: {start} after {self.count} stored")
+        if start == self.count:
+            self.append(records)
+            return
         if start < self.tail_first:
             await self._rewrite(start, records)
             return
         offset = start - self.tail_first
-        encoded = [jsoncodec.dumps(record) for record in records]
-        self._tail[offset : offset + len(encoded)] = encoded
-        self._tail_marks[offset : offset + len(encoded)] = [self._mark(r) for r in records]
+        end = offset + len(records)
+        self._tail[offset:end] = [jsoncodec.dumps(record) for record in records]
+        self._tail_marks[offset:end] = [self._mark(r) for r in records]
+        self._tail_bytes = sum(map(len, self._tail))
         self._store()
+
+    def append(self, records: Sequence[Json]) -> None:
+        """Store `records` after the last one: `write(count, records)`, the common case, kept
+        cheap (it runs for every turn and event, on every replay too)."""
+        assert self.known, "read the chain first"
+        tail, marks, mark = self._tail, self._tail_marks, self._mark
+        for record in records:
+            data = jsoncodec.dumps(record)
+            tail.append(data)
+            marks.append(mark(record))
+            self._tail_bytes += len(data)
+        if self._full():
+            self._seal()
+        self._write_tail()
 
     def write_all(self, records: Sequence[Json], first: int = 0) -> None:
         """Store `records` as the whole chain, numbered from `first` (a chain moved from an
         older layout, which kept only its newest records)."""
         self.start_empty()
         self.tail_first = first
-        self._tail = [jsoncodec.dumps(record) for record in records]
-        self._tail_marks = [self._mark(record) for record in records]
+        self._set_tail(
+            [jsoncodec.dumps(record) for record in records], [self._mark(r) for r in records]
+        )
         self._store()
 
     def _full(self) -> bool:
         return bool(self._tail) and (
-            len(self._tail) >= PER_SEGMENT or sum(map(len, self._tail)) >= SEGMENT_BYTES
+            len(self._tail) >= PER_SEGMENT or self._tail_bytes >= SEGMENT_BYTES
         )
 
     def _seal_next(self, replacing: int = 0) -> None:
@@ -355,6 +381,7 @@ class Chain:
         self.tail_first += take
         self.tail_marked += sum(self._tail_marks[:take])
         del self._tail[:take], self._tail_marks[:take]
+        self._tail_bytes -= size
         if self._keep is not None and self.segments > self._keep:
             old = self.segment_key(self.segments - 1 - self._keep)
             self._values.drop(old, self._split.pop(old, 0))
@@ -414,7 +441,7 @@ class Chain:
         tail[offset : offset + len(replaced)] = replaced
         marks[offset : offset + len(replaced)] = [self._mark(r) for r in records]
         self.segments, self.tail_first, self.tail_marked = k, first, marked
-        self._tail, self._tail_marks = tail, marks
+        self._set_tail(tail, marks)
         self._seal(replacing=sizes)
         for gone in range(self.segments, old_segments):  # fewer segments than before
             key = self.segment_key(gone)

@@ -95,10 +95,9 @@ class RestateEventLog:
         return self._chain.count if self._chain.known else 0
 
     async def append(self, session_id: str, events: Sequence[JSON]) -> None:
-        chain = await self._known()
+        chain = self._chain if self._chain.known else await self._known()
         first = chain.count + 1
-        numbered = [{**e, "id": str(first + i)} for i, e in enumerate(events)]
-        await chain.write(chain.count, numbered)
+        chain.append([{**e, "id": str(first + i)} for i, e in enumerate(events)])
 
     def live(self, session_id: str, event: JSON) -> None:
         if self.sink is not None and self._chain.known:

@@ -162,6 +162,11 @@ class RestateSessionStore:
             records.append(jsoncodec.loads(item))
         return records[:count], records[count:]
 
+    @property
+    def _settled(self) -> bool:
+        """Whether the stored records are known in this layout (`_known` has nothing to do)."""
+        return self._meta is not None and self._turns.known and self._older is None
+
     async def _known(self) -> None:
         """Know the stored records before writing: read them if no load did, and move an older
         session's to this layout."""
@@ -229,12 +234,14 @@ class RestateSessionStore:
 
     async def write_turns(self, session_id: str, start: int, turns: Sequence[SessionTurn]) -> None:
         self._writable()
-        await self._known()
+        if not self._settled:
+            await self._known()
         await self._turns.write(start, [turn.to_json() for turn in turns])
 
     async def write_run(self, session_id: str, run: SessionRun) -> None:
         self._writable()
-        await self._known()
+        if not self._settled:
+            await self._known()
         index = self._run_index.setdefault(run.id, self._runs.count)
         await self._runs.write(index, [run.to_json()])
 
