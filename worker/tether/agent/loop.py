@@ -322,12 +322,14 @@ class AgentRun:
         attempt = 0
         while True:
             name = f"model:{turn}:{attempt}"
-            worst = self._worst_case() if self.limits or self.ledger else None
-            granted = await self._reserve(name, worst)
+            budgeted = bool(self.limits or self.ledger)
+            worst = self._worst_case() if budgeted else None
+            granted = await self._reserve(name, worst) if budgeted else True
             result: dict[str, Any] = await self.durable.step(
                 "model", name, self._model_fn(turn, attempt, worst, granted)
             )
-            await self._settle(name, result)
+            if budgeted:
+                await self._settle(name, result)
             if "error" not in result or not result["retry"]:
                 return result
             await self.durable.sleep(

@@ -125,7 +125,8 @@ class ToolCallExecutor:
         limit = self.run.behavior.max_concurrent_tools
         values: list[dict[str, Any]] = []
         for group in plan_groups(calls, self.tools, limit):
-            values.extend(await self._run_group(group, turn_id, asyncio.Semaphore(limit)))
+            gate = asyncio.Semaphore(limit) if len(group) > limit else None
+            values.extend(await self._run_group(group, turn_id, gate))
         self.run.stats.tool_calls += len(values)
         results = [
             tool_result(call["id"], v["content"], is_error=bool(v["is_error"]))
@@ -144,7 +145,7 @@ class ToolCallExecutor:
         return results, max(v["at"] for v in values), outcomes
 
     async def _run_group(
-        self, group: list[ToolUseBlock], turn_id: str, limit: asyncio.Semaphore
+        self, group: list[ToolUseBlock], turn_id: str, limit: asyncio.Semaphore | None
     ) -> list[dict[str, Any]]:
         durable = self.run.durable
         first = self.tools.get(group[0]["name"])
@@ -191,8 +192,12 @@ class ToolCallExecutor:
         )
 
     def _call_fn(
-        self, call: ToolUseBlock, turn_id: str, limit: asyncio.Semaphore
+        self, call: ToolUseBlock, turn_id: str, limit: asyncio.Semaphore | None
     ) -> Callable[[], Any]:
+        """The call's body: behind `limit` when its group has more calls than may run at once."""
+        if limit is None:
+            return lambda: self._invoke(call, turn_id)
+
         async def fn() -> JSON:
             async with limit:
                 return await self._invoke(call, turn_id)

@@ -67,9 +67,9 @@ class Session:
         start = len(self.turns)
         self.turns.extend(turns)
         if len(self._messages) == start:
-            self._messages.extend({"role": t.role, "content": t.content} for t in turns)
+            self._messages.extend([{"role": t.role, "content": t.content} for t in turns])
         if self._assistant_count[0] == start:
-            added = sum(1 for t in turns if t.role == "assistant")
+            added = [t.role for t in turns].count("assistant")
             self._assistant_count = (len(self.turns), self._assistant_count[1] + added)
         await self.store.write_turns(self.id, self.earlier.turns + start, turns)
 
