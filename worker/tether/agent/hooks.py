@@ -63,6 +63,11 @@ class Hooks:
         self._hooks.setdefault(name, []).append(fn)
         return lambda: self._hooks[name].remove(fn)
 
+    def wants(self, name: str) -> bool:
+        """Whether any function is registered for `name` (a payload costly to build is built
+        only then)."""
+        return bool(self._hooks.get(name))
+
     async def call(self, name: str, payload: HookPayload) -> HookPayload:
         for fn in list(self._hooks.get(name, ())):
             result = fn(payload)

@@ -362,7 +362,8 @@ class AgentRun:
             async def on_text(delta: str) -> None:
                 streamed.append(delta)
                 self._live(event("model_text", self.run_id, now_ms(), call=call, delta=delta))
-                await hooks.call("stream:text", {"delta": delta, "text": "".join(streamed)})
+                if hooks.wants("stream:text"):  # the text so far: quadratic in the deltas
+                    await hooks.call("stream:text", {"delta": delta, "text": "".join(streamed)})
 
             started = now_ms()
             try:

@@ -150,7 +150,8 @@ class RestateRuntime:
         self._seed = options.id_seed or str(ctx.uuid())
         if options.id_seed is None:  # its scopes share the seed drawn once
             self.options = dataclasses.replace(options, id_seed=self._seed)
-        self._ids = IdSequence(self._seed + scope)
+        self._ids: IdSequence | None = None
+        """Made at the first `uuid()`: most scopes (a tool call's) never draw an id."""
         if shared is None:
             every = options.coalesce
             reanchor = (DEFAULT_REANCHOR_EVERY if every is True else int(every)) if every else None
@@ -294,6 +295,8 @@ class RestateRuntime:
     # Ids, clock, timers -------------------------------------------------------------------
 
     def uuid(self) -> str:
+        if self._ids is None:
+            self._ids = IdSequence(self._seed + self._scope)
         return self._ids.next()
 
     async def now(self) -> float:
