@@ -31,8 +31,9 @@ def deterministic_uuid(seed: str) -> str:
 
 class IdSequence:
     """The ids of `seed`'s counter 1, 2, ...: the same calls in the same order give the same
-    ids. The seed is hashed once; each id is that hash plus the counter times an odd stride,
-    so a sequence never repeats an id and sequences of different seeds start far apart."""
+    ids. The seed is hashed once; each id is that hash plus the counter times an odd stride:
+    a sequence never repeats an id, and sequences of different seeds start at unrelated
+    points of a 2**122 space."""
 
     def __init__(self, seed: str) -> None:
         self.seed = seed
