@@ -9,9 +9,9 @@ over a stand-in context. Live, the stand-in runs each step, encodes its value wi
 serde and decodes it again, as the SDK hands a journaled value back; replayed, it hands back the
 bytes the live run recorded without running the step. State writes go nowhere and reads find
 nothing (a new session). Prints µs per turn, the best of `--repeat`. With `--instructions`,
-CPU instructions per turn counted by valgrind's callgrind instead: deterministic, so the figure
-to compare across commits on a noisy machine (the difference of runs of 1 and 4 agent runs, so
-start-up is left out).
+CPU instructions per turn counted by valgrind's callgrind instead (the difference of runs of 1
+and 4 agent runs, so start-up is left out): within ~0.5% from run to run (the journaled times'
+digits vary), so the figure to compare across commits on a noisy machine.
 """
 
 from __future__ import annotations
