@@ -21,6 +21,7 @@ from typing import Any
 import restate
 
 from tether import create_agent, tool
+from tether.durable import DurableRuntime
 from tether.providers import scripted
 from tether.restate import restate_runtime
 from tether.session import create_session, load_session
@@ -98,18 +99,14 @@ async def raw_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str,
 
 # Ours -----------------------------------------------------------------------------------------
 
-agent_object = restate.VirtualObject("BenchAgent")
 
-
-async def agent_steps(
-    ctx: restate.ObjectContext, turns: int, unsafe: bool = False
-) -> dict[str, Any]:
-    durable = restate_runtime(ctx, id_seed=ctx.key())
+async def run_scripted_agent(
+    durable: DurableRuntime, key: str, turns: int, unsafe: bool = False
+) -> None:
+    """A scripted agent's run of `turns` turns on `durable`, in session `key` (made if new)."""
     store = durable.stores.session
     assert store is not None
-    session = await load_session(store, ctx.key()) or await create_session(
-        id=ctx.key(), store=store
-    )
+    session = await load_session(store, key) or await create_session(id=key, store=store)
     agent = create_agent(
         provider=scripted(script(turns, "record" if unsafe else "lookup")),
         tools=[lookup, record],
@@ -119,6 +116,16 @@ async def agent_steps(
     )
     stats = await agent.run("go")
     assert stats.status == "completed", stats
+
+
+agent_object = restate.VirtualObject("BenchAgent")
+
+
+async def agent_steps(
+    ctx: restate.ObjectContext, turns: int, unsafe: bool = False
+) -> dict[str, Any]:
+    durable = restate_runtime(ctx, id_seed=ctx.key())
+    await run_scripted_agent(durable, ctx.key(), turns, unsafe)
     return {
         "steps": durable.counters.live.total() + durable.counters.replayed.total(),
         "live": durable.counters.live.total(),

@@ -27,12 +27,9 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
-from restate_bench_service import lookup, record, script
+from restate_bench_service import run_scripted_agent
 
-from tether import create_agent
-from tether.providers import scripted
 from tether.restate import restate_runtime
-from tether.session import create_session
 
 CHILD = "TETHER_LOOP_COST_CHILD"
 
@@ -86,17 +83,7 @@ async def _ready(value: Any) -> Any:
 
 async def agent_run(ctx: StandIn, turns: int) -> None:
     durable = restate_runtime(ctx, id_seed=ctx.key(), promises=None)
-    assert durable.stores.session is not None
-    session = await create_session(id=ctx.key(), store=durable.stores.session)
-    agent = create_agent(
-        provider=scripted(script(turns)),
-        tools=[lookup, record],
-        durable=durable,
-        session=session,
-        behavior={"max_turns": turns + 1},
-    )
-    stats = await agent.run("go")
-    assert stats.status == "completed", stats
+    await run_scripted_agent(durable, ctx.key(), turns)
 
 
 def recorded_journal(turns: int) -> list[bytes]:

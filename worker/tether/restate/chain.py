@@ -343,9 +343,7 @@ class Chain:
             tail.append(data)
             marks.append(mark(record))
             self._tail_bytes += len(data)
-        if self._full():
-            self._seal()
-        self._write_tail()
+        self._store()
 
     def write_all(self, records: Sequence[Json], first: int = 0) -> None:
         """Store `records` as the whole chain, numbered from `first` (a chain moved from an
