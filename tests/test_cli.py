@@ -344,3 +344,66 @@ def test_a_shell_command_cannot_read_the_secrets_of_tether_run(tmp_path: Path) -
         "environ: cannot read (Permission denied)",
         "memory: cannot read (Permission denied)",
     ], output
+
+
+class _FlakySidecar:
+    """A stand-in sidecar answering `/v1/awakeables/.../resolve` 503 (as the sidecar does while
+    Restate has no leader for the call's partition) `failures` times, then 200; it verifies each
+    request's signature and keeps them."""
+
+    def __init__(self, secret: str, failures: int) -> None:
+        import http.server
+        import threading
+
+        from tether.programs.webhooks import verify_request
+
+        self.signatures: list[str] = []
+        sidecar = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                sidecar.signatures.append(
+                    verify_request(secret.encode(), body, dict(self.headers), path=self.path)
+                )
+                failed = len(sidecar.signatures) <= failures
+                answer = b'{"outcome": "restate_unavailable"}' if failed else b'{"ok": true}'
+                self.send_response(503 if failed else 200)
+                if failed:
+                    self.send_header("retry-after", "0")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("retry_for", "sent", "code"), [("30", 3, 0), ("0", 1, 1)])
+def test_tether_resolve_sends_again_newly_signed_while_the_sidecar_answers_503(
+    tmp_path: Path, retry_for: str, sent: int, code: int
+) -> None:
+    secret = secrets.token_urlsafe(16)
+    sidecar = _FlakySidecar(secret, failures=2)
+    try:
+        done = tether(
+            "resolve", "sign_1abc", "--retry-for", retry_for, "--sidecar", sidecar.url,
+            cwd=tmp_path,
+            env={"TETHER_WEBHOOK_SECRET": secret},
+        )  # fmt: skip
+    finally:
+        sidecar.close()
+    assert done.returncode == code, done.stderr
+    assert len(sidecar.signatures) == len(set(sidecar.signatures)) == sent
+    if code:  # the refusal, and why, on stderr
+        assert done.stderr.startswith("503 ") and "restate_unavailable" in done.stderr
+    else:
+        assert done.stderr.count("sending again") == 2 and done.stdout.startswith("200 ")

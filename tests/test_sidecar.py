@@ -485,6 +485,7 @@ async def test_restate_failures_leave_the_call_answerable(sidecar: Sidecar) -> N
     headers = {**sign_request(SECRET.encode(), body, path=url), "content-type": "application/json"}
     down = await sidecar.client.post(url, content=body, headers=headers)
     assert (down.status_code, down.json()["outcome"]) == (503, "restate_unavailable")
+    assert down.headers["retry-after"] == "1"
 
     sidecar.restate.reachable, sidecar.restate.ingress_status = True, 500
     refused = await sidecar.client.post(url, content=body, headers=headers)

@@ -161,6 +161,7 @@ def run_operator(
                 sys.stderr.write(
                     f"\n----- {name} -----\n{path.read_text(errors='replace')[-20000:]}\n"
                 )
+        restate.forget_namespace(cluster.namespace)
         client.CoreV1Api(cluster.api).delete_namespace(cluster.namespace)
 
 

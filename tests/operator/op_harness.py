@@ -369,6 +369,14 @@ class Restate:
         awakeable: str = calls[0]["awakeable_id"]
         return awakeable
 
+    def forget_namespace(self, namespace: str) -> None:
+        """Force-unregister every deployment a namespace's agents left (test clean-up): service
+        names are global, so one test's leftovers would take the next test's names."""
+        for deployment_id, found in self.deployments().items():
+            owner = (found.get("metadata") or {}).get("tether.dev/agent", "")
+            if owner.startswith(f"{namespace}/"):
+                http("DELETE", f"{self.server.admin_url}/deployments/{deployment_id}?force=true")
+
     def kill_runs(self, agent: str) -> None:
         """Kill every unfinished invocation of the agent (test clean-up)."""
         rows = self.server.query(

@@ -66,6 +66,10 @@ def test_the_operator_needs_no_more_than_its_rbac_manifests(
     try:
         run_with_service_account(cluster, run_operator, kubeconfig)
     finally:
+        # The operator needs its rules to finalize what a failure left, before they go.
+        for name in cluster.agents():
+            cluster.delete_agent(name)
+        wait_for(lambda: not cluster.agents(), timeout=60, what="the agents finalized")
         client.RbacAuthorizationV1Api(cluster.api).delete_cluster_role(
             f"tether-operator-{cluster.namespace}"
         )
@@ -96,7 +100,12 @@ def run_with_service_account(
         timeout=60,
         what="v2 active and v1 retired",
     )
-    assert any(e["reason"] == "Retired" for e in cluster.events(AGENT))
+    # kopf posts events in the background: the status may come first.
+    wait_for(
+        lambda: any(e["reason"] == "Retired" for e in cluster.events(AGENT)),
+        timeout=30,
+        what="the Retired event",
+    )
     cluster.delete_agent(AGENT)
     wait_for(lambda: cluster.agent(AGENT) is None, timeout=60, what="the agent deleted")
     log = operator.process.log_tail(200_000)

@@ -127,6 +127,9 @@ def test_approve_by_signed_link_and_reject_by_tether_resolve(
         "--data-dir",
         str(stack.data_dir),
     ]
+    forged = [*resolve[:-1], str(tmp_path / "another-secret")]
+    refused = subprocess.run(forged, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and refused.stderr.startswith("401 "), refused
     done = subprocess.run(resolve, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert result_of(stack, second)["status"] == "completed"

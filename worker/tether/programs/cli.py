@@ -163,6 +163,14 @@ def _resolve_parser(commands: Any) -> None:
     resolve.add_argument("--value", default='{"approved": true}', help="JSON value to resolve with")
     resolve.add_argument("--reject", action="store_true", help="reject instead of resolving")
     resolve.add_argument("--reason", default="rejected", help="reason given with --reject")
+    resolve.add_argument(
+        "--retry-for",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="send again, newly signed, while the sidecar answers 503 (Restate between "
+        "leaders, a node lost) for up to this long (default: %(default)s; 0: once)",
+    )
     _sidecar_client_arguments(resolve)
 
 
@@ -340,14 +348,26 @@ def _signed_call(args: argparse.Namespace, method: str, path: str, body: bytes) 
 
 def resolve_command(args: argparse.Namespace) -> int:
     import json
+    import time
 
     if args.reject:
         action, value = "reject", {"reason": args.reason}
     else:
         action, value = "resolve", json.loads(args.value)
     path = f"/v1/awakeables/{args.awakeable_id}/{action}"
-    response = _signed_call(args, "POST", path, json.dumps(value).encode())
-    print(f"{response.status_code} {response.text}".strip())
+    body = json.dumps(value).encode()
+    deadline = time.monotonic() + args.retry_for
+    response = _signed_call(args, "POST", path, body)
+    # Safe to send again: every answer to one call goes to Restate under one idempotency key.
+    while response.status_code == 503 and time.monotonic() < deadline:
+        print(f"503 {response.text}: sending again", file=sys.stderr)
+        wait = min(float(response.headers.get("retry-after") or 1), deadline - time.monotonic())
+        # Into the next second at least: a signature is of its second, and one seen is a replay.
+        time.sleep(max(wait, 1.001 - time.time() % 1))
+        response = _signed_call(args, "POST", path, body)
+    # A refusal goes to stderr, like every other command's, so a script sees why it failed.
+    out = sys.stdout if response.is_success else sys.stderr
+    print(f"{response.status_code} {response.text}".strip(), file=out)
     return 0 if response.is_success else 1
 
 

@@ -42,7 +42,8 @@ async def _rejected(request: Request, error: Exception) -> Response:
     )
     if route.endswith(("/approve", "/deny")):  # a link's page or its form: a person reads it
         return link_page(error.status, "Not done", error.message)
-    return JSONResponse({"error": error.message, "outcome": error.outcome}, error.status)
+    body = {"error": error.message, "outcome": error.outcome}
+    return JSONResponse(body, error.status, error.headers)
 
 
 def create_app(settings: SidecarSettings) -> FastAPI:

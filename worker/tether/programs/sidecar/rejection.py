@@ -47,6 +47,12 @@ class Rejection(TetherError):
         self.outcome = outcome
         self.message = message
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """A 503 is Restate out of reach for a moment (a partition between leaders, a node
+        lost): the same request, newly signed, may be sent again."""
+        return {"retry-after": "1"} if self.status == 503 else {}
+
 
 def count(outcome: Outcome) -> None:
     WEBHOOK_REQUESTS.labels(outcome).inc()

@@ -55,6 +55,7 @@ class SignedPosts:
         raw_id, _, verb = path[len(PREFIX) :].rpartition("/")
         if verb not in ("resolve", "reject"):
             return await self.app(scope, receive, send)
+        extra: list[tuple[bytes, bytes]] = []  # a refusal's own headers
         try:
             awakeable_id = checked_awakeable_id(raw_id)
             await self._answer(awakeable_id, verb, path, scope, receive)
@@ -69,8 +70,9 @@ class SignedPosts:
                 client=client[0] if client else None,
             )
             status, answer = error.status, {"error": error.message, "outcome": error.outcome}
+            extra = [(k.encode(), v.encode()) for k, v in error.headers.items()]
         body = orjson.dumps(answer)
-        headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *extra]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
