@@ -106,15 +106,16 @@ async def run_scripted_agent(
     """A scripted agent's run of `turns` turns on `durable`, in session `key` (made if new)."""
     store = durable.stores.session
     assert store is not None
-    session = await load_session(store, key) or await create_session(id=key, store=store)
-    agent = create_agent(
-        provider=scripted(script(turns, "record" if unsafe else "lookup")),
-        tools=[lookup, record],
-        durable=durable,
-        session=session,
-        behavior={"max_turns": turns + 1},
-    )
-    stats = await agent.run("go")
+    with durable.hold_writes():  # as the worker's `run` does
+        session = await load_session(store, key) or await create_session(id=key, store=store)
+        agent = create_agent(
+            provider=scripted(script(turns, "record" if unsafe else "lookup")),
+            tools=[lookup, record],
+            durable=durable,
+            session=session,
+            behavior={"max_turns": turns + 1},
+        )
+        stats = await agent.run("go")
     assert stats.status == "completed", stats
 
 

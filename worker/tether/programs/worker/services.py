@@ -247,10 +247,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         )
         return [restate_spawn_tool(options)]
 
-    @obj.handler(
-        idempotency_retention=RUN_IDEMPOTENCY_RETENTION,
-        enable_lazy_state=bool(__import__("os").environ.get("HACK_LAZY")),
-    )
+    @obj.handler(idempotency_retention=RUN_IDEMPOTENCY_RETENTION)
     async def run(ctx: restate.ObjectContext, request: RunRequest) -> RunResult:
         # Per invocation (stable across its retries), not per session: a session's second run
         # seeded with the key alone got the first one's run id and replaced its record.
@@ -266,20 +263,22 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         # With tail compaction the model sees only the newest turns: a run reads only those
         # (and, either way, only the newest run records).
         seen = ContextCovered(provider.context_window) if compacted else every_turn
-        session = await load_session(store, ctx.key(), enough=seen) or await create_session(
-            id=ctx.key(), store=store
-        )
-        agent = create_agent(
-            provider=provider,
-            tools=[*tools_for(ctx), *spawn_for(ctx, 0)],
-            system=spec.system,
-            durable=durable,
-            session=session,
-            behavior=behavior,
-            hooks=hooks_for(durable, session_id=ctx.key()),
-            inbox=RestateInbox(ctx, take_messages),
-        )
-        stats = await agent.run(request.prompt)
+        # Held from the start: a new session's first writes go out with its run's first ones.
+        with durable.hold_writes():
+            session = await load_session(store, ctx.key(), enough=seen) or await create_session(
+                id=ctx.key(), store=store
+            )
+            agent = create_agent(
+                provider=provider,
+                tools=[*tools_for(ctx), *spawn_for(ctx, 0)],
+                system=spec.system,
+                durable=durable,
+                session=session,
+                behavior=behavior,
+                hooks=hooks_for(durable, session_id=ctx.key()),
+                inbox=RestateInbox(ctx, take_messages),
+            )
+            stats = await agent.run(request.prompt)
         if subagents is not None:
             await forget_children(ctx)
         return RunResult.of(stats)
