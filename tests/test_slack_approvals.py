@@ -262,6 +262,7 @@ def test_a_standard_webhooks_sender_signs_with_the_webhook_secret_as_whsec() -> 
         (b'{"approved": false}', headers, "does not match"),
         (body, standard_headers(key, body, age=360), "expired"),
         (body, {**headers, "webhook-signature": "v1"}, "malformed"),
+        (body, {**headers, "webhook-signature": "v1,not-base64!"}, "malformed"),
         (body, {**headers, "webhook-id": ""}, "webhook-id"),
         (body, {k: v for k, v in headers.items() if k != "webhook-timestamp"}, "are needed"),
     ]

@@ -20,6 +20,7 @@ guard refuses it first in the process that saw it).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,25 @@ SIGNATURE_HEADERS = "webhook-signature"
 
 def signed_with_standard_webhooks(headers: Mapping[str, str]) -> bool:
     return SIGNATURE_HEADERS in headers and SIGNATURE_HEADER not in headers
+
+
+def _malformed() -> Rejection:
+    return Rejection(401, "bad_signature", "not authenticated: malformed webhook-signature")
+
+
+def _well_formed(signatures: str) -> bool:
+    """Whether every space-separated signature is `<version>,<base64>` (checked here: what the
+    package raises for a malformed one changed between its releases)."""
+    entries = signatures.split()
+    for entry in entries:
+        version, comma, signature = entry.partition(",")
+        if not (version and comma and signature):
+            return False
+        try:
+            base64.b64decode(signature, validate=True)
+        except ValueError:  # binascii.Error: not base64
+            return False
+    return bool(entries)
 
 
 def _refusal(error: WebhookVerificationError) -> Rejection:
@@ -66,6 +86,8 @@ def authenticate_standard_webhook(
     signed = {
         name: headers.get(name, "") for name in (ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADERS)
     }
+    if signed[SIGNATURE_HEADERS] and not _well_formed(signed[SIGNATURE_HEADERS]):
+        raise _malformed()
     first: WebhookVerificationError | None = None
     for secret in secrets:  # the current key, then the previous one during a rotation
         try:
@@ -73,10 +95,8 @@ def authenticate_standard_webhook(
         except WebhookVerificationError as error:
             first = first or error
             continue
-        except ValueError:  # a body that is not UTF-8, a signature without ',' or base64
-            raise Rejection(
-                401, "bad_signature", "not authenticated: malformed webhook-signature"
-            ) from None
+        except ValueError:  # a body that is not UTF-8
+            raise _malformed() from None
         return delivery, int(float(signed[TIMESTAMP_HEADER]))
     assert first is not None, "no webhook secret"
     raise _refusal(first)
