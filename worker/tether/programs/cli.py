@@ -361,7 +361,8 @@ def resolve_command(args: argparse.Namespace) -> int:
     # Safe to send again: every answer to one call goes to Restate under one idempotency key.
     while response.status_code == 503 and time.monotonic() < deadline:
         print(f"503 {response.text}: sending again", file=sys.stderr)
-        wait = min(float(response.headers.get("retry-after") or 1), deadline - time.monotonic())
+        after = response.headers.get("retry-after", "")
+        wait = min(float(after) if after.isdigit() else 1.0, deadline - time.monotonic())
         # Into the next second at least: a signature is of its second, and one seen is a replay.
         time.sleep(max(wait, 1.001 - time.time() % 1))
         response = _signed_call(args, "POST", path, body)
