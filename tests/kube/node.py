@@ -239,6 +239,7 @@ class KubeNode(KubeCluster):
         for directory in (
             "/run/netns",
             "/var/log/containers",
+            "/var/lib/cni",  # on a fresh host the plugins make `results` too
             "/var/lib/cni/results",
             "/run/containerd/s",
         ):
