@@ -27,6 +27,7 @@ from tests.operator.op_harness import (
     OperatorProcess,
     Restate,
     StandinWorker,
+    finalize_agents,
     start_operator,
     wait_for,
 )
@@ -146,12 +147,8 @@ def run_operator(
 
     yield start
     try:
-        live = [o for o in started if o.process.alive()]
-        if live:
-            for name in cluster.agents():
-                restate.kill_runs(name)
-                cluster.delete_agent(name)
-            wait_for(lambda: not cluster.agents(), timeout=60, what="the agents to be deleted")
+        if any(o.process.alive() for o in started):
+            finalize_agents(cluster, restate)
     finally:
         for operator in started:
             operator.process.stop()

@@ -394,6 +394,15 @@ class Restate:
         return int(rows[0]["n"]) if rows else 0
 
 
+def finalize_agents(cluster: Cluster, restate: Restate) -> None:
+    """Delete every DurableAgent of the namespace (their runs killed first) and wait until the
+    running operator's finalizers have let them go (test clean-up)."""
+    for name in cluster.agents():
+        restate.kill_runs(name)
+        cluster.delete_agent(name)
+    wait_for(lambda: not cluster.agents(), timeout=60, what="the agents to be deleted")
+
+
 @contextlib.contextmanager
 def dumped_on_failure(*sources: Callable[[], str]) -> Iterator[None]:
     try:

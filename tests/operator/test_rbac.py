@@ -10,7 +10,14 @@ import yaml
 from kubernetes import client
 
 from tests.kube.controlplane import ControlPlane
-from tests.operator.op_harness import REPO, Cluster, OperatorFactory, Restate, wait_for
+from tests.operator.op_harness import (
+    REPO,
+    Cluster,
+    OperatorFactory,
+    Restate,
+    finalize_agents,
+    wait_for,
+)
 from tests.operator.test_children import AGENT, manifest, registered, with_secrets
 
 RBAC = REPO / "operator" / "rbac"
@@ -67,9 +74,7 @@ def test_the_operator_needs_no_more_than_its_rbac_manifests(
         run_with_service_account(cluster, run_operator, kubeconfig)
     finally:
         # The operator needs its rules to finalize what a failure left, before they go.
-        for name in cluster.agents():
-            cluster.delete_agent(name)
-        wait_for(lambda: not cluster.agents(), timeout=60, what="the agents finalized")
+        finalize_agents(cluster, restate)
         client.RbacAuthorizationV1Api(cluster.api).delete_cluster_role(
             f"tether-operator-{cluster.namespace}"
         )
