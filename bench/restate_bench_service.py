@@ -8,13 +8,16 @@
 - `BenchRaw/<key>/park` and `BenchAgent/<key>/park`: the same work, then an awakeable. Its id is
   written to the file named in the request (by one journaled step); the handler waits on it.
   Both park handlers have a 1 s inactivity timeout, so the invocation suspends soon after it
-  parks, and resolving the awakeable resumes it by replaying the whole journal.
+  parks, and resolving the awakeable resumes it by replaying the whole journal. Their answer
+  says how long the attempt that answered spent in the handler (`handler_ms`): after a resume,
+  the replay of the journal the SDK has already received.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +60,11 @@ def publish(path: str, awakeable_id: str) -> None:
         os.close(fd)
 
 
+def since_ms(started: float) -> float:
+    """Milliseconds since `started` (not journaled: each attempt measures its own)."""
+    return (time.perf_counter() - started) * 1000
+
+
 async def park_on_awakeable(ctx: restate.ObjectContext, path: str) -> str:
     awakeable_id, resolved = ctx.awakeable(type_hint=str)
     await ctx.run_typed("publish", publish, path=path, awakeable_id=awakeable_id)
@@ -91,10 +99,11 @@ async def steps(ctx: restate.ObjectContext, n: int) -> dict[str, Any]:
 
 @raw.handler(name="park", inactivity_timeout=PARK_INACTIVITY)
 async def raw_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
     n = int(req["steps"])
     await raw_steps(ctx, n)
     value = await park_on_awakeable(ctx, str(req["path"]))
-    return {"steps": n, "resolved": value}
+    return {"steps": n, "resolved": value, "handler_ms": since_ms(started)}
 
 
 # Ours -----------------------------------------------------------------------------------------
@@ -141,9 +150,10 @@ async def run(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]
 
 @agent_object.handler(name="park", inactivity_timeout=PARK_INACTIVITY)
 async def agent_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
     result = await agent_steps(ctx, int(req["turns"]))
     result["resolved"] = await park_on_awakeable(ctx, str(req["path"]))
-    return result
+    return {**result, "handler_ms": since_ms(started)}
 
 
 app = restate.app([raw, agent_object])
