@@ -153,6 +153,19 @@ advertised-address = {{ include "tether.restateNodeAddress" . | quote }}
 [metadata-client]
 type = "replicated"
 addresses = {{ toJson $addresses }}
+# Metadata reads go to the metadata store's Raft leader, on one connection per node. When that
+# node is lost without a reset (its pod's address goes with it), the reads queued on the
+# connection each wait out the connect timeout in turn before another node is asked, and stale
+# leader hints can send them back for another round: a new cluster controller's first pass reads
+# every partition's (about 25 reads). A node that stops answering on an open connection is
+# found by the pings. Losing the metadata leader (bench/restate_failover.py --lose
+# metadata-leader), its partitions had new leaders after 52-85 s with its port blackholed and
+# 12-175 s frozen at Restate's defaults (3 s, 5 s + 5 s), after 3.2-4.9 s with these. At 250 ms
+# a round still took 6 s and some losses took 2-4 rounds. A connect between pods takes a
+# millisecond; a failed one is retried on another node.
+connect-timeout = "100ms"
+keep-alive-interval = "1s"
+keep-alive-timeout = "2s"
 
 [networking]
 # A lost node's pod address answers nothing (no reset): the survivors' connections to it fail

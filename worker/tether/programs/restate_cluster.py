@@ -12,7 +12,9 @@ role on every node, a replicated metadata store over all of them, partitions and
 on ``replication`` (default 2) nodes, the first node provisioning it. They start together and are
 ready once every partition has a leader on a live node and a query succeeds (about 10 s). A node
 is killed (SIGKILL) and started again on its data directory by its index; admin calls go through
-any live node.
+any live node. A crash on loopback is the kind case (the kernel resets the node's connections and
+refuses new ones at once); `unreachable` drops the packets to a node's port instead, as when its
+machine or its pod's address is gone.
 
 Restate 1.7 shows no partition leaders in SQL (no such ``sys_`` table; ``restatectl`` asks over
 gRPC). Each node logs the leaderships it wins with the partition's leader epoch, which only
@@ -30,13 +32,17 @@ expect rather than trusting one empty answer.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import string
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.client import HTTPException
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,6 +64,7 @@ __all__ = ["RestateCluster", "RestateServerError", "partition_key_of", "partitio
 T = TypeVar("T")
 
 _LEADER_LINE = re.compile(r"became Leader of epoch e(\d+)\b.*?\bpartition_id=(\d+)")
+_METADATA_LEADER_LINE = re.compile(r"^(\S+) .*Won metadata cluster leadership", re.MULTILINE)
 _BASE62 = string.digits + string.ascii_lowercase + string.ascii_uppercase
 
 
@@ -209,6 +216,24 @@ class RestateCluster(Lifecycle):
         """SIGKILL the node's process group (a crash; its data directory stays)."""
         self.nodes[node].kill()
 
+    def freeze(self, node: int) -> None:
+        """SIGSTOP the node's process group: its connections stay open and nothing answers on
+        them (with `unreachable`, a machine gone from the network); `kill` ends it."""
+        pid = self.nodes[node].pid
+        if pid is not None:
+            os.killpg(pid, signal.SIGSTOP)
+
+    @contextlib.contextmanager
+    def unreachable(self, node: int) -> Iterator[None]:
+        """Drop every packet to the node's port while inside (an iptables rule on loopback,
+        removed on the way out; root only): connections to it then fail at their timeouts."""
+        rule = ["INPUT", "-i", "lo", "-p", "tcp", "--dport", str(self.nodes[node].ports.node)]
+        subprocess.run(["iptables", "-I", *rule, "-j", "DROP"], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["iptables", "-D", *rule, "-j", "DROP"], check=True)
+
     def is_running(self, node: int) -> bool:
         return self.nodes[node].is_running()
 
@@ -297,6 +322,17 @@ class RestateCluster(Lifecycle):
         """The index of the live node that leads ``partition``, None while it has none."""
         return self.leaders().get(partition)
 
+    def metadata_leader(self) -> int | None:
+        """The index of the live node that last won the leadership of the replicated metadata
+        store since it started, from the nodes' logs (their lines begin with the time)."""
+        won = []
+        for i, server in enumerate(self.nodes):
+            if server.is_running():
+                text = _log_text(server.log_path)
+                since_start = text[text.rfind(START_MARKER) :]
+                won += [(m[1], i) for m in _METADATA_LEADER_LINE.finditer(since_start)]
+        return max(won)[1] if won else None
+
     def wait_for_leaders(
         self, timeout: float | None = None, *, steady: float = 0.0
     ) -> dict[int, int]:
@@ -322,12 +358,16 @@ class RestateCluster(Lifecycle):
             time.sleep(0.1)
 
 
+def _log_text(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def _leaderships(log: Path) -> list[tuple[int, int, bool]]:
     """(epoch, partition, since the node's last start) of each leadership the node logged."""
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return []
+    text = _log_text(log)
     last_start = text.rfind(START_MARKER)
     return [(int(m[1]), int(m[2]), m.start() > last_start) for m in _LEADER_LINE.finditer(text)]
 
