@@ -4,12 +4,12 @@
         [--lose partition-leader|metadata-leader] [--env NAME=VALUE ...]
 
 A `RestateCluster` of 3 nodes on loopback, replication 2, with the chart's partitions (24) and
-connect timeouts (`CHART_ENV`). Per loss, once the leaders have stayed put for 8 s, a node is
-lost: the one that leads the most partitions, or (`--lose metadata-leader`) the Raft leader of
-the replicated metadata store, which every node's metadata client talks to. The time from the
-loss to a new leader of each of its partitions is read from the survivors' logs (first, median,
-last), then the node is started again on its data directory. Its partitions' runs stand still
-that long (their approvals are still taken: `tether resolve` retries through it).
+timeouts for a lost node (`LOST_NODE_TIMEOUTS`). Per loss, once the leaders have stayed put for
+8 s, a node is lost: the one that leads the most partitions, or (`--lose metadata-leader`) the
+Raft leader of the replicated metadata store, which every node's metadata client talks to. The
+time from the loss to a new leader of each of its partitions is read from the survivors' logs
+(first, median, last), then the node is started again on its data directory. Its partitions'
+runs stand still that long (their approvals are still taken: `tether resolve` retries through it).
 
 `--loss crash` (SIGKILL) on loopback is the kind case: the kernel resets the node's connections
 and refuses new ones at once. `blackhole` also drops every packet to the node's port (an
@@ -28,15 +28,9 @@ import contextlib
 import statistics
 import time
 
-from tether.programs.restate_cluster import RestateCluster
+from tether.programs.restate_cluster import LOST_NODE_TIMEOUTS, RestateCluster
 
 PARTITIONS = 24  # restate-server 1.7's default-num-partitions: the chart leaves it
-CHART_ENV = {  # the settings of the chart's node files (helm/tether/templates/_helpers.tpl)
-    "RESTATE_NETWORKING__CONNECT_TIMEOUT": "1s",
-    "RESTATE_METADATA_CLIENT__CONNECT_TIMEOUT": "100ms",
-    "RESTATE_METADATA_CLIENT__KEEP_ALIVE_INTERVAL": "1s",
-    "RESTATE_METADATA_CLIENT__KEEP_ALIVE_TIMEOUT": "2s",
-}
 STEADY = 8.0
 """Seconds without a leadership move before a kill (the scheduler moves leaders for a few
 seconds after a node rejoins)."""
@@ -87,9 +81,10 @@ def main() -> None:
         help="the node leading the most partitions, or the metadata store's Raft leader",
     )
     args = parser.parse_args()
-    env = {**CHART_ENV, **dict(item.split("=", 1) for item in args.env)}
+    env = dict(item.split("=", 1) for item in args.env)
     how = LOSSES[args.loss]
-    print(f"3 nodes, replication 2, {PARTITIONS} partitions; the {args.lose} lost by {how}; {env}")
+    print(f"3 nodes, replication 2, {PARTITIONS} partitions; the {args.lose} lost by {how}")
+    print(f"  {LOST_NODE_TIMEOUTS | env}")
     lasts: list[str] = []  # a lower bound (>) where a partition got no leader
     with RestateCluster(partitions=PARTITIONS, extra_env=env) as cluster:
         for _ in range(args.kills):

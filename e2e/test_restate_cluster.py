@@ -64,6 +64,8 @@ class NodeLog:
     provisioned: bool = False
     leaderships: list[tuple[int, int, float]] = field(default_factory=list)
     placements: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
+    metadata_leadership: float = 0.0
+    """When it last won the metadata store's Raft leadership (0: not since it started)."""
 
 
 def node_log(p: Platform, pod: str) -> NodeLog:
@@ -80,6 +82,8 @@ def node_log(p: Platform, pod: str) -> NodeLog:
             log.node_id, log.generation = match[1], int(match[2])
         elif "has been automatically provisioned" in message:
             log.provisioned = True
+        elif message.startswith("Won metadata cluster leadership"):
+            log.metadata_leadership = _wall(record["timestamp"])
         elif (match := _LEADER.search(message)) and "partition_id" in fields:
             when = _wall(record["timestamp"])
             log.leaderships.append((int(fields["partition_id"]), int(match[1]), when))
@@ -285,10 +289,12 @@ def lose_the_leader(p: Platform, report: Report) -> None:
     (victim_log,) = [log for log in logs if log.pod == victim]
     per_node = {log.pod: sum(1 for _, pod, _ in before.values() if pod == log.pod) for log in logs}
     report.fact("partitions led per node", per_node)
+    metadata_leader = max(logs, key=lambda log: log.metadata_leadership).pod
     report.fact(
         "the lost node",
         f"{victim} ({victim_log.node_id}), leader of the run's partition {partition} (epoch "
-        f"e{epoch}) and of {len(led_by_victim)} of {PARTITIONS} partitions",
+        f"e{epoch}) and of {len(led_by_victim)} of {PARTITIONS} partitions"
+        + (", and of the metadata store" if victim == metadata_leader else ""),
     )
     claim = p.kubectl.json("-n", SYSTEM_NS, "get", "pvc", f"storage-{victim}")
     host = p.kubectl.json("-n", SYSTEM_NS, "get", "pod", victim)["spec"]["nodeName"]

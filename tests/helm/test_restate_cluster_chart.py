@@ -25,7 +25,7 @@ import pytest
 from tests.helm.chart import CHART, Manifest, by_kind, env_of, helm, one, render
 from tests.restate.support import HypercornWorker, read_lines, service_app
 from tether.programs.local_http import request
-from tether.programs.restate_cluster import RestateCluster
+from tether.programs.restate_cluster import LOST_NODE_TIMEOUTS, RestateCluster
 from tether.programs.restate_install import find_or_install_restate_server
 from tether.programs.restate_server import config_variables
 from tether.testing import wait_until
@@ -310,6 +310,21 @@ def test_restate_server_reads_every_setting_of_the_charts_files(
                     assert loaded[key][inner] == inner_value, (key, inner)
             else:
                 assert loaded[key] == value, key
+
+
+def test_the_loopback_cluster_gives_up_on_a_lost_node_as_the_chart_does(helm_bin: Path) -> None:
+    """`RestateCluster` (the tests', the bench's and `tether dev --nodes 3`'s) runs with the
+    chart's timeouts for a lost node, in their environment form."""
+    texts, _ = chart_node_texts(helm_bin)
+    for text in texts:
+        file = tomllib.loads(text)
+        timeouts = {
+            f"RESTATE_{table}__{key}".upper().replace("-", "_"): value
+            for table in ("networking", "metadata-client")
+            for key, value in file[table].items()
+            if "timeout" in key or "keep-alive" in key
+        }
+        assert timeouts == LOST_NODE_TIMEOUTS
 
 
 def load_with(binary: Path, text: str, directory: Path) -> dict[str, Any]:

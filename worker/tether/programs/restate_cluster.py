@@ -14,7 +14,8 @@ ready once every partition has a leader on a live node and a query succeeds (abo
 is killed (SIGKILL) and started again on its data directory by its index; admin calls go through
 any live node. A crash on loopback is the kind case (the kernel resets the node's connections and
 refuses new ones at once); `unreachable` drops the packets to a node's port instead, as when its
-machine or its pod's address is gone.
+machine or its pod's address is gone, and `freeze` stops a node without closing anything. The
+nodes give up on a lost node with the Helm chart's timeouts (`LOST_NODE_TIMEOUTS`).
 
 Restate 1.7 shows no partition leaders in SQL (no such ``sys_`` table; ``restatectl`` asks over
 gRPC). Each node logs the leaderships it wins with the partition's leader epoch, which only
@@ -59,9 +60,24 @@ from .restate_server import (
     RestateServerError,
 )
 
-__all__ = ["RestateCluster", "RestateServerError", "partition_key_of", "partition_of_key"]
+__all__ = [
+    "LOST_NODE_TIMEOUTS",
+    "RestateCluster",
+    "RestateServerError",
+    "partition_key_of",
+    "partition_of_key",
+]
 
 T = TypeVar("T")
+
+LOST_NODE_TIMEOUTS = {
+    "RESTATE_NETWORKING__CONNECT_TIMEOUT": "1s",
+    "RESTATE_METADATA_CLIENT__CONNECT_TIMEOUT": "100ms",
+    "RESTATE_METADATA_CLIENT__KEEP_ALIVE_INTERVAL": "1s",
+    "RESTATE_METADATA_CLIENT__KEEP_ALIVE_TIMEOUT": "2s",
+}
+"""The Helm chart's timeouts for a node lost without a reset (its templates say why: Restate's
+own left a lost metadata leader's partitions without a leader for minutes)."""
 
 _LEADER_LINE = re.compile(r"became Leader of epoch e(\d+)\b.*?\bpartition_id=(\d+)")
 _METADATA_LEADER_LINE = re.compile(r"^(\S+) .*Won metadata cluster leadership", re.MULTILINE)
@@ -164,6 +180,7 @@ class RestateCluster(Lifecycle):
                     "RESTATE_DEFAULT_REPLICATION": str(self.replication),
                     "RESTATE_METADATA_CLIENT__TYPE": "replicated",
                     "RESTATE_METADATA_CLIENT__ADDRESSES": json.dumps(addresses),
+                    **LOST_NODE_TIMEOUTS,
                 }
             else:
                 config_file = self._root / f"n{i + 1}.toml"
