@@ -2,7 +2,7 @@
 SDK handlers doing the floor's steps at the same concurrency, on the same restate-server and
 worker process.
 
-    python bench/many_runs.py [--runs 100] [--tool-turns 10] [--rounds 3]
+    python bench/many_runs.py [--runs 100] [--tool-turns 10] [--rounds 9]
 
 Ours: `--runs` concurrent runs of a scripted agent on `restate_runtime` (`BenchAgent/run` of
 `bench/restate_bench_service.py`), each `--tool-turns` tool turns and a final answer. The floor:
@@ -106,6 +106,14 @@ class PeakRss:
         self._thread.join()
 
 
+def middle_half(values: Sequence[float]) -> str:
+    """The first and third quartiles: how far a round's figure moves on a busy machine."""
+    if len(values) < 4:
+        return "n/a under 4 rounds"
+    low, _, high = statistics.quantiles(values, n=4)
+    return f"{low:.2f}-{high:.2f}"
+
+
 # One side of a round --------------------------------------------------------------------------
 
 
@@ -141,7 +149,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="concurrent runs")
     parser.add_argument("--tool-turns", type=int, default=10, help="tool turns per run")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--unsafe", action="store_true", help="unsafe tools (an intent each)")
     args = parser.parse_args()
 
@@ -202,7 +210,8 @@ def main() -> None:
                 f"round {o['rss_after'] / 2**20:.0f} MiB"
             )
         print(
-            f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8), CPU per "
+            f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8; its middle "
+            f"half {middle_half(ratios)}), CPU per "
             f"turn {statistics.median(cpu_ours) * 1000:.2f} ms vs the floor's "
             f"{statistics.median(cpu_raw) * 1000:.2f} ms (restate-server's "
             f"{statistics.median(server_ours) * 1000:.2f} ms vs "
