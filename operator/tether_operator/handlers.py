@@ -78,15 +78,17 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.request_timeout = 60.0
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 4
-    kube = Kube()
-    if peering.configure(settings, ours):
+    peered = peering.configure(settings, ours)
+    guard = peering.LEASE.check if peered else None
+    kube = Kube(guard=guard)
+    if peered:
         try:
             await peering.wait_for_objects(kube, ours, settings.peering.clusterwide)
         except BaseException:
             await kube.close()
             raise
     metrics.serve(ours.metrics_port)
-    admin = RestateAdmin(ours.restate_admin_url, ours.restate_timeout)
+    admin = RestateAdmin(ours.restate_admin_url, ours.restate_timeout, guard=guard)
     memo.operator = Operator(
         settings=ours,
         kube=kube,

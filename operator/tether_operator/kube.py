@@ -15,6 +15,7 @@ import kopf
 
 from tether.errors import TetherError
 
+from .lease import Guard
 from .names import FIELD_MANAGER, GROUP, PLURAL, VERSION
 
 Manifest = dict[str, Any]
@@ -61,7 +62,9 @@ def login() -> kopf.ConnectionInfo:
 
 
 class Kube:
-    def __init__(self) -> None:
+    def __init__(self, guard: Guard | None = None) -> None:
+        self._guard = guard
+        """Asked before each write (`lease.Lease.check`): it raises to refuse it."""
         self._server = ""
         self._session: aiohttp.ClientSession | None = None
         self._retired: list[aiohttp.ClientSession] = []
@@ -96,6 +99,8 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         content_type: str | None = None,
     ) -> tuple[int, Any]:
+        if method != "GET" and self._guard is not None:
+            self._guard(f"{method} {path}")
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type

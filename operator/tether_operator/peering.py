@@ -25,14 +25,15 @@ Choices made here, on top of kopf's mechanism:
   applied) and kopf's index of the Deployments would be stale by the time it resumed, and
   starting afresh is the crash recovery every pass is built for (`supervisor.sync_once`).
 
-Peering is not a lock. A leader that stalls (or loses the API server) for longer than the margin
-between its keep-alives and their expiry (5 to 10 s) is taken for dead; when it comes back it
-leads again (it is older) and the other steps down, but until then both may act, and the old
-leader goes on from a memory that misses what the other did. Every step is idempotent and
-re-checked against Restate and the cluster (registering a URL again keeps its deployment,
-unregistering or deleting what is gone is a no-op, a version is retired only on a fresh count of
-zero runs), so that repeats steps rather than losing runs; the tests kill replicas, they do not
-stall one. The clocks of the nodes must agree (NTP): a record's expiry is read on another node.
+Peering alone is not a lock: a leader that stalls (or loses the API server) for longer than the
+margin between its keep-alives and their expiry (5 to 10 s) is taken for dead, and kopf would let
+it lead again when it comes back (it is older) from a memory that misses what the other did. So
+each replica also holds a lease of its own keep-alives (`lease.py`): one whose keep-alives lapsed
+sends no more of them and no write, and steps down, and the replica that led meanwhile goes on.
+Every step is idempotent and re-checked against Restate and the cluster besides (registering a
+URL again keeps its deployment, unregistering or deleting what is gone is a no-op, a version is
+retired only on a fresh count of zero runs). The clocks of the nodes must agree (NTP): a
+record's expiry is read on another node.
 """
 
 from __future__ import annotations
@@ -43,10 +44,13 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import kopf
+from kopf._core.engines import peering as kopf_peering
 
 from .kube import Kube, KubeError
+from .lease import Lease
 from .settings import OperatorSettings
 
 log = logging.getLogger("tether_operator")
@@ -62,6 +66,9 @@ HARD_EXIT_AFTER = 20.0
 """Seconds a replica that steps down is given to stop cleanly before it is ended."""
 
 _stepping_down = False
+
+LEASE = Lease()
+"""This process's lease (`lease.py`), held once peering is configured."""
 
 
 def priority(ours: OperatorSettings) -> int:
@@ -79,6 +86,8 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> bool:
     settings.peering.lifetime = ours.peering_lifetime
     settings.peering.priority = priority(ours)
     settings.peering.stealth = True  # no log line per keep-alive
+    LEASE.hold(ours.peering_lifetime, step_down)
+    _renew_through_the_lease()
     log.info(
         "peering %r: priority %d, lifetime %ds; this replica acts while no live replica has a "
         "higher priority",
@@ -87,6 +96,26 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> bool:
         ours.peering_lifetime,
     )
     return True
+
+
+def _renew_through_the_lease() -> None:
+    """Route kopf's keep-alives (`touch`, which its peering engine looks up at each call) through
+    `LEASE`: a lapsed lease sends none, and each one that goes through renews it. kopf is
+    pinned to a minor version (pyproject.toml) for this hook."""
+    touch = getattr(kopf_peering, "_tether_kopf_touch", kopf_peering.touch)
+
+    async def renewing_touch(*, lifetime: int | None = None, **kwargs: Any) -> None:
+        if lifetime == 0:  # removing its record, as it stops
+            await touch(lifetime=lifetime, **kwargs)
+            return
+        started = LEASE.renewing()
+        if started is None:
+            return
+        await touch(lifetime=lifetime, **kwargs)
+        LEASE.renewed(started)
+
+    kopf_peering._tether_kopf_touch = touch  # type: ignore[attr-defined]
+    kopf_peering.touch = renewing_touch
 
 
 def _path(namespace: str | None) -> str:
@@ -146,16 +175,16 @@ async def wait_for_objects(kube: Kube, ours: OperatorSettings, clusterwide: bool
         await asyncio.sleep(1.0)
 
 
-def step_down() -> None:
-    """This replica was paused after it acted: stop cleanly (kopf removes its peering record),
-    and end for good after `HARD_EXIT_AFTER` seconds if stopping hangs."""
+def step_down(reason: str = "another replica of the operator leads now") -> None:
+    """This replica was paused after it acted, or its lease lapsed: stop cleanly (kopf removes
+    its peering record), and end for good after `HARD_EXIT_AFTER` seconds if stopping hangs."""
     global _stepping_down
     if _stepping_down:
         return
     _stepping_down = True
     log.warning(
-        "another replica of the operator leads now: this one exits, to start again as a "
-        "standby that remembers nothing stale"
+        "%s: this replica exits, to start again as a standby that remembers nothing stale",
+        reason,
     )
     timer = threading.Timer(HARD_EXIT_AFTER, os._exit, args=(1,))
     timer.daemon = True

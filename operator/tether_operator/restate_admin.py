@@ -26,6 +26,8 @@ from tether.programs.renewable_session import NO_ANSWER, RenewableSession
 from tether.programs.restate_admin import AdminCall, AdminRefused, parse_body, retry_delay
 from tether.programs.restate_endpoints import Endpoints
 
+from .lease import Guard
+
 T = TypeVar("T")
 
 IN_FLIGHT_SQL = (
@@ -66,7 +68,9 @@ class RestateError(TetherError):
 class RestateAdmin:
     """The admin calls of `tether.programs.restate_admin`, sent with aiohttp."""
 
-    def __init__(self, base_url: str, timeout: float) -> None:
+    def __init__(self, base_url: str, timeout: float, guard: Guard | None = None) -> None:
+        self._guard = guard
+        """Asked before each change to Restate (`lease.Lease.check`): it raises to refuse it."""
         self.endpoints = Endpoints(base_url)
         self.base_url = str(self.endpoints)
         # A node that is gone (its machine, not only its process) is given up on quickly.
@@ -78,9 +82,12 @@ class RestateAdmin:
     async def close(self) -> None:
         await self._session.close()
 
-    async def _send(self, call: AdminCall[T]) -> T:
+    async def _send(self, call: AdminCall[T], *, changes: bool = False) -> T:
         """`call`'s value; a busy Restate is asked twice more, and anything else that goes
-        wrong is a `RestateError` whose reason the DurableAgent's conditions show."""
+        wrong is a `RestateError` whose reason the DurableAgent's conditions show. A call that
+        `changes` Restate is the guard's to refuse first."""
+        if changes and self._guard is not None:
+            self._guard(f"{call.method} {call.path}")
 
         async def send(base: str) -> tuple[int, float | None, Any]:
             status, headers, raw = await self._session.fetch(
@@ -111,10 +118,10 @@ class RestateAdmin:
 
     async def register(self, uri: str, metadata: dict[str, str]) -> str:
         """Register (or re-discover, for a rollback) the version at `uri`; its deployment id."""
-        return await self._send(admin.register(uri, metadata=metadata))
+        return await self._send(admin.register(uri, metadata=metadata), changes=True)
 
     async def unregister(self, deployment_id: str) -> None:
-        await self._send(admin.unregister(deployment_id))
+        await self._send(admin.unregister(deployment_id), changes=True)
 
     async def deployments(self) -> list[dict[str, Any]]:
         return await self._send(admin.deployments())
@@ -134,7 +141,7 @@ class RestateAdmin:
             names = ", ".join(f"'{name}'" for name in services)
             rows += await self.query(UNPINNED_PAUSED_SQL.format(names))
         for row in rows:
-            await self._send(admin.resume(str(row["id"])))
+            await self._send(admin.resume(str(row["id"])), changes=True)
         return len(rows)
 
 

@@ -11,9 +11,12 @@ control test shows that standalone replicas do just that).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -101,6 +104,32 @@ class Acting(threading.Thread):
         self.join(timeout=10)
 
 
+@contextlib.contextmanager
+def peered_a_then_b(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> Iterator[tuple[Acting, OperatorProcess, OperatorProcess]]:
+    """Replicas a, then b, sharing the peering object, sampled by an `Acting` while in the
+    block: both keep a record, and the older one, a, leads."""
+    with_secrets(cluster)
+    cluster.create_peering(PEERING)
+    acting = Acting(cluster, restate)
+    acting.start()
+    try:
+        a = run_operator(log="a.log", POD_ID="replica-a", **PEERED)
+        b = run_operator(log="b.log", POD_ID="replica-b", **PEERED)
+        acting.add("a", a)
+        acting.add("b", b)
+        wait_for(
+            lambda: set(cluster.peers(PEERING)) == {"replica-a", "replica-b"},
+            timeout=30,
+            what="both replicas' keep-alive records",
+        )
+        wait_for(lambda: RESUMED in a.process.log_tail(200_000), timeout=30, what="a to lead")
+        yield acting, a, b
+    finally:
+        acting.stop()
+
+
 def registered_events(cluster: Cluster, digest: str) -> int:
     return sum(
         1
@@ -134,22 +163,7 @@ def kill_and_time_takeover(
 def test_one_replica_acts_and_another_takes_over_a_rollout_when_it_is_killed(
     cluster: Cluster, restate: Restate, run_operator: OperatorFactory, peering_crds: None
 ) -> None:
-    with_secrets(cluster)
-    cluster.create_peering(PEERING)
-    acting = Acting(cluster, restate)
-    acting.start()
-    try:
-        a = run_operator(log="a.log", POD_ID="replica-a", **PEERED)
-        b = run_operator(log="b.log", POD_ID="replica-b", **PEERED)
-        acting.add("a", a)
-        acting.add("b", b)
-        # Both keep a record; the older one, a, leads and b waits.
-        wait_for(
-            lambda: set(cluster.peers(PEERING)) == {"replica-a", "replica-b"},
-            timeout=30,
-            what="both replicas' keep-alive records",
-        )
-        wait_for(lambda: RESUMED in a.process.log_tail(200_000), timeout=30, what="a to lead")
+    with peered_a_then_b(cluster, restate, run_operator) as (acting, a, b):
         peers = cluster.peers(PEERING)
         assert peers["replica-a"]["priority"] > peers["replica-b"]["priority"]
 
@@ -200,8 +214,6 @@ def test_one_replica_acts_and_another_takes_over_a_rollout_when_it_is_killed(
             timeout=60,
             what="v1 retired",
         )
-    finally:
-        acting.stop()
 
     # Converged: v2 active, v1 drained, unregistered and deleted; nothing half-drained.
     status = cluster.status(AGENT)
@@ -257,6 +269,49 @@ def test_a_replica_paused_after_it_acted_steps_down(
     cluster.apply_agent(manifest(system="v2"))
     wait_for(lambda: (x := active(cluster)) not in (None, v1) and x, timeout=60, what="v2")
     assert c.process.alive()
+
+
+def test_a_leader_that_stalled_past_its_lease_steps_down_and_its_heir_keeps_the_lead(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, peering_crds: None
+) -> None:
+    """The leader is stopped (SIGSTOP: a stall, a frozen VM) until the standby has led a
+    rollout it knows nothing of, then continued. It is the older one, so kopf alone would give
+    it the lead back and make the heir step down; its lease has lapsed, so it sends no
+    keep-alive and no write, and steps down itself, and the heir goes on leading."""
+    with peered_a_then_b(cluster, restate, run_operator) as (acting, a, b):
+        cluster.apply_agent(manifest(system="v1"))
+        v1 = wait_for(lambda: active(cluster), timeout=60, what="v1 active")
+        wait_for(lambda: acting.first_acted("a"), timeout=10, what="a seen acting")
+
+        a.process.signal(signal.SIGSTOP)
+        try:
+            # b acts once a's record has expired: a's stall has outlasted its lease by then.
+            wait_for(
+                lambda: acting.first_acted("b"),
+                timeout=TAKEOVER_BOUND + 30,
+                what="b to take over from the stalled a",
+            )
+            # b rolls out v2, which a never saw.
+            cluster.apply_agent(manifest(system="v2"))
+            v2 = wait_for(lambda: (x := active(cluster)) != v1 and x, timeout=60, what="v2")
+        finally:
+            a.process.signal(signal.SIGCONT)
+        continued = time.monotonic()
+
+        wait_for(lambda: not a.process.alive(), timeout=40, what="a to step down and exit")
+        print(f"\nthe stalled leader exited {time.monotonic() - continued:.1f} s after SIGCONT")
+        log_a = a.process.log_tail(200_000)
+        assert "this replica's lease lapsed" in log_a, log_a[-3000:]
+        # Its record went with it, and b never saw a live record above its own again.
+        wait_for(lambda: set(cluster.peers(PEERING)) == {"replica-b"}, timeout=10, what="a gone")
+        assert b.process.alive()
+        log_b = b.process.log_tail(200_000)
+        assert "this replica exits" not in log_b and "Pausing operations" not in log_b
+        # b still leads: the next spec change rolls out.
+        cluster.apply_agent(manifest(system="v3"))
+        wait_for(lambda: active(cluster) not in (None, v1, v2), timeout=60, what="v3 by b")
+    # Nothing registered twice while both lived.
+    assert all(len(ids) == 1 for ids in acting.ids.values()), dict(acting.ids)
 
 
 def test_a_replica_waits_for_its_peering_object(
