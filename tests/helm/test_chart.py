@@ -204,11 +204,22 @@ def test_watched_namespaces_get_role_bindings_only(helm_bin: Path) -> None:
     assert env["TETHER_NAMESPACES"] == "team-a,team-b"
 
 
-def rbac_rules(without: str) -> list[dict[str, Any]]:
-    """operator/rbac/clusterrole.yaml's rules but the one for the peering kind `without`."""
+def rbac_rules(without: str, peering: str = "t-operator") -> list[dict[str, Any]]:
+    """operator/rbac/clusterrole.yaml's rules but the one for the peering kind `without`, and
+    the other peering kind's patch limited to the object named `peering`."""
     source = yaml.safe_load((REPO / "operator" / "rbac" / "clusterrole.yaml").read_text())
-    rules: list[dict[str, Any]] = [r for r in source["rules"] if without not in r["resources"]]
-    assert len(rules) == len(source["rules"]) - 1
+    rules: list[dict[str, Any]] = []
+    for rule in source["rules"]:
+        if without in rule["resources"]:
+            continue
+        if rule["apiGroups"] == ["kopf.dev"]:
+            assert "patch" in rule["verbs"]
+            read = [verb for verb in rule["verbs"] if verb != "patch"]
+            rules.append({**rule, "verbs": read})
+            rules.append({**rule, "resourceNames": [peering], "verbs": ["patch"]})
+            continue
+        rules.append(rule)
+    assert len(rules) == len(source["rules"])
     return rules
 
 

@@ -107,11 +107,14 @@ def test_install_upgrade_uninstall(
     # Peering: its KopfPeering in the watched namespace, listed, watched and patched only.
     peering = ["-n", namespace, "get", "kopfpeering", operator, "-o", "name"]
     assert kube.kubectl(*peering).stdout.strip() == f"kopfpeering.kopf.dev/{operator}"
-    for verb in ("list", "watch", "patch"):
+    for verb in ("list", "watch"):
         assert can(kube, account, verb, "kopfpeerings.kopf.dev", namespace)
     for verb in ("get", "create", "delete"):
         assert not can(kube, account, verb, "kopfpeerings.kopf.dev", namespace)
-    assert not can(kube, account, "patch", "kopfpeerings.kopf.dev", "default")
+    assert can(kube, account, "patch", f"kopfpeerings.kopf.dev/{operator}", namespace)
+    # Not another operator's (kopf's priority 100 in one would pause every replica of it).
+    assert not can(kube, account, "patch", "kopfpeerings.kopf.dev/other-operator", namespace)
+    assert not can(kube, account, "patch", f"kopfpeerings.kopf.dev/{operator}", "default")
     assert not can(kube, account, "patch", "clusterkopfpeerings.kopf.dev", namespace)
 
     # Watching all namespaces is one value away; Restate's signing key stays what it was (the
@@ -126,8 +129,9 @@ def test_install_upgrade_uninstall(
     assert not can(kube, account, "list", "secrets", "default")
     # Cluster-wide, the replicas peer through the release's ClusterKopfPeering instead.
     assert kube.kubectl("get", "clusterkopfpeering", operator, "-o", "name").returncode == 0
-    assert can(kube, account, "patch", "clusterkopfpeerings.kopf.dev", namespace)
-    assert not can(kube, account, "patch", "kopfpeerings.kopf.dev", "default")
+    assert can(kube, account, "patch", f"clusterkopfpeerings.kopf.dev/{operator}", namespace)
+    assert not can(kube, account, "patch", "clusterkopfpeerings.kopf.dev/other-operator", namespace)
+    assert not can(kube, account, "patch", f"kopfpeerings.kopf.dev/{operator}", "default")
 
     # Uninstalling removes the platform but keeps the CRD (and so every DurableAgent).
     helm(helm_bin, "uninstall", release, "-n", namespace, "--wait", env=env)
