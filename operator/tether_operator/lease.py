@@ -19,8 +19,9 @@ window to that one write, as a lease without fencing tokens can.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import kopf
 
@@ -62,17 +63,23 @@ class Lease:
         since = now - self._renewed
         return since if since > self.lifetime - MARGIN else None
 
-    def renewing(self) -> float | None:
-        """Before a keep-alive: the time it starts, to pass to `renewed` once it went through;
-        None (and the replica steps down) when the lease has lapsed, so it must not be sent."""
-        now = self.clock()
-        since = self.lapsed_for(now)
+    async def renew(self, send: Callable[[], Awaitable[None]]) -> None:
+        """Send a keep-alive (`send`) unless the lease has lapsed, and count it once it went
+        through. One still going when the lease lapses is cancelled: landing later, its record
+        (stamped when it was made) could come back to life after the others took it for dead
+        and one of them led. Either way the replica then steps down."""
+        started = self.clock()
+        since = self.lapsed_for(started)
         if since is not None:
             self._on_lapse(lapsed(since))
-            return None
-        return now
-
-    def renewed(self, started: float) -> None:
+            return
+        assert self.lifetime is not None
+        left = None if self._renewed is None else self._renewed + self.lifetime - MARGIN - started
+        try:
+            await asyncio.wait_for(send(), timeout=left)
+        except TimeoutError:
+            self._on_lapse(lapsed(self.clock() - (self._renewed or started)))
+            return
         self._renewed = started
 
     def check(self, what: str) -> None:

@@ -100,19 +100,15 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> bool:
 
 def _renew_through_the_lease() -> None:
     """Route kopf's keep-alives (`touch`, which its peering engine looks up at each call) through
-    `LEASE`: a lapsed lease sends none, and each one that goes through renews it. kopf is
-    pinned to a minor version (pyproject.toml) for this hook."""
+    `LEASE.renew`: a lapsed lease sends none, and each one that goes through in time renews it.
+    kopf is pinned to a minor version (pyproject.toml) for this hook."""
     touch = getattr(kopf_peering, "_tether_kopf_touch", kopf_peering.touch)
 
     async def renewing_touch(*, lifetime: int | None = None, **kwargs: Any) -> None:
         if lifetime == 0:  # removing its record, as it stops
             await touch(lifetime=lifetime, **kwargs)
             return
-        started = LEASE.renewing()
-        if started is None:
-            return
-        await touch(lifetime=lifetime, **kwargs)
-        LEASE.renewed(started)
+        await LEASE.renew(lambda: touch(lifetime=lifetime, **kwargs))
 
     kopf_peering._tether_kopf_touch = touch  # type: ignore[attr-defined]
     kopf_peering.touch = renewing_touch

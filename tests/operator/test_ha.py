@@ -11,16 +11,22 @@ control test shows that standalone replicas do just that).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
 import time
+import urllib.parse
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
+from tests.kube.controlplane import ControlPlane
+from tests.operator.local_proxy import Gate
 from tests.operator.op_harness import (
     REPO,
     Cluster,
@@ -32,6 +38,7 @@ from tests.operator.op_harness import (
 )
 from tests.operator.test_children import AGENT, manifest, with_secrets
 from tests.operator.test_rollout import active, state_of
+from tether.programs.restate_server import free_port
 
 PEERING = "tether-operator"
 #: The chart's lifetime of a replica's peering record: the takeover measured is the chart's.
@@ -106,16 +113,16 @@ class Acting(threading.Thread):
 
 @contextlib.contextmanager
 def peered_a_then_b(
-    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, **a_env: str
 ) -> Iterator[tuple[Acting, OperatorProcess, OperatorProcess]]:
-    """Replicas a, then b, sharing the peering object, sampled by an `Acting` while in the
-    block: both keep a record, and the older one, a, leads."""
+    """Replicas a (with `a_env` too), then b, sharing the peering object, sampled by an
+    `Acting` while in the block: both keep a record, and the older one, a, leads."""
     with_secrets(cluster)
     cluster.create_peering(PEERING)
     acting = Acting(cluster, restate)
     acting.start()
     try:
-        a = run_operator(log="a.log", POD_ID="replica-a", **PEERED)
+        a = run_operator(log="a.log", POD_ID="replica-a", **PEERED, **a_env)
         b = run_operator(log="b.log", POD_ID="replica-b", **PEERED)
         acting.add("a", a)
         acting.add("b", b)
@@ -271,45 +278,104 @@ def test_a_replica_paused_after_it_acted_steps_down(
     assert c.process.alive()
 
 
-def test_a_leader_that_stalled_past_its_lease_steps_down_and_its_heir_keeps_the_lead(
-    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, peering_crds: None
+class ApiGate:
+    """The API server's port behind a gate of our own, which `cut` closes (open connections are
+    dropped, new ones refused) and `restore` opens again: a replica cut off from the API server
+    while everything else still reaches it."""
+
+    def __init__(self, kube_cluster: ControlPlane, directory: Path) -> None:
+        config = yaml.safe_load(kube_cluster.kubeconfig.read_text())
+        server = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
+        assert server.port is not None
+        self.gate = Gate(free_port(), server.port)
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{self.gate.port}"
+        self.kubeconfig = directory / "gated-kubeconfig"
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="api-gate", daemon=True).start()
+        self.restore()
+
+    def _do(self, step: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(step, self.loop).result(timeout=10)
+
+    def cut(self) -> None:
+        self._do(self.gate.close())
+
+    def restore(self) -> None:
+        self._do(self.gate.open())
+
+    def close(self) -> None:
+        self.cut()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.mark.parametrize("loss", ["stalled", "cut off from the API server"])
+def test_a_leader_that_lost_its_lease_steps_down_and_its_heir_keeps_the_lead(
+    loss: str,
+    kube_cluster: ControlPlane,
+    cluster: Cluster,
+    restate: Restate,
+    run_operator: OperatorFactory,
+    peering_crds: None,
+    tmp_path: Path,
 ) -> None:
-    """The leader is stopped (SIGSTOP: a stall, a frozen VM) until the standby has led a
-    rollout it knows nothing of, then continued. It is the older one, so kopf alone would give
-    it the lead back and make the heir step down; its lease has lapsed, so it sends no
-    keep-alive and no write, and steps down itself, and the heir goes on leading."""
-    with peered_a_then_b(cluster, restate, run_operator) as (acting, a, b):
-        cluster.apply_agent(manifest(system="v1"))
-        v1 = wait_for(lambda: active(cluster), timeout=60, what="v1 active")
-        wait_for(lambda: acting.first_acted("a"), timeout=10, what="a seen acting")
+    """The leader is lost until the standby has led a rollout it knows nothing of, then comes
+    back: stopped (SIGSTOP: a stall, a frozen VM) and continued, or its connections to the API
+    server cut and restored. It is the older one, so kopf alone would give it the lead back and
+    make the heir step down; its lease has lapsed, so it sends no keep-alive and no write, and
+    steps down itself, and the heir goes on leading."""
+    gate = ApiGate(kube_cluster, tmp_path) if loss != "stalled" else None
+    a_env = {"KUBECONFIG": str(gate.kubeconfig)} if gate else {}
+    try:
+        with peered_a_then_b(cluster, restate, run_operator, **a_env) as (acting, a, b):
+            cluster.apply_agent(manifest(system="v1"))
+            v1 = wait_for(lambda: active(cluster), timeout=60, what="v1 active")
+            wait_for(lambda: acting.first_acted("a"), timeout=10, what="a seen acting")
 
-        a.process.signal(signal.SIGSTOP)
-        try:
-            # b acts once a's record has expired: a's stall has outlasted its lease by then.
+            if gate:
+                gate.cut()
+            else:
+                a.process.signal(signal.SIGSTOP)
+            try:
+                # b acts once a's record has expired: a's loss has outlasted its lease by then.
+                wait_for(
+                    lambda: acting.first_acted("b"),
+                    timeout=TAKEOVER_BOUND + 30,
+                    what="b to take over from a",
+                )
+                # b rolls out v2, which a never saw.
+                cluster.apply_agent(manifest(system="v2"))
+                v2 = wait_for(lambda: (x := active(cluster)) != v1 and x, timeout=60, what="v2")
+            finally:
+                if gate:
+                    gate.restore()
+                else:
+                    a.process.signal(signal.SIGCONT)
+            back = time.monotonic()
+
+            wait_for(lambda: not a.process.alive(), timeout=60, what="a to step down and exit")
+            took = time.monotonic() - back
+            print(f"\n{loss}: the old leader exited {took:.1f} s after it came back")
+            log_a = a.process.log_tail(200_000)
+            assert "this replica's lease lapsed" in log_a, log_a[-3000:]
+            # Its record went with it (or is stale), and b never saw a live one above its own.
             wait_for(
-                lambda: acting.first_acted("b"),
-                timeout=TAKEOVER_BOUND + 30,
-                what="b to take over from the stalled a",
+                lambda: (
+                    "replica-a" not in cluster.peers(PEERING)
+                    or seconds_fresh(cluster.peers(PEERING)["replica-a"]) <= 0
+                ),
+                timeout=10,
+                what="a's record gone",
             )
-            # b rolls out v2, which a never saw.
-            cluster.apply_agent(manifest(system="v2"))
-            v2 = wait_for(lambda: (x := active(cluster)) != v1 and x, timeout=60, what="v2")
-        finally:
-            a.process.signal(signal.SIGCONT)
-        continued = time.monotonic()
-
-        wait_for(lambda: not a.process.alive(), timeout=40, what="a to step down and exit")
-        print(f"\nthe stalled leader exited {time.monotonic() - continued:.1f} s after SIGCONT")
-        log_a = a.process.log_tail(200_000)
-        assert "this replica's lease lapsed" in log_a, log_a[-3000:]
-        # Its record went with it, and b never saw a live record above its own again.
-        wait_for(lambda: set(cluster.peers(PEERING)) == {"replica-b"}, timeout=10, what="a gone")
-        assert b.process.alive()
-        log_b = b.process.log_tail(200_000)
-        assert "this replica exits" not in log_b and "Pausing operations" not in log_b
-        # b still leads: the next spec change rolls out.
-        cluster.apply_agent(manifest(system="v3"))
-        wait_for(lambda: active(cluster) not in (None, v1, v2), timeout=60, what="v3 by b")
+            assert b.process.alive()
+            log_b = b.process.log_tail(200_000)
+            assert "this replica exits" not in log_b and "Pausing operations" not in log_b
+            # b still leads: the next spec change rolls out.
+            cluster.apply_agent(manifest(system="v3"))
+            wait_for(lambda: active(cluster) not in (None, v1, v2), timeout=60, what="v3 by b")
+    finally:
+        if gate:
+            gate.close()
     # Nothing registered twice while both lived.
     assert all(len(ids) == 1 for ids in acting.ids.values()), dict(acting.ids)
 
