@@ -8,8 +8,8 @@ that around:
 
 - it counts from the start of each keep-alive that went through (`renewed`);
 - a keep-alive due more than `lifetime - MARGIN` seconds after the last one that went through is
-  not sent: the lead may have passed, so this replica steps down (`peering.step_down`) and the
-  one that led meanwhile goes on;
+  not sent, and one still going by then is cancelled: the lead may have passed, so this replica
+  steps down (`peering.step_down`) and the one that led meanwhile goes on;
 - no write to the cluster or to Restate leaves a replica whose lease has lapsed (`check`, before
   each one): it steps down instead.
 
