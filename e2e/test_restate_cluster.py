@@ -289,7 +289,8 @@ def lose_the_leader(p: Platform, report: Report) -> None:
     (victim_log,) = [log for log in logs if log.pod == victim]
     per_node = {log.pod: sum(1 for _, pod, _ in before.values() if pod == log.pod) for log in logs}
     report.fact("partitions led per node", per_node)
-    metadata_leader = max(logs, key=lambda log: log.metadata_leadership).pod
+    newest = max(logs, key=lambda log: log.metadata_leadership)
+    metadata_leader = newest.pod if newest.metadata_leadership else None  # none logged a win
     report.fact(
         "the lost node",
         f"{victim} ({victim_log.node_id}), leader of the run's partition {partition} (epoch "

@@ -319,7 +319,7 @@ def test_the_loopback_cluster_gives_up_on_a_lost_node_as_the_chart_does(helm_bin
     for text in texts:
         file = tomllib.loads(text)
         timeouts = {
-            f"RESTATE_{table}__{key}".upper().replace("-", "_"): value
+            config_variables({table: {key: value}})[0]: value
             for table in ("networking", "metadata-client")
             for key, value in file[table].items()
             if "timeout" in key or "keep-alive" in key
