@@ -14,7 +14,8 @@ that around:
   each one): it steps down instead.
 
 A write that passed `check` just before a stall can still land after it; the lease narrows the
-window to that one write, as a lease without fencing tokens can.
+window to that one write. Keep-alives themselves are fenced (`peering.fenced_keep_alive`): one
+that lands late, after another replica wrote to the peering object, is refused.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ margin between its keep-alives and their expiry (5 to 10 s) is taken for dead, a
 it lead again when it comes back (it is older) from a memory that misses what the other did. So
 each replica also holds a lease of its own keep-alives (`lease.py`): one whose keep-alives lapsed
 sends no more of them and no write, and steps down, and the replica that led meanwhile goes on.
+Its keep-alives are fenced by the object's `resourceVersion` (`fenced_keep_alive`), so one that
+lands late, after a network partition, cannot bring its record back to life.
 Every step is idempotent and re-checked against Restate and the cluster besides (registering a
 URL again keeps its deployment, unregistering or deleting what is gone is a no-op, a version is
 retired only on a fresh count of zero runs). The clocks of the nodes must agree (NTP): a
@@ -47,6 +49,8 @@ import time
 from typing import Any
 
 import kopf
+from kopf._cogs.clients import api as kopf_api
+from kopf._cogs.clients import errors as kopf_errors
 from kopf._core.engines import peering as kopf_peering
 
 from .kube import Kube, KubeError
@@ -100,18 +104,69 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> bool:
 
 def _renew_through_the_lease() -> None:
     """Route kopf's keep-alives (`touch`, which its peering engine looks up at each call) through
-    `LEASE.renew`: a lapsed lease sends none, and each one that goes through in time renews it.
-    kopf is pinned to a minor version (pyproject.toml) for this hook."""
+    `LEASE.renew`, fenced (`fenced_keep_alive`): a lapsed lease sends none, and each one that
+    goes through in time renews it. kopf is pinned to a minor version (pyproject.toml) for this
+    hook and the internals `fenced_keep_alive` uses."""
     touch = getattr(kopf_peering, "_tether_kopf_touch", kopf_peering.touch)
 
     async def renewing_touch(*, lifetime: int | None = None, **kwargs: Any) -> None:
         if lifetime == 0:  # removing its record, as it stops
             await touch(lifetime=lifetime, **kwargs)
             return
-        await LEASE.renew(lambda: touch(lifetime=lifetime, **kwargs))
+        await LEASE.renew(lambda: fenced_keep_alive(**kwargs))
 
     kopf_peering._tether_kopf_touch = touch  # type: ignore[attr-defined]
     kopf_peering.touch = renewing_touch
+
+
+async def fenced_keep_alive(
+    *,
+    identity: kopf_peering.Identity,
+    settings: kopf.OperatorSettings,
+    resource: Any,
+    namespace: str | None,
+) -> None:
+    """kopf's keep-alive (this replica's record, fresh), on the condition that the peering
+    object is still at the version read just before it.
+
+    The lease cancels a keep-alive still going when it lapses, but a request already written to
+    a connection the network has lost goes on: the kernel retransmits it, and it can land once the
+    network is back, bringing the record back to life after another replica took over (which then
+    steps down for it). A replica takes over only after it has written to the object itself (kopf
+    touches its own record once the leader's has expired, then removes the dead one), and this
+    keep-alive's read came before its lease lapsed, so before that expiry: landing late, it is
+    refused (409 Conflict). A conflict while the lease holds is another replica's keep-alive in
+    between: read again and retry."""
+    name = settings.peering.name
+    url = resource.get_url(namespace=namespace, name=name)
+    # Read by listing it: the operator may list its kind (RBAC), not get.
+    listing = resource.get_url(
+        namespace=namespace, params={"fieldSelector": f"metadata.name={name}"}
+    )
+    peer = kopf_peering.Peer(
+        identity=identity, priority=settings.peering.priority, lifetime=settings.peering.lifetime
+    )
+    while True:
+        try:
+            found = (await kopf_api.get(listing, settings=settings, logger=log))["items"]
+            if not found:
+                return  # as kopf's own: nothing to keep alive in
+            fence = found[0]["metadata"]["resourceVersion"]
+            await kopf_api.patch(
+                url,
+                settings=settings,
+                logger=log,
+                headers={"Content-Type": "application/merge-patch+json"},
+                payload={
+                    "metadata": {"resourceVersion": fence},
+                    "status": {identity: peer.as_dict()},
+                },
+            )
+            return
+        except kopf_errors.APIConflictError:
+            continue
+        except kopf_errors.APINotFoundError:
+            return  # as kopf's own: nothing to keep alive in
 
 
 def _path(namespace: str | None) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import subprocess
 import threading
 import time
 import urllib.parse
@@ -281,7 +282,10 @@ def test_a_replica_paused_after_it_acted_steps_down(
 class ApiGate:
     """The API server's port behind a gate of our own, which `cut` closes (open connections are
     dropped, new ones refused) and `restore` opens again: a replica cut off from the API server
-    while everything else still reaches it."""
+    while everything else still reaches it. `blackhole` drops every packet to and from the gate
+    instead (an iptables rule on loopback, root only): requests hang, nothing is refused, and the
+    kernel goes on retransmitting what was sent, so a request given up meanwhile can still land
+    once the rule goes."""
 
     def __init__(self, kube_cluster: ControlPlane, directory: Path) -> None:
         config = yaml.safe_load(kube_cluster.kubeconfig.read_text())
@@ -304,12 +308,31 @@ class ApiGate:
     def restore(self) -> None:
         self._do(self.gate.open())
 
+    @contextlib.contextmanager
+    def blackhole(self) -> Iterator[None]:
+        port = str(self.gate.port)
+        rules = [
+            ["INPUT", "-i", "lo", "-p", "tcp", "--dport", port, "-j", "DROP"],
+            ["INPUT", "-i", "lo", "-p", "tcp", "--sport", port, "-j", "DROP"],
+        ]
+        added = []
+        try:
+            for rule in rules:
+                subprocess.run(["iptables", "-I", *rule], check=True)
+                added.append(rule)
+            yield
+        finally:
+            for rule in added:
+                subprocess.run(["iptables", "-D", *rule], check=True)
+
     def close(self) -> None:
         self.cut()
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-@pytest.mark.parametrize("loss", ["stalled", "cut off from the API server"])
+@pytest.mark.parametrize(
+    "loss", ["stalled", "cut off from the API server", "blackholed from the API server"]
+)
 def test_a_leader_that_lost_its_lease_steps_down_and_its_heir_keeps_the_lead(
     loss: str,
     kube_cluster: ControlPlane,
@@ -320,10 +343,12 @@ def test_a_leader_that_lost_its_lease_steps_down_and_its_heir_keeps_the_lead(
     tmp_path: Path,
 ) -> None:
     """The leader is lost until the standby has led a rollout it knows nothing of, then comes
-    back: stopped (SIGSTOP: a stall, a frozen VM) and continued, or its connections to the API
-    server cut and restored. It is the older one, so kopf alone would give it the lead back and
-    make the heir step down; its lease has lapsed, so it sends no keep-alive and no write, and
-    steps down itself, and the heir goes on leading."""
+    back: stopped (SIGSTOP: a stall, a frozen VM) and continued, its connections to the API
+    server cut and restored, or its packets to it dropped and then let through (a blackhole: a
+    keep-alive given up meanwhile still lands, late). It is the older one, so kopf alone would
+    give it the lead back and make the heir step down; its lease has lapsed, so it sends no
+    keep-alive and no write, a late one is refused (`peering.fenced_keep_alive`), and it steps
+    down itself, and the heir goes on leading."""
     gate = ApiGate(kube_cluster, tmp_path) if loss != "stalled" else None
     a_env = {"KUBECONFIG": str(gate.kubeconfig)} if gate else {}
     try:
@@ -332,11 +357,17 @@ def test_a_leader_that_lost_its_lease_steps_down_and_its_heir_keeps_the_lead(
             v1 = wait_for(lambda: active(cluster), timeout=60, what="v1 active")
             wait_for(lambda: acting.first_acted("a"), timeout=10, what="a seen acting")
 
-            if gate:
+            lost = contextlib.ExitStack()
+            if loss.startswith("blackholed"):
+                assert gate is not None
+                lost.enter_context(gate.blackhole())
+            elif gate:
                 gate.cut()
+                lost.callback(gate.restore)
             else:
                 a.process.signal(signal.SIGSTOP)
-            try:
+                lost.callback(a.process.signal, signal.SIGCONT)
+            with lost:
                 # b acts once a's record has expired: a's loss has outlasted its lease by then.
                 wait_for(
                     lambda: acting.first_acted("b"),
@@ -346,11 +377,6 @@ def test_a_leader_that_lost_its_lease_steps_down_and_its_heir_keeps_the_lead(
                 # b rolls out v2, which a never saw.
                 cluster.apply_agent(manifest(system="v2"))
                 v2 = wait_for(lambda: (x := active(cluster)) != v1 and x, timeout=60, what="v2")
-            finally:
-                if gate:
-                    gate.restore()
-                else:
-                    a.process.signal(signal.SIGCONT)
             back = time.monotonic()
 
             wait_for(lambda: not a.process.alive(), timeout=60, what="a to step down and exit")
