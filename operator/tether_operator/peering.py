@@ -51,6 +51,7 @@ from typing import Any
 import kopf
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
+from kopf._cogs.structs import references as kopf_references
 from kopf._core.engines import peering as kopf_peering
 
 from .kube import Kube, KubeError
@@ -123,8 +124,8 @@ async def fenced_keep_alive(
     *,
     identity: kopf_peering.Identity,
     settings: kopf.OperatorSettings,
-    resource: Any,
-    namespace: str | None,
+    resource: kopf_references.Resource,
+    namespace: kopf_references.Namespace,
 ) -> None:
     """kopf's keep-alive (this replica's record, fresh), on the condition that the peering
     object is still at the version read just before it.

@@ -49,7 +49,7 @@ async def keep_alive_of_a(kube_cluster: ControlPlane, namespace: str) -> None:
             identity=kopf_peering.Identity("replica-a"),
             settings=settings,
             resource=KOPF_PEERINGS,
-            namespace=namespace,
+            namespace=references.NamespaceName(namespace),
         )
     finally:
         await vault.close()
