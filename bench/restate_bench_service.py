@@ -4,7 +4,8 @@
 - `BenchAgent/<key>/run` (`{"turns": t, "unsafe": false}`): ours, a scripted agent on
   `restate_runtime` whose every turn but the last calls one tool: a model and a tool step per
   turn (and the tool's intent when `unsafe`), the final answer's model step (its time is the
-  run's end).
+  run's end). `"checkpoint_every_ms": 0` stores each turn before the next model call, as a
+  slow model's turns are.
 - `BenchRaw/<key>/park` and `BenchAgent/<key>/park`: the same work, then an awakeable. Its id is
   written to the file named in the request (by one journaled step); the handler waits on it.
   Both park handlers have a 1 s inactivity timeout, so the invocation suspends soon after it
@@ -132,9 +133,9 @@ agent_object = restate.VirtualObject("BenchAgent")
 
 
 async def agent_steps(
-    ctx: restate.ObjectContext, turns: int, unsafe: bool = False
+    ctx: restate.ObjectContext, turns: int, unsafe: bool = False, **options: Any
 ) -> dict[str, Any]:
-    durable = restate_runtime(ctx, id_seed=ctx.key())
+    durable = restate_runtime(ctx, id_seed=ctx.key(), **options)
     await run_scripted_agent(durable, ctx.key(), turns, unsafe)
     return {
         "steps": durable.counters.live.total() + durable.counters.replayed.total(),
@@ -145,7 +146,8 @@ async def agent_steps(
 
 @agent_object.handler()
 async def run(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]:
-    return await agent_steps(ctx, int(req["turns"]), bool(req.get("unsafe")))
+    options = {k: req[k] for k in ("checkpoint_every_ms",) if k in req}
+    return await agent_steps(ctx, int(req["turns"]), bool(req.get("unsafe")), **options)
 
 
 @agent_object.handler(name="park", inactivity_timeout=PARK_INACTIVITY)

@@ -17,6 +17,10 @@ do), then measures, alternating ours and the floor in every repetition:
     the resumed attempt's time in its handler (the replay: the SDK hands the handler nothing
     before it has received the whole journal) and the rest (Restate reading and sending the
     journal, the worker receiving and decoding it, the answer).
+(c) a run of `--tool-turns` tool turns (safe, then unsafe) against the floor's raw steps, and
+    the journal entries of each.
+(d) the journal entries per tool turn when each turn is stored before the next model call, as a
+    slow model's turns are (the state writes of quick turns go together at the run's end).
 
 Times are wall-clock at the client (a call through the ingress, or resolve -> attach result);
 the fixed cost of a call is the same on both sides. Medians of `--repeat` repetitions.
@@ -237,6 +241,19 @@ def measure_tool_turns(
     }
 
 
+def entries_per_stored_turn(server: RestateServer, *, unsafe: bool) -> float:
+    """Journal entries per tool turn of a run that stores each turn before its next model call
+    (`checkpoint_every_ms=0`, as a slow model's turns are): the difference between runs of 21
+    and 11 turns, over 10, so what a run journals once is left out."""
+    counts = []
+    for turns in (11, 21):
+        k = key("stored")
+        payload = {"turns": turns, "unsafe": unsafe, "checkpoint_every_ms": 0}
+        timed_call(server, f"BenchAgent/{k}/run", payload)
+        counts.append(journal_entries(server, f"BenchAgent/{k}/run"))
+    return (counts[1] - counts[0]) / 10
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="journaled steps per run in (a)")
@@ -290,6 +307,13 @@ def main() -> None:
                     f"      ratios {', '.join(f'{r:.2f}' for r in c['ratios'])}; journal entries "
                     f"per run: ours {c['ours_entries']} ({per_turn:.1f} per turn), floor "
                     f"{c['raw_entries']}"
+                )
+            for unsafe in (True, False):
+                floor = 6 if unsafe else 4  # a command and its completion per step
+                print(
+                    f"  (d) journal entries per {'unsafe' if unsafe else 'safe'} tool turn when "
+                    f"each turn is stored before the next model call (a slow model's): "
+                    f"{entries_per_stored_turn(server, unsafe=unsafe):.1f} (floor {floor})"
                 )
 
 

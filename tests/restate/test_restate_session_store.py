@@ -17,6 +17,7 @@ from tether.agent.compaction import ContextCovered, compact_tail
 from tether.messages import Role, ToolUseBlock, text_block, tool_result
 from tether.restate.chain import PER_SEGMENT, READ_AHEAD, SEGMENT_BYTES, Chain, Values
 from tether.restate.events import RestateEventLog, read_events
+from tether.restate.keys import HEAD
 from tether.restate.session import (
     COUNTING_UP,
     LAYOUT,
@@ -67,9 +68,20 @@ def segment(prefix: str, k: int) -> str:
     return Chain(Values(ObjectState()), prefix).segment_key(k)  # type: ignore[arg-type]
 
 
+def stored(ctx: ObjectState, key: str) -> Any:
+    """What `key` holds: in the head (`keys.HEAD`), or under its own key; parts joined."""
+    name = HEAD[0] if key in HEAD else key
+    data = ctx.state[name]
+    if data.startswith(b'{"__parts__":'):
+        count = jsoncodec.loads(data)["__parts__"]
+        data = b"".join(ctx.state[f"{name}:{i}"] for i in range(count))
+    value = jsoncodec.loads(data)
+    return value["__head__"][key] if key in HEAD else value
+
+
 def assert_no_stray_parts(ctx: ObjectState) -> None:
     """Every split value has exactly its parts, and no part outlives its value."""
-    parts = {k for k in ctx.state if re.fullmatch(r".+(tail|seg:\d+):\d+", k)}
+    parts = {k for k in ctx.state if re.fullmatch(r".+(tail|seg:\d+|session):\d+", k)}
     wanted = set()
     for key, value in ctx.state.items():
         if value.startswith(b'{"__parts__":'):
@@ -119,9 +131,9 @@ async def test_turns_go_to_segments_and_a_tail_and_load_back_in_order() -> None:
         assert again.turns == session.turns
     segments = sorted(k for k in ctx.state if k.startswith(SEGMENT_KEY))
     assert segments == sorted(segment(TURNS, k) for k in range(n // S))
-    assert jsoncodec.loads(ctx.state[TAIL_KEY])["first"] == n // S * S
+    assert stored(ctx, TAIL_KEY)["first"] == n // S * S
     assert not [k for k in ctx.state if k.startswith(("tether:turn:", "tether:turns:"))]
-    assert jsoncodec.loads(ctx.state[META_KEY])["layout"] == LAYOUT
+    assert stored(ctx, META_KEY)["layout"] == LAYOUT
 
 
 async def test_a_load_reads_the_segments_at_once_and_never_lists_the_keys() -> None:
@@ -131,8 +143,8 @@ async def test_a_load_reads_the_segments_at_once_and_never_lists_the_keys() -> N
     ctx.gets = ctx.listings = 0
     again = await reloaded(ctx)
     assert len(again.turns) == 5000
-    # meta; the turns' tail and every segment; the runs' tail
-    assert ctx.gets == 1 + 1 + 5000 // S + 1
+    # the head (the meta and the tails), then every segment
+    assert ctx.gets == 1 + 5000 // S
     assert ctx.listings == 0
 
 
@@ -147,8 +159,8 @@ async def test_a_load_from_the_end_reads_only_what_is_enough_and_counts_the_rest
         await session.append_turns([turn(5 * r + i) for i in range(5)])
     ctx.gets = 0
     newest = await load_session(store(ctx), "s1", enough=lambda turns: len(turns) >= 30)
-    # the meta and the tails, then segments back from the tail a few at a time
-    assert newest is not None and ctx.gets == 3 + READ_AHEAD
+    # the head, then segments back from the tail a few at a time
+    assert newest is not None and ctx.gets == 1 + READ_AHEAD
     assert 30 <= len(newest.turns) < 30 + S and newest.turns == session.turns[-len(newest.turns) :]
     assert newest.earlier.turns == 200 - len(newest.turns)
     assert newest.turn_count == 200
@@ -203,7 +215,7 @@ async def test_values_over_budget_are_split_and_a_large_turn_seals_its_segment()
     session = await new_session(ctx, max_value_bytes=256)
     big = [turn(i, "x" * (300 + i)) for i in range(S + 3)]
     await session.append_turns(big[:1])
-    assert f"{TAIL_KEY}:1" in ctx.state  # the tail split over parts
+    assert f"{META_KEY}:1" in ctx.state  # the head (with the tail) split over parts
     assert (await reloaded(ctx, max_value_bytes=256)).turns == big[:1]
     await session.append_turns(big[1:])
     assert all(len(value) <= 256 for value in ctx.state.values())
@@ -254,7 +266,7 @@ async def test_run_records_are_a_sequence_too_and_are_rewritten_where_they_are()
     assert again.runs[0].decisions == [{"call": "c1", "decision": "approved"}]
     assert {r.status for r in again.runs[1:]} == {"completed"}
     assert segment(RUNS, 1) in ctx.state and segment(RUNS, 2) not in ctx.state
-    meta = jsoncodec.loads(ctx.state[META_KEY])
+    meta = stored(ctx, META_KEY)
     assert meta.keys() == {"id", "created_at", "metadata", "layout"}  # no list of run ids
     parent.status = "completed"
     await again.save_run(parent)
@@ -267,10 +279,11 @@ async def test_a_value_written_again_smaller_leaves_no_parts_behind() -> None:
     session = await new_session(ctx, max_value_bytes=256)
     run = SessionRun(id="r", status="running", started_at=0.0, prompt="p" * 600)
     await session.save_run(run)
-    assert f"{RUNS}tail:2" in ctx.state
+    assert f"{META_KEY}:2" in ctx.state  # the head, with the runs' tail
     run.prompt = "short"
     await session.save_run(run)
-    assert [k for k in ctx.state if k.startswith(RUNS)] == [f"{RUNS}tail"]
+    assert f"{META_KEY}:2" not in ctx.state and not [k for k in ctx.state if k.startswith(RUNS)]
+    assert_no_stray_parts(ctx)
     # a healed transcript moves a large turn out of a sealed segment, which gets smaller
     turns = [turn(i) for i in range(S + 2)]
     turns[S - 4].role, turns[S - 3].role = "assistant", "assistant"
@@ -320,7 +333,7 @@ async def test_a_session_of_the_older_layout_loads_and_moves_to_segments_on_its_
     await session.save_run(SessionRun(id="r2", status="running", started_at=2.0))
     await session.append_turns([turn(S + 5)])
     assert not [k for k in ctx.state if k.startswith(("tether:turn:", "tether:run:"))]
-    assert jsoncodec.loads(ctx.state[META_KEY]) == {
+    assert stored(ctx, META_KEY) == {
         "id": "s1",
         "created_at": 1.0,
         "metadata": {},
@@ -359,7 +372,7 @@ async def test_a_session_of_layout_2_loads_and_moves_on_its_next_write() -> None
     await session.append_turns([turn(len(turns))])
     assert not [k for k in ctx.state if k.startswith(("tether:turns:", "tether:turn-slot:"))]
     assert not [k for k in ctx.state if k.startswith(("tether:runs:", "tether:run-slot:"))]
-    assert jsoncodec.loads(ctx.state[META_KEY])["layout"] == LAYOUT
+    assert stored(ctx, META_KEY)["layout"] == LAYOUT
     again = await reloaded(ctx)
     assert again.turns == [*turns, turn(len(turns))] and again.runs == runs
 
@@ -378,14 +391,72 @@ async def test_a_session_of_layout_3_loads_and_moves_on_its_next_write() -> None
     assert session.turns == turns and session.runs == runs
     await session.append_turns([turn(len(turns))])
     assert not [k for k in ctx.state if k.startswith(COUNTING_UP)]
-    assert jsoncodec.loads(ctx.state[META_KEY])["layout"] == LAYOUT
+    assert stored(ctx, META_KEY)["layout"] == LAYOUT
     again = await reloaded(ctx)
     assert again.turns == [*turns, turn(len(turns))] and again.runs == runs
 
 
+def tail_value(records: list[Any]) -> bytes:
+    return jsoncodec.dumps({"n": 0, "first": 0, "marked": 0, "v": records})
+
+
+async def test_tails_under_keys_of_their_own_move_into_the_head_on_the_next_write() -> None:
+    """Before the head, the meta and each tail had a key of their own (split over parts when
+    large): read from there, they move into the head when it is next written, and their keys
+    go. The keys are listed once, to read only the tails that are there."""
+    turns = [turn(i, "x" * 200) for i in range(3)]
+    runs = [SessionRun(id="r0", status="completed", started_at=0.0)]
+    events = [{"type": "x", "id": str(i + 1)} for i in range(3)]
+    meta = {"id": "s1", "created_at": 1.0, "metadata": {}, "layout": LAYOUT}
+    split = tail_value([t.to_json() for t in turns])
+    ctx = ObjectState(
+        {
+            META_KEY: jsoncodec.dumps(meta),
+            TAIL_KEY: jsoncodec.dumps({"__parts__": 2}),
+            f"{TAIL_KEY}:0": split[:400],
+            f"{TAIL_KEY}:1": split[400:],
+            f"{RUNS}tail": tail_value([r.to_json() for r in runs]),
+            "tether:events/tail": tail_value(events),
+        }
+    )
+    values = Values(ctx)  # type: ignore[arg-type]
+    log = RestateEventLog(ctx, values=values)  # type: ignore[arg-type]
+    session = await load_session(RestateSessionStore(ctx, clock=clock, values=values), "s1")  # type: ignore[arg-type]
+    assert session is not None and session.turns == turns and session.runs == runs
+    assert ctx.listings == 1
+    await session.append_turns([turn(3)])
+    await log.append("s1", [{"type": "y"}])
+    assert log.position == 4 and set(ctx.state) == {META_KEY}
+    assert stored(ctx, META_KEY) == meta
+    ctx.gets = ctx.listings = 0
+    again = await reloaded(ctx)
+    assert again.turns == [*turns, turn(3)] and again.runs == runs
+    assert (ctx.gets, ctx.listings) == (1, 0)  # the head alone
+    assert [e["type"] for e in await read_events(ctx, Cursor(0))] == ["x", "x", "x", "y"]
+
+
+async def test_a_new_session_reads_the_state_once_and_a_checkpoint_writes_it_once() -> None:
+    ctx = CountedWrites()
+    values = Values(ctx)  # type: ignore[arg-type]
+    values.hold()
+    sessions = RestateSessionStore(ctx, clock=clock, values=values)  # type: ignore[arg-type]
+    log = RestateEventLog(ctx, values=values)  # type: ignore[arg-type]
+    assert await load_session(sessions, "s1") is None
+    session = await create_session(id="s1", store=sessions)
+    await session.append_turns([turn(0)])
+    await session.save_run(SessionRun(id="r0", status="running", started_at=0.0))
+    await log.append("s1", [{"type": "run_started"}])
+    assert (ctx.gets, ctx.listings) == (1, 1)  # the head (none yet), and the keys (none)
+    values.flush()
+    assert [key for key, _ in ctx.writes] == [META_KEY]
+    assert stored(ctx, TAIL_KEY)["v"] == [turn(0).to_json()]
+    assert stored(ctx, "tether:events/tail")["v"] == [{"type": "run_started", "id": "1"}]
+
+
 async def test_keys_sort_as_restate_sends_them_the_hot_ones_first() -> None:
-    """Restate sends eager state shortest key first, then in byte order: the meta and the tails,
-    then the turns' segments newest first, then the events', then the run records'."""
+    """Restate sends eager state shortest key first, then in byte order: the head (the meta and
+    the tails), then the turns' segments newest first, then the events', then the run
+    records'."""
     ctx = ObjectState()
     session = await new_session(ctx)
     log = RestateEventLog(ctx)  # type: ignore[arg-type]
@@ -394,9 +465,8 @@ async def test_keys_sort_as_restate_sends_them_the_hot_ones_first() -> None:
         await session.save_run(SessionRun(id=f"r{i}", status="completed", started_at=float(i)))
         await log.append("s1", [{"type": "x"}])
     order = sorted(ctx.state, key=lambda key: (len(key), key))
-    tails = {META_KEY, TAIL_KEY, f"{RUNS}tail", "tether:events/tail"}
-    assert set(order[: len(tails)]) == tails
-    cold = order[len(tails) :]
+    assert order[0] == META_KEY and not set(order) & {TAIL_KEY, f"{RUNS}tail"}
+    cold = order[1:]
     assert cold[:3] == [segment(TURNS, k) for k in (2, 1, 0)]
     assert cold[3].startswith("tether:events/") and cold[-1] == segment(RUNS, 0)
 
@@ -496,7 +566,7 @@ async def test_a_run_without_compaction_reads_every_turn_at_once_and_the_newest_
     assert whole is not None and whole.turns == session.turns and whole.earlier.turns == 0
     assert whole.runs == session.runs[whole.earlier.runs :] and len(whole.runs) < S
     assert whole.earlier.runs == 3 * S - len(whole.runs)
-    assert ctx.gets == 3 + 2 * 3 * S // S  # the meta and the tails, then every segment at once
+    assert ctx.gets == 1 + 2 * 3 * S // S  # the head, then every segment at once
 
 
 class CountedWrites(ObjectState):
@@ -526,7 +596,7 @@ async def test_held_writes_go_out_once_per_key_at_a_flush_and_reads_see_them() -
     assert ctx.writes == []  # nothing sent yet...
     assert ids((await reloaded_from(values)).turns) == [f"t{i}" for i in range(5)]  # ...but read
     values.flush()
-    assert [key for key, _ in ctx.writes] == [TAIL_KEY]  # the tail, once, as last written
+    assert [key for key, _ in ctx.writes] == [META_KEY]  # the head, once, as last written
     assert ids((await reloaded(ctx)).turns) == [f"t{i}" for i in range(5)]
     await session.append_turns([turn(5)])
     values.release(send=False)  # a failed attempt: its retry writes them again

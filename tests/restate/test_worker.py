@@ -171,14 +171,14 @@ def test_a_run_through_the_ingress(restate_server: RestateServer, agent_worker: 
     session = http("POST", f"{restate_server.ingress_url}/{agent}/s1/session").json()
     assert [t["role"] for t in session["turns"]] == ["user", "assistant"]
     assert session["status"] == "completed"
-    # A new session's creation and its first run's start are one write per key: the session,
-    # the tails of its turns, its runs and its events.
+    # A new session's creation and its first run's start are one write: the head (the session's
+    # meta, the tails of its turns, its runs and its events).
     rows = restate_server.query(
         f"SELECT entry_type, name FROM sys_journal WHERE id = '{invocation}' ORDER BY index"
     )
     kinds = [r["entry_type"] for r in rows]
     first_step = next(i for i, r in enumerate(rows) if (r.get("name") or "").startswith("model:"))
-    assert kinds[:first_step].count("Command: SetState") == 4, rows
+    assert kinds[:first_step].count("Command: SetState") == 1, rows
 
 
 def test_two_runs_of_one_session_are_two_runs(

@@ -16,8 +16,10 @@ newest sort first, and a chain's tail is shorter than any segment's key. A chain
 prefix; a shorter prefix sends its segments before a longer one's.
 
 A write is one state write (the tail) plus one per segment it seals; a tail rewrite costs at most
-`SEGMENT_BYTES` and a record. A value over the per-value budget (a huge tool result, an image) is
-split over several keys (`Values`), so it cannot turn a state write into a poison pill.
+`SEGMENT_BYTES` and a record. The tails of a session's chains are kept in one value with its
+meta, the head (`Values`), so a run's checkpoint writes them all at once. A value over the
+per-value budget (a huge tool result, an image) is split over several keys (`Values`), so it
+cannot turn a state write into a poison pill.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from restate.serde import BytesSerde
 
 from .. import jsoncodec
 from ..session.store import DEFAULT_MAX_VALUE_BYTES, Enough
+from .keys import HEAD
 from .types import RestateObjectContextLike
 
 RAW = BytesSerde()
@@ -42,6 +45,9 @@ READ_AHEAD = 4
 many each time it needs more (with lazy state a round trip per batch: a window of n segments
 costs about log2(n) of them, and at most twice the segments it needs)."""
 PARTS_PREFIX = b'{"__parts__":'
+HEAD_PREFIX = b'{"__head__":{'
+HEAD_KEY = HEAD[0]
+HEAD_KEYS = frozenset(HEAD)
 
 Json = dict[str, Any]
 
@@ -55,11 +61,17 @@ class Values:
     invocation may serve several readers: a key one of them will read can go `along` with
     another's next read, in the same round trip.
 
+    The head (`keys.HEAD`: the session's meta and its chains' tails, which every run reads and
+    each checkpoint writes) is one value under the first of its keys: a run reads it once and
+    a checkpoint writes it once, a journal entry each instead of one per key. An object an
+    older version wrote keeps them under their own keys: they are read from there (the keys
+    listed once, to read only those stored), and move into the head when it is next written.
+
     Writes may be held (`hold`): kept here, the last value of each key only, until `flush`
     sends them all at once. A run's stores rewrite their tails several times a turn; held, a
-    turn costs one state write per tail, and a tail is put together once per flush (`later`).
-    Reads see the held writes, and a key found empty is not read again (a new session is
-    looked for, then created)."""
+    turn costs one state write for the head, and a tail is put together once per flush
+    (`later`). Reads see the held writes, and a key found empty is not read again (a new
+    session is looked for, then created)."""
 
     def __init__(self, ctx: RestateObjectContextLike, limit: int = DEFAULT_MAX_VALUE_BYTES) -> None:
         self.ctx = ctx
@@ -73,8 +85,18 @@ class Values:
         or read."""
         self._absent: set[str] = set()
         """Keys read or written empty: only this invocation writes them, so they still are."""
-        self._read_empty: set[str] = set()
-        """Keys this invocation found empty in the state, whatever it wrote to them since."""
+        self._head: dict[str, bytes | None] | None = None
+        """The head's values by key (None: empty), once read."""
+        self._head_parts = 0
+        """The parts the head is stored in (0: one value): those it no longer needs are cleared."""
+        self._head_changed = False
+        self._own: dict[str, int] = {}
+        """Keys of the head still stored under their own key (an older layout), with the parts
+        of their values: cleared when the head is written."""
+        self._parts_read: dict[str, int] = {}
+        """The parts of each split value read, by key."""
+        self.listed: list[str] | None = None
+        """The object's state keys, when this invocation listed them (it found no head)."""
 
     @property
     def holding(self) -> bool:
@@ -92,7 +114,7 @@ class Values:
         if self._held is None:
             write()
             return
-        self._held.setdefault(key, None)  # its place in the order of the flush
+        self._held.setdefault(HEAD_KEY if key in HEAD_KEYS else key, None)  # its place in the flush
         self._later[key] = write
 
     def _make(self, keys: Iterable[str] | None = None) -> None:
@@ -102,6 +124,8 @@ class Values:
     def flush(self) -> None:
         """Send the held writes, in the order their keys were first written."""
         self._make()
+        if self._head_changed:
+            self._write_head()
         if self._held:
             held, self._held = self._held, {}
             for key, data in held.items():
@@ -130,17 +154,66 @@ class Values:
         else:
             self.ctx.set(key, data, serde=RAW)
 
-    def read_empty(self, key: str) -> bool:
-        """Whether `key` was empty when this invocation read it (False: not read, or set)."""
-        return key in self._read_empty
+    def _set_in_head(self, key: str, data: bytes | None) -> None:
+        assert self._head is not None, f"{key} is written before it is read"
+        self._head[key] = data
+        if self._held is None:
+            self._write_head()
+            return
+        self._held.setdefault(HEAD_KEY, None)  # its place in the flush
+        self._head_changed = True
+
+    def _write_head(self) -> None:
+        assert self._head is not None
+        stored = [b'"%s":%s' % (key.encode(), v) for key, v in self._head.items() if v is not None]
+        parts = 0
+        if stored:
+            value = HEAD_PREFIX + b",".join(stored) + b"}}"
+            parts = self.parts(len(value))
+            self._put(HEAD_KEY, value, replacing=0)
+        else:
+            self._set(HEAD_KEY, None)
+        self._clear_parts(HEAD_KEY, parts, self._head_parts)
+        self._head_parts = parts
+        for key, count in self._own.items():
+            self._set(key, None)
+            self._clear_parts(key, 0, count)
+        self._own.clear()
+        self._head_changed = False
+
+    def _clear_parts(self, key: str, start: int, end: int) -> None:
+        for i in range(start, end):
+            self._set(f"{key}:{i}", None)
+
+    async def _read_head(self) -> None:
+        """The head, or in an object an older version wrote, its keys one by one."""
+        (data,) = await self._read([HEAD_KEY])
+        self._head_parts = self._parts_read.get(HEAD_KEY, 0)
+        if data is not None and data.startswith(HEAD_PREFIX):
+            kept = jsoncodec.loads(data)["__head__"]
+            self._head = {key: jsoncodec.dumps(value) for key, value in kept.items()}
+        else:  # the meta alone, or nothing: the other keys, if any, under their own
+            self._head = {HEAD_KEY: data}
+            self.listed = await self.ctx.state_keys()
+            own = [key for key in HEAD[1:] if key in self.listed]
+            for key, value in zip(own, await self._read(own), strict=True):
+                self._head[key] = value
+                self._own[key] = self._parts_read.get(key, 0)
 
     def parts(self, size: int) -> int:
         """How many keys a value of `size` bytes is split over (0: it is not split)."""
         return -(-size // self.limit) if size > self.limit else 0
 
     def put(self, key: str, data: bytes, *, replacing: int = 0) -> None:
-        """Store `data` under `key`, split when over budget; `replacing`: the size of the value
-        it replaces, whose parts beyond the new ones are cleared."""
+        """Store `data` under `key` (in the head, for a key of it), split when over budget;
+        `replacing`: the size of the value it replaces, whose parts beyond the new ones are
+        cleared."""
+        if key in HEAD_KEYS:
+            self._set_in_head(key, data)
+        else:
+            self._put(key, data, replacing=replacing)
+
+    def _put(self, key: str, data: bytes, *, replacing: int) -> None:
         parts = self.parts(len(data))
         if not parts:
             self._set(key, data)
@@ -153,14 +226,21 @@ class Values:
 
     def drop(self, key: str, size: int = 0) -> None:
         """Clear `key` and the parts of its value of `size` bytes."""
+        if key in HEAD_KEYS:
+            self._set_in_head(key, None)
+        else:
+            self._drop(key, size)
+
+    def _drop(self, key: str, size: int) -> None:
         self._set(key, None)
         for i in range(self.parts(size)):
             self._set(f"{key}:{i}", None)
 
     def along(self, key: str) -> None:
         """Read `key` with the next read of other keys; its first `get` takes that value. Only
-        for a key that nothing writes before it is read."""
-        self._along.append(key)
+        for a key that nothing writes before it is read (a key of the head comes with it)."""
+        if key not in HEAD_KEYS:
+            self._along.append(key)
 
     async def get(self, key: str) -> bytes | None:
         return (await self.get_many([key]))[0]
@@ -168,6 +248,17 @@ class Values:
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The values of `keys`, asked for all at once: with lazy state, one round trip to
         Restate rather than one per key (and one more for the parts of split values)."""
+        if HEAD_KEYS.isdisjoint(keys):
+            return await self._read(keys)
+        self._make(keys)
+        if self._head is None:
+            await self._read_head()
+        assert self._head is not None
+        rest = [key for key in keys if key not in HEAD_KEYS]
+        found = dict(zip(rest, await self._read(rest), strict=True)) if rest else {}
+        return [found[key] if key in found else self._head.get(key) for key in keys]
+
+    async def _read(self, keys: Sequence[str]) -> list[bytes | None]:
         values = {key: self._read_along.pop(key) for key in keys if key in self._read_along}
         missing = [key for key in keys if key not in values]
         if missing:
@@ -180,6 +271,7 @@ class Values:
                     header = jsoncodec.loads(data)
                     if isinstance(header, dict) and set(header) == {"__parts__"}:
                         parts = [f"{wanted[i]}:{p}" for p in range(header["__parts__"])]
+                        self._parts_read[wanted[i]] = len(parts)
                         found[i] = b"".join(part or b"" for part in await self._fetch(parts))
             values.update(zip(missing, found, strict=False))
             self._read_along.update(zip(along, found[len(missing) :], strict=True))
@@ -198,8 +290,6 @@ class Values:
             data = held.get(key) if w is None else (await w) or None
             if data is None:
                 self._absent.add(key)
-                if w is not None:
-                    self._read_empty.add(key)
             found.append(data)
         return found
 

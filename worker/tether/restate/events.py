@@ -24,11 +24,9 @@ from .. import jsoncodec
 from ..messages import JSON
 from ..session.events import DEFAULT_RETAIN, Cursor
 from .chain import PER_SEGMENT, Chain, Values, tail_only
-from .session import META_KEY as SESSION_META_KEY
+from .keys import EVENTS
 from .types import RestateObjectContextLike
 
-EVENTS = "tether:events/"
-"""The key prefix of the events' chain (its segments sort after the session's turns')."""
 COUNTING_UP = "tether:events-"
 OLDER_BATCH_KEY = re.compile(r"tether:events:(\d{12}):(\d+)")
 """A batch of durable events as an older version kept it: the first one's number and how many."""
@@ -71,16 +69,16 @@ class RestateEventLog:
     async def _known(self) -> Chain:
         # once per invocation: the tail, a journaled read
         if not self._chain.known and await self._chain.read(tail_only) is None:
-            if self._values.read_empty(SESSION_META_KEY):
-                self._chain.start_empty()  # a new session: no older version wrote its events
-            else:
-                await self._move_older()
+            await self._move_older()
         return self._chain
 
     async def _move_older(self) -> None:
         """No tail: a new stream, or one an older version kept (`_read_older`), which moves to
-        the chain."""
-        keys = await self._ctx.state_keys()
+        the chain. The state's keys were listed already in an object without a head (a new
+        session's: nothing more to read)."""
+        keys = self._values.listed
+        if keys is None:
+            keys = await self._ctx.state_keys()
         events = await _read_older(self._ctx, self._values, keys, Cursor(0))
         self._chain.start_empty()
         if events:
@@ -111,7 +109,8 @@ async def read_events(ctx: Any, after: Cursor, limit: int = 1000) -> list[JSON]:
     tail = await values.get(chain.tail_key)
     read = await chain.read_from(tail, tail_only)
     if read is None:
-        return (await _read_older(ctx, values, await ctx.state_keys(), after, limit))[:limit]
+        keys = values.listed if values.listed is not None else await ctx.state_keys()
+        return (await _read_older(ctx, values, keys, after, limit))[:limit]
     events, first, _ = read
     if after.durable < first:  # back from the tail: segment by segment, or all at once
 

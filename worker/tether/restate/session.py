@@ -7,11 +7,13 @@ the model's context window (and the last user message), and the newest run recor
 of what it leaves out are in each chain's tail (`SessionRecord.earlier`). Without compaction the
 model gets every turn, so every turn is read (the segments asked for at once).
 
-`tether:session` holds the session's id, creation time, metadata and `layout`. The keys are
-named for the order in which Restate sends state with an invocation (shortest first, see
-`tether.restate.chain`): the meta and the chains' tails, then the turns' segments (the newest
-first), then the events' (`tether.restate.events`), then the run records' segments, which
-only their tail's reader needs.
+The meta (`tether:session`: the session's id, creation time, metadata and `layout`) and the
+chains' tails are kept in one value, the head (`keys.HEAD`, `chain.Values`), with the events'
+tail: a run reads it once, and each checkpoint writes it once. The keys are named for the order
+in which Restate sends state with an invocation (shortest first, see `tether.restate.chain`):
+the head, then the turns' segments (the newest first), then the events'
+(`tether.restate.events`), then the run records' segments, which only their tail's reader
+needs.
 
 Sessions that older versions wrote are read as they are and moved to this layout by their next
 write: layout 3 (the same chains, named `tether:turns-` and `tether:runs-`, their segments
@@ -31,12 +33,10 @@ from ..session.store import DEFAULT_MAX_VALUE_BYTES, Clock, Enough, every_turn
 from ..session.types import Earlier, SessionRecord, SessionRun, SessionTurn
 from .chain import Chain, Json, Values, tail_only
 from .clock import journaled_time
+from .keys import RUNS, SESSION, TURNS
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
 
-META_KEY = "tether:session"
-TURNS = "tether:turns/"
-RUNS = "tether:run-records/"
-"""The key prefixes of the turns' and the run records' chains (the turns' is shorter)."""
+META_KEY = SESSION
 LAYOUT = 4
 COUNTING_UP_LAYOUT = 3
 COUNTING_UP = ("tether:turns-", "tether:runs-")
