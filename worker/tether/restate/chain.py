@@ -58,8 +58,7 @@ def _array(items: Sequence[bytes]) -> bytes:
 
 class Values:
     """The object's state as JSON bytes, a value over `limit` split over several keys. One per
-    invocation may serve several readers: a key one of them will read can go `along` with
-    another's next read, in the same round trip.
+    invocation serves all its readers.
 
     The head (`keys.HEAD`: the session's meta and its chains' tails, which every run reads and
     each checkpoint writes) is one value under the first of its keys: a run reads it once and
@@ -76,8 +75,6 @@ class Values:
     def __init__(self, ctx: RestateObjectContextLike, limit: int = DEFAULT_MAX_VALUE_BYTES) -> None:
         self.ctx = ctx
         self.limit = limit
-        self._along: list[str] = []
-        self._read_along: dict[str, bytes | None] = {}
         self._held: dict[str, bytes | None] | None = None
         """The writes held back, by key (None: cleared); None when writes go out at once."""
         self._later: dict[str, Callable[[], None]] = {}
@@ -228,19 +225,9 @@ class Values:
         """Clear `key` and the parts of its value of `size` bytes."""
         if key in HEAD_KEYS:
             self._set_in_head(key, None)
-        else:
-            self._drop(key, size)
-
-    def _drop(self, key: str, size: int) -> None:
+            return
         self._set(key, None)
-        for i in range(self.parts(size)):
-            self._set(f"{key}:{i}", None)
-
-    def along(self, key: str) -> None:
-        """Read `key` with the next read of other keys; its first `get` takes that value. Only
-        for a key that nothing writes before it is read (a key of the head comes with it)."""
-        if key not in HEAD_KEYS:
-            self._along.append(key)
+        self._clear_parts(key, 0, self.parts(size))
 
     async def get(self, key: str) -> bytes | None:
         return (await self.get_many([key]))[0]
@@ -259,23 +246,15 @@ class Values:
         return [found[key] if key in found else self._head.get(key) for key in keys]
 
     async def _read(self, keys: Sequence[str]) -> list[bytes | None]:
-        values = {key: self._read_along.pop(key) for key in keys if key in self._read_along}
-        missing = [key for key in keys if key not in values]
-        if missing:
-            along = [key for key in self._along if key not in missing]
-            self._along = []
-            wanted = [*missing, *along]
-            found = await self._fetch(wanted)
-            for i, data in enumerate(found):
-                if data is not None and data.startswith(PARTS_PREFIX):
-                    header = jsoncodec.loads(data)
-                    if isinstance(header, dict) and set(header) == {"__parts__"}:
-                        parts = [f"{wanted[i]}:{p}" for p in range(header["__parts__"])]
-                        self._parts_read[wanted[i]] = len(parts)
-                        found[i] = b"".join(part or b"" for part in await self._fetch(parts))
-            values.update(zip(missing, found, strict=False))
-            self._read_along.update(zip(along, found[len(missing) :], strict=True))
-        return [values[key] for key in keys]
+        found = await self._fetch(keys)
+        for i, data in enumerate(found):
+            if data is not None and data.startswith(PARTS_PREFIX):
+                header = jsoncodec.loads(data)
+                if isinstance(header, dict) and set(header) == {"__parts__"}:
+                    parts = [f"{keys[i]}:{p}" for p in range(header["__parts__"])]
+                    self._parts_read[keys[i]] = len(parts)
+                    found[i] = b"".join(part or b"" for part in await self._fetch(parts))
+        return found
 
     async def _fetch(self, keys: Sequence[str]) -> list[bytes | None]:
         # every read is asked for before the first is awaited; a held write is the value

@@ -48,8 +48,8 @@ def _chain(values: Values, retain: int | None = None) -> Chain:
 
 class RestateEventLog:
     """An `EventLog` over the bound object's state (the object key is the session). Keeps about
-    `retain` events: whole segments of up to `PER_SEGMENT`, fewer when events are large. With
-    the invocation's shared `values`, its tail is read along with the session's."""
+    `retain` events: whole segments of up to `PER_SEGMENT`, fewer when events are large. Its tail
+    is in the head (`chain.Values`), read with the session's meta and tails."""
 
     def __init__(
         self,
@@ -64,7 +64,6 @@ class RestateEventLog:
         self.retain = retain
         self._values = values or Values(ctx)
         self._chain = _chain(self._values, retain)
-        self._values.along(self._chain.tail_key)
 
     async def _known(self) -> Chain:
         # once per invocation: the tail, a journaled read
