@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.restate.support import ServedApp, attach, http, wait_until
+from tether import jsoncodec
+from tether.messages import text_block
 from tether.programs.restate_server import RestateServer
+from tether.session.types import SessionRun, SessionTurn
 
 ALL_CALLS = [f"call_{t}_{i}" for t, n in enumerate([1, 1, 3, 1, 2, 1, 1]) for i in range(n)]
 
@@ -201,3 +204,46 @@ def test_a_turn_stores_the_head_once_and_a_parked_run_has_stored_its_turns(
     names = [r.get("name") or "" for r in sorted(rows, key=lambda r: int(r["index"]))]
     before_the_first_step = names[: next(i for i, n in enumerate(names) if n.startswith("model:"))]
     assert before_the_first_step.count("timestamp") == 1, names
+
+
+def test_a_session_an_older_version_wrote_is_read_and_moved_into_the_head(
+    serve_app: Any, tmp_path: Path
+) -> None:
+    """Before the head, the session's meta and the tails of its turns, runs and events had keys
+    of their own. Such a session reads back whole, lazily too, and its next run moves them into
+    the head: the old keys go, nothing is lost, the events go on counting."""
+    server = serve_app("agent_service").server
+    key = f"old-{uuid.uuid4().hex[:8]}"
+    turns = [
+        SessionTurn(id=f"old{i}", role="user", content=[text_block(f"note {i}")], created_at=i)
+        for i in range(3)
+    ]
+    runs = [SessionRun(id="r-old", status="completed", started_at=0.0)]
+    events = [{"type": "note", "id": str(i + 1)} for i in range(3)]
+
+    def tail(records: list[Any]) -> str:
+        return jsoncodec.dumps({"n": 0, "first": 0, "marked": 0, "v": records}).decode()
+
+    meta = {"id": key, "created_at": 0.0, "metadata": {}, "layout": 4}
+    older = {
+        "tether:session": jsoncodec.dumps(meta).decode(),
+        "tether:turns/tail": tail([t.to_json() for t in turns]),
+        "tether:run-records/tail": tail([r.to_json() for r in runs]),
+        "tether:events/tail": tail(events),
+    }
+    call(server, "seed_state", key, older)
+    before = call(server, "stored", key)
+    assert before["turns"] == [t.to_json() for t in turns] and before["events"] == events
+    assert before["runs"] == [r.to_json() for r in runs]
+
+    run_to_the_end(server, key, {"effects": str(tmp_path / "effects")})
+    after = call(server, "stored", key)
+    assert after["turns"][:3] == before["turns"] and len(after["turns"]) > 3
+    assert after["runs"][0] == before["runs"][0] and after["runs"][1]["status"] == "completed"
+    assert after["events"][:3] == events
+    assert [int(e["id"]) for e in after["events"]] == list(range(1, len(after["events"]) + 1))
+    rows = server.query(
+        f"SELECT key FROM state WHERE service_name = 'CrashAgent' AND service_key = '{key}'"
+    )
+    assert "tether:session" in {r["key"] for r in rows}
+    assert not {r["key"] for r in rows} & set(older) - {"tether:session"}, rows

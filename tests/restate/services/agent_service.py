@@ -53,6 +53,7 @@ from typing import Any, cast
 
 import restate
 from restate import RunOptions
+from restate.serde import BytesSerde
 
 from tether import Behavior, ToolContext, ToolDef, create_agent
 from tether.agent import Hooks
@@ -70,8 +71,10 @@ from tether.restate import (
     restate_spawn_tool,
     run_child,
 )
+from tether.restate.events import read_events
 from tether.restate.runtime import RestateRuntime
 from tether.session import create_session, load_session
+from tether.session.events import Cursor
 
 # The errands (script, tools) are shared with the SQLite crash matrix's program.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "programs"))
@@ -389,6 +392,26 @@ async def transcript(ctx: restate.ObjectSharedContext) -> list[dict[str, Any]]:
     """The session's turns, read from a shared handler while `run` may be running."""
     session = await load_session(restate_session_store(ctx, read_only=True), ctx.key())  # type: ignore[arg-type]
     return [t.to_json() for t in session.turns] if session else []
+
+
+@crash_agent.handler(kind="shared", enable_lazy_state=True)
+async def stored(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
+    """The session's turns and runs and its durable events, read lazily (as the worker's shared
+    handlers read them)."""
+    session = await load_session(restate_session_store(ctx, read_only=True), ctx.key())  # type: ignore[arg-type]
+    return {
+        "turns": [t.to_json() for t in session.turns] if session else [],
+        "runs": [r.to_json() for r in session.runs] if session else [],
+        "events": await read_events(ctx, Cursor(0)),
+    }
+
+
+@crash_agent.handler(name="seed_state")
+async def seed_state(ctx: restate.ObjectContext, state: dict[str, str]) -> int:
+    """Writes the given values as they are: an object as an older version left it."""
+    for key, value in state.items():
+        ctx.set(key, value.encode(), serde=BytesSerde())
+    return len(state)
 
 
 crash_child = restate.Service("CrashChild")
