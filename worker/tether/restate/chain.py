@@ -92,8 +92,7 @@ class Values:
         of their values: cleared when the head is written."""
         self._parts_read: dict[str, int] = {}
         """The parts of each split value read, by key."""
-        self.listed: list[str] | None = None
-        """The object's state keys, when this invocation listed them (it found no head)."""
+        self._listed: list[str] | None = None
 
     @property
     def holding(self) -> bool:
@@ -191,11 +190,18 @@ class Values:
             self._head = {key: jsoncodec.dumps(value) for key, value in kept.items()}
         else:  # the meta alone, or nothing: the other keys, if any, under their own
             self._head = {HEAD_KEY: data}
-            self.listed = await self.ctx.state_keys()
-            own = [key for key in HEAD[1:] if key in self.listed]
+            listed = await self.stored_keys()
+            own = [key for key in HEAD[1:] if key in listed]
             for key, value in zip(own, await self._read(own), strict=True):
                 self._head[key] = value
                 self._own[key] = self._parts_read.get(key, 0)
+
+    async def stored_keys(self) -> list[str]:
+        """The object's state keys as this invocation found them: listed once (a journal
+        entry), for the keys of older layouts, which it does not write."""
+        if self._listed is None:
+            self._listed = await self.ctx.state_keys()
+        return self._listed
 
     def parts(self, size: int) -> int:
         """How many keys a value of `size` bytes is split over (0: it is not split)."""

@@ -73,11 +73,8 @@ class RestateEventLog:
 
     async def _move_older(self) -> None:
         """No tail: a new stream, or one an older version kept (`_read_older`), which moves to
-        the chain. The state's keys were listed already in an object without a head (a new
-        session's: nothing more to read)."""
-        keys = self._values.listed
-        if keys is None:
-            keys = await self._ctx.state_keys()
+        the chain."""
+        keys = await self._values.stored_keys()  # listed already in an object without a head
         events = await _read_older(self._ctx, self._values, keys, Cursor(0))
         self._chain.start_empty()
         if events:
@@ -108,7 +105,7 @@ async def read_events(ctx: Any, after: Cursor, limit: int = 1000) -> list[JSON]:
     tail = await values.get(chain.tail_key)
     read = await chain.read_from(tail, tail_only)
     if read is None:
-        keys = values.listed if values.listed is not None else await ctx.state_keys()
+        keys = await values.stored_keys()
         return (await _read_older(ctx, values, keys, after, limit))[:limit]
     events, first, _ = read
     if after.durable < first:  # back from the tail: segment by segment, or all at once

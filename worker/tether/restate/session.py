@@ -151,7 +151,7 @@ class RestateSessionStore:
                 self._values, RING_RUNS
             )
         # no layout: one key per turn (counted in the state's keys) and per run (listed)
-        keys = await self._ctx.state_keys()
+        keys = await self._values.stored_keys()
         count = sum(1 for key in keys if (m := LEGACY_TURN_KEY.fullmatch(key)) and not m[2])
         wanted = [f"tether:turn:{i}" for i in range(count)]
         wanted += [f"tether:run:{run}" for run in self._meta.get("runs", [])]
@@ -177,7 +177,7 @@ class RestateSessionStore:
             return
         turns, runs = self._older
         self._older = None
-        for key in await self._ctx.state_keys():
+        for key in await self._values.stored_keys():
             if key.startswith(OLDER_PREFIXES):
                 self._values.drop(key)
         self._turns.write_all(turns)
