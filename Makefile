@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck unit venv bench chaos chaos-node restate-server kube-bins helm-bin mcp-servers otelcol chromium clean
+.PHONY: demo test e2e lint typecheck unit venv bench chaos chaos-node restate-server kube-bins helm-bin mcp-servers otelcol chromium iptables clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,7 +57,13 @@ chromium:
 	@test -x /usr/bin/chromium || { apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >/dev/null
 
-unit: $(STAMP) restate-server kube-bins helm-bin mcp-servers otelcol chromium
+# Debian's iptables for the tests that cut a process off with a DROP rule on loopback: a Restate
+# node (tests/helm, tests/restate) and the operator's API server (tests/operator/test_ha.py).
+iptables:
+	@command -v iptables >/dev/null || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables; } >/dev/null
+
+unit: $(STAMP) restate-server kube-bins helm-bin mcp-servers otelcol chromium iptables
 	$(BIN)/pytest -q
 
 test: lint typecheck unit
