@@ -333,6 +333,7 @@ async def test_a_session_of_the_older_layout_loads_and_moves_to_segments_on_its_
     await session.save_run(SessionRun(id="r2", status="running", started_at=2.0))
     await session.append_turns([turn(S + 5)])
     assert not [k for k in ctx.state if k.startswith(("tether:turn:", "tether:run:"))]
+    assert ctx.listings == 1  # for the load, the move and the head alike
     assert stored(ctx, META_KEY) == {
         "id": "s1",
         "created_at": 1.0,

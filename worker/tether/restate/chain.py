@@ -224,8 +224,7 @@ class Values:
             for i in range(parts):
                 self._set(f"{key}:{i}", data[i * self.limit : (i + 1) * self.limit])
             self._set(key, jsoncodec.dumps({"__parts__": parts}))
-        for i in range(parts, self.parts(replacing)):
-            self._set(f"{key}:{i}", None)
+        self._clear_parts(key, parts, self.parts(replacing))
 
     def drop(self, key: str, size: int = 0) -> None:
         """Clear `key` and the parts of its value of `size` bytes."""
