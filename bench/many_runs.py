@@ -2,7 +2,7 @@
 SDK handlers doing the floor's steps at the same concurrency, on the same restate-server and
 worker process.
 
-    python bench/many_runs.py [--runs 100] [--tool-turns 10] [--rounds 9]
+    python bench/many_runs.py [--runs 100] [--tool-turns 10] [--rounds 9] [--shaped]
 
 Ours: `--runs` concurrent runs of a scripted agent on `restate_runtime` (`BenchAgent/run` of
 `bench/restate_bench_service.py`), each `--tool-turns` tool turns and a final answer. The floor:
@@ -13,6 +13,9 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 - throughput: tool turns per second over the round's wall time (first request to last answer),
   ours against the floor's turns (its steps divided by the steps per turn);
 - worker CPU per turn: user + system time of the worker's process group over the round;
+- with `--shaped`, a third side: the floor's steps journaled in the shape of ours (the other
+  entries a run journals, at their sizes: `BenchRaw/shaped`), against the floor. It parts the
+  gap: what the journal's shape costs, and what is left, Tether's own code in the worker;
 - worker RSS per active run: the group's peak RSS during the round above its idle RSS (after a
   warm-up, before the first round), divided by the runs; and the RSS after each round, which
   must level off instead of growing from round to round.
@@ -151,6 +154,9 @@ def main() -> None:
     parser.add_argument("--tool-turns", type=int, default=10, help="tool turns per run")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--unsafe", action="store_true", help="unsafe tools (an intent each)")
+    parser.add_argument(
+        "--shaped", action="store_true", help="also raw steps journaled in the shape of ours"
+    )
     args = parser.parse_args()
 
     turns = args.tool_turns
@@ -162,6 +168,12 @@ def main() -> None:
 
     def raw(key: str) -> tuple[str, Any]:
         return f"BenchRaw/{key}/steps", floor_steps
+
+    def shaped(key: str) -> tuple[str, Any]:
+        return f"BenchRaw/{key}/shaped", floor_steps
+
+    if args.shaped and args.unsafe:
+        parser.error("--shaped has the shape of a safe tool run")
 
     with (
         tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp,
@@ -183,8 +195,9 @@ def main() -> None:
         )
         ratios, cpu_ours, cpu_raw, per_run, after = [], [], [], [], []
         server_ours, server_raw = [], []
+        shaped_ratios: list[float] = []
         for i in range(args.rounds):
-            sides = [("ours", ours), ("raw", raw)]
+            sides = [("ours", ours), ("raw", raw), *([("shaped", shaped)] if args.shaped else [])]
             results = {
                 name: measure(server, pgid, args.runs, one)
                 for name, one in (sides if i % 2 == 0 else sides[::-1])
@@ -209,6 +222,15 @@ def main() -> None:
                 f"+{(r['rss_peak'] - idle) / args.runs / 2**10:.0f} KiB), after the "
                 f"round {o['rss_after'] / 2**20:.0f} MiB"
             )
+            if args.shaped:
+                shape = results["shaped"]
+                shaped_ratios.append(r["wall"] / shape["wall"])
+                print(
+                    f"    shaped: {total_turns / shape['wall']:6.0f} turns/s, ratio "
+                    f"{shaped_ratios[-1]:.2f}; worker CPU per turn "
+                    f"{shape['cpu'] / total_turns * 1000:.2f} ms, restate-server's "
+                    f"{shape['server_cpu'] / total_turns * 1000:.2f} ms"
+                )
         print(
             f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8; its middle "
             f"half {middle_half(ratios)}), CPU per "
@@ -219,6 +241,13 @@ def main() -> None:
             f"{max(per_run) / 2**10:.0f} KiB at most; RSS after rounds "
             f"{', '.join(f'{a / 2**20:.0f}' for a in after)} MiB (idle {idle / 2**20:.0f} MiB)"
         )
+        if args.shaped:
+            print(
+                f"  shaped: throughput ratio {statistics.median(shaped_ratios):.2f} (its middle "
+                f"half {middle_half(shaped_ratios)}): the journal's shape; ours against it "
+                f"{statistics.median(ratios) / statistics.median(shaped_ratios):.2f}: Tether's "
+                "code in the worker"
+            )
 
 
 if __name__ == "__main__":

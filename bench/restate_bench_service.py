@@ -1,6 +1,8 @@
 """The Restate services of `bench/restate_steps.py` (served with the hypercorn CLI).
 
 - `BenchRaw/<key>/steps` (`n`): the floor, `n` bare `ctx.run_typed` steps with the raw SDK.
+- `BenchRaw/<key>/shaped` (`n`): the floor's steps journaled in the shape of ours (`many_runs.py
+  --shaped`): the entries a safe tool run journals besides them, and its values' sizes.
 - `BenchAgent/<key>/run` (`{"turns": t, "unsafe": false}`): ours, a scripted agent on
   `restate_runtime` whose every turn but the last calls one tool: a model and a tool step per
   turn (and the tool's intent when `unsafe`), the final answer's model step (its time is the
@@ -95,6 +97,34 @@ async def raw_steps(ctx: restate.ObjectContext, n: int) -> int:
 @raw.handler()
 async def steps(ctx: restate.ObjectContext, n: int) -> dict[str, Any]:
     await raw_steps(ctx, n)
+    return {"steps": n}
+
+
+TEXT: restate.RunOptions[str] = restate.RunOptions(type_hint=str)
+MODEL_BYTES, TOOL_BYTES, STATE_BYTES = 230, 103, 11_000
+"""A scripted run's sizes at 11 turns: a model step's value, a tool step's, and its state (the
+head and two sealed segments) at the end; the first checkpoint writes about 1 KB."""
+
+
+async def text_value(size: int) -> str:
+    return "x" * size
+
+
+@raw.handler()
+async def shaped(ctx: restate.ObjectContext, n: int) -> dict[str, Any]:
+    """`n` steps as a safe tool run of `(n + 1) / 2` turns journals them (model and tool
+    values alternating, of their sizes), with the rest of what it journals: the head read, the
+    key listing, the start's clock step, the first checkpoint, and three state values at the
+    end."""
+    await ctx.get("head", type_hint=str)
+    await ctx.state_keys()
+    await ctx.run_typed("timestamp", text_value, TEXT, size=17)
+    ctx.set("head", "y" * 1_000)
+    for i in range(n):
+        size = MODEL_BYTES if i % 2 == 0 else TOOL_BYTES
+        await ctx.run_typed(f"step {i}", text_value, TEXT, size=size)
+    for key in ("head", "turns", "events"):
+        ctx.set(key, "z" * (STATE_BYTES // 3))
     return {"steps": n}
 
 

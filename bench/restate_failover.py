@@ -1,7 +1,7 @@
 """How long a replicated Restate cluster's partitions stay without a leader after a node is lost.
 
     python bench/restate_failover.py [--kills 3] [--loss crash|blackhole|freeze]
-        [--lose partition-leader|metadata-leader] [--env NAME=VALUE ...]
+        [--lose partition-leader|metadata-leader] [--env NAME=VALUE ...] [--fresh]
 
 A `RestateCluster` of 3 nodes on loopback, replication 2, with the chart's partitions (24) and
 timeouts for a lost node (`LOST_NODE_TIMEOUTS`). Per loss, once the leaders have stayed put for
@@ -17,7 +17,8 @@ and refuses new ones at once. `blackhole` also drops every packet to the node's 
 connections to it fail only at their timeouts. `freeze` stops the node (SIGSTOP) behind the same
 rule, as a machine gone from the network: nothing is closed and nothing answers. `--env` passes
 Restate settings to every node (`RESTATE_METADATA_CLIENT__CONNECT_TIMEOUT=3s`, Restate's
-default), to compare.
+default), to compare. `--fresh` loses each node from a new cluster, whose first node leads the
+metadata store and runs the cluster controller: the slowest case, with a tail.
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ def main() -> None:
     parser.add_argument("--loss", choices=LOSSES, default="crash")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="a new cluster for each loss (its first node leads the metadata store and runs the "
+        "cluster controller, so losing it loses both)",
+    )
+    parser.add_argument(
         "--lose",
         choices=["partition-leader", "metadata-leader"],
         default="partition-leader",
@@ -86,8 +93,16 @@ def main() -> None:
     print(f"3 nodes, replication 2, {PARTITIONS} partitions; the {args.lose} lost by {how}")
     print(f"  {LOST_NODE_TIMEOUTS | env}")
     lasts: list[str] = []  # a lower bound (>) where a partition got no leader
-    with RestateCluster(partitions=PARTITIONS, extra_env=env) as cluster:
-        for _ in range(args.kills):
+
+    def new_cluster() -> RestateCluster:
+        return clusters.enter_context(RestateCluster(partitions=PARTITIONS, extra_env=env))
+
+    with contextlib.ExitStack() as clusters:
+        cluster = new_cluster()
+        for kill in range(args.kills):
+            if args.fresh and kill:
+                clusters.close()
+                cluster = new_cluster()
             name, moved, missing = lose_a_node(cluster, args.loss, args.lose)
             lasts.append(f"{moved[-1]:.2f}" if moved and not missing else f">{GIVE_UP:.0f}")
             print(

@@ -371,9 +371,14 @@ def test_the_charts_node_files_form_a_cluster_that_survives_a_node_loss(
             assert run_steps(cluster.ingress_url(node), tmp_path / f"ran-{node}") == [0, 1]
         # The metadata store's leader lost as a vanished machine is (it keeps its connections
         # and answers nothing, new ones time out): the survivors lead its partitions within
-        # seconds with the chart's metadata-client timeouts (3.8-6.3 s here; 12-13 s at
-        # Restate's own, up to 175 s in bench/restate_failover.py --loss freeze), and the other
-        # two nodes go on.
+        # seconds with the chart's timeouts, and the other two nodes go on. On 30 fresh
+        # clusters, where the lost node also ran the cluster controller: 3.9-9.8 s, median 5.3;
+        # 12.1 s once in CI, 12.8 s on the real node. That tail is Restate's: a new controller's
+        # pass fails when one of its metadata reads goes to the lost node (its metadata client
+        # does not try another member) and runs again at the next cluster-state refresh, so a
+        # few such passes in a row cost seconds each (docs/scale.md). At Restate's own timeouts
+        # it took 52-85 s blackholed, up to minutes frozen (bench/restate_failover.py); the
+        # chart's timeouts themselves are checked above.
         cluster.wait_for_leaders(steady=8.0)  # the scheduler moves a few after the start
         lost = cluster.metadata_leader()
         assert lost is not None
@@ -381,7 +386,8 @@ def test_the_charts_node_files_form_a_cluster_that_survives_a_node_loss(
             cluster.freeze(lost)
             frozen = time.monotonic()
             wait_until(lambda: moved_off(cluster, lost), timeout=60.0, what="new leaders")
-            assert time.monotonic() - frozen < 10.0
+            took = time.monotonic() - frozen
+            assert took < 20.0, (took, failed_passes(cluster, lost))
             cluster.kill(lost)
         for node in set(range(3)) - {lost}:
             assert run_steps(cluster.ingress_url(node), tmp_path / f"after-{node}") == [0, 1]
@@ -392,6 +398,17 @@ def moved_off(cluster: RestateCluster, node: int) -> bool:
     partitions no one has taken from it by a higher epoch)."""
     leaders = cluster.leaders()
     return len(leaders) == cluster.partitions and node not in leaders.values()
+
+
+def failed_passes(cluster: RestateCluster, lost: int) -> dict[str, int]:
+    """How often each survivor logged a failed controller pass or leader-epoch claim."""
+    failures = ("Failed to react to cluster state changes", "Failed obtaining new leader epoch")
+    return {
+        f"n{i + 1}: {failure}": server.log_tail(10**7).count(failure)
+        for i, server in enumerate(cluster.nodes)
+        if i != lost
+        for failure in failures
+    }
 
 
 def run_steps(ingress: str, path: Path) -> Any:
