@@ -129,40 +129,25 @@ class RestateRuntime:
 
     backend = "restate"
 
-    def __init__(
-        self,
-        ctx: RestateContextLike,
-        options: RestateRuntimeOptions,
-        *,
-        scope: str = "",
-        shared: tuple[
-            StepCounters, ReplayTracker, RuntimeStores, CoalescedClock, _Checkpoints | None
-        ]
-        | None = None,
-    ) -> None:
+    def __init__(self, ctx: RestateContextLike, options: RestateRuntimeOptions) -> None:
         self.ctx = ctx
         self.options = options
         self.promises: RestateCombinators | None = (
             restate if options.promises == "sdk" else options.promises
         )
         self.run_id = str(ctx.request().id)
-        self._scope = scope
+        self._scope = ""
         self._seed = options.id_seed or str(ctx.uuid())
-        if options.id_seed is None:  # its scopes share the seed drawn once
-            self.options = dataclasses.replace(options, id_seed=self._seed)
         self._ids: IdSequence | None = None
         """Made at the first `uuid()`: most scopes (a tool call's) never draw an id."""
-        if shared is None:
-            every = options.coalesce
-            reanchor = (DEFAULT_REANCHOR_EVERY if every is True else int(every)) if every else None
-            self._clock = CoalescedClock(ctx, reanchor)
-            self.counters = StepCounters()
-            self.tracker = options.replay_tracker or ReplayTracker()
-            self._checkpoints: _Checkpoints | None = None
-            self.stores = self._default_stores()
-            self.stores.budget = options.budget
-        else:
-            self.counters, self.tracker, self.stores, self._clock, self._checkpoints = shared
+        every = options.coalesce
+        reanchor = (DEFAULT_REANCHOR_EVERY if every is True else int(every)) if every else None
+        self._clock = CoalescedClock(ctx, reanchor)
+        self.counters = StepCounters()
+        self.tracker = options.replay_tracker or ReplayTracker()
+        self._checkpoints: _Checkpoints | None = None
+        self.stores = self._default_stores()
+        self.stores.budget = options.budget
 
     def _default_stores(self) -> RuntimeStores:
         if self.options.session_store is not None:
@@ -321,12 +306,12 @@ class RestateRuntime:
     def scope(self, name: str) -> RestateRuntime:
         """Steps under a name prefix with their own id sequence. Restate's journal is one
         sequence per invocation, so scopes must run one after another, never concurrently."""
-        return RestateRuntime(
-            self.ctx,
-            self.options,
-            scope=f"{self._scope}/{name}",
-            shared=(self.counters, self.tracker, self.stores, self._clock, self._checkpoints),
-        )
+        # Everything else is the run's, shared: a copy, not a new runtime (one per tool call).
+        scoped = object.__new__(type(self))
+        scoped.__dict__.update(self.__dict__)
+        scoped._scope = f"{self._scope}/{name}"
+        scoped._ids = None
+        return scoped
 
 
 def restate_runtime(
