@@ -404,7 +404,9 @@ def _next_step_after(
 ) -> tuple[float, float | None]:
     """Seconds from `since` (wall clock) until the journal of `invocation` grew past `before`
     entries, by Restate's own record of when that entry was appended; and until Restate
-    first recorded the attempt's failure (None if it recorded none)."""
+    first recorded an attempt's failure after `since` (None if it recorded none). An earlier
+    one is not the loss's: an attempt can fail before it, on a connection to a replica the
+    previous trial replaced."""
     wait_for(
         "the run's next journaled step",
         lambda: p.journal_length(invocation) > before,
@@ -415,11 +417,11 @@ def _next_step_after(
         f"SELECT appended_at FROM sys_journal WHERE id = '{invocation}' AND index = {before}"
     )
     failures = p.sql(
-        "SELECT min(appended_at) AS first FROM sys_journal_events "
+        "SELECT appended_at FROM sys_journal_events "
         f"WHERE id = '{invocation}' AND event_type = 'TransientError'"
     )
-    noticed = failures[0].get("first") if failures else None
-    return _wall(row["appended_at"]) - since, _wall(noticed) - since if noticed else None
+    noticed = [_wall(f["appended_at"]) - since for f in failures]
+    return _wall(row["appended_at"]) - since, min((n for n in noticed if n >= 0), default=None)
 
 
 def kill_mid_tool(p: Platform, replicas: int, trials: int = 3) -> None:
