@@ -93,16 +93,14 @@ def main() -> None:
     print(f"3 nodes, replication 2, {PARTITIONS} partitions; the {args.lose} lost by {how}")
     print(f"  {LOST_NODE_TIMEOUTS | env}")
     lasts: list[str] = []  # a lower bound (>) where a partition got no leader
-
-    def new_cluster() -> RestateCluster:
-        return clusters.enter_context(RestateCluster(partitions=PARTITIONS, extra_env=env))
-
     with contextlib.ExitStack() as clusters:
-        cluster = new_cluster()
-        for kill in range(args.kills):
-            if args.fresh and kill:
-                clusters.close()
-                cluster = new_cluster()
+        cluster: RestateCluster | None = None
+        for _ in range(args.kills):
+            if cluster is None or args.fresh:
+                clusters.close()  # the previous loss's cluster, with --fresh
+                cluster = clusters.enter_context(
+                    RestateCluster(partitions=PARTITIONS, extra_env=env)
+                )
             name, moved, missing = lose_a_node(cluster, args.loss, args.lose)
             lasts.append(f"{moved[-1]:.2f}" if moved and not missing else f">{GIVE_UP:.0f}")
             print(
