@@ -403,10 +403,12 @@ def moved_off(cluster: RestateCluster, node: int) -> bool:
 def failed_passes(cluster: RestateCluster, lost: int) -> dict[str, int]:
     """How often each survivor logged a failed controller pass or leader-epoch claim."""
     failures = ("Failed to react to cluster state changes", "Failed obtaining new leader epoch")
+    logs = {
+        f"n{i + 1}": server.log_tail(10**7) for i, server in enumerate(cluster.nodes) if i != lost
+    }
     return {
-        f"n{i + 1}: {failure}": server.log_tail(10**7).count(failure)
-        for i, server in enumerate(cluster.nodes)
-        if i != lost
+        f"{node}: {failure}": log.count(failure)
+        for node, log in logs.items()
         for failure in failures
     }
 
