@@ -12,7 +12,9 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 
 - throughput: tool turns per second over the round's wall time (first request to last answer),
   ours against the floor's turns (its steps divided by the steps per turn);
-- worker CPU per turn: user + system time of the worker's process group over the round;
+- worker CPU per turn: the time on a CPU of the worker's process group over the round (`/proc`,
+  in ns). While the worker is the bottleneck (one process near a core), the floor's against
+  ours is the throughput ratio's steadier twin;
 - with `--shaped`, a third side: the floor's steps journaled in the shape of ours (the other
   entries a run journals, at their sizes: `BenchRaw/shaped`), against the floor. It parts the
   gap: what the journal's shape costs, and what is left, Tether's own code in the worker;
@@ -62,6 +64,12 @@ def group_pids(pgid: int) -> list[int]:
 
 
 def process_cpu_seconds(pid: int) -> float:
+    # schedstat's first field is the time on a CPU in ns; stat's utime + stime count clock ticks
+    # (10 ms: 2% of a round's worker CPU), the fallback where the kernel has no schedstat
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -233,9 +241,10 @@ def main() -> None:
                 )
         print(
             f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8; its middle "
-            f"half {middle_half(ratios)}), CPU per "
-            f"turn {statistics.median(cpu_ours) * 1000:.2f} ms vs the floor's "
-            f"{statistics.median(cpu_raw) * 1000:.2f} ms (restate-server's "
+            f"half {middle_half(ratios)}), worker CPU per turn "
+            f"{statistics.median(cpu_ours) * 1000:.3f} ms vs the floor's "
+            f"{statistics.median(cpu_raw) * 1000:.3f} ms (the floor's against ours "
+            f"{statistics.median(cpu_raw) / statistics.median(cpu_ours):.2f}; restate-server's "
             f"{statistics.median(server_ours) * 1000:.2f} ms vs "
             f"{statistics.median(server_raw) * 1000:.2f} ms), RSS per active run "
             f"{max(per_run) / 2**10:.0f} KiB at most; RSS after rounds "

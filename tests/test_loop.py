@@ -178,6 +178,55 @@ async def test_hooks_fire_in_order_with_turn_and_call_ids() -> None:
     assert results_after(agent.session.turns, 1)["call_0_0"]["content"] == "QUIET"
 
 
+@pytest.mark.parametrize("name", ["tool:after", "tool:transform", "turn:before", "turn:end"])
+async def test_a_hook_registered_alone_gets_its_whole_payload(name: str) -> None:
+    # The loop builds a payload only for the hooks registered: each one alone must still get it.
+    payloads: list[dict[str, Any]] = []
+    script = [calls("echo", echo={"text": "x" * 50}), {"text": "end"}]
+    behavior = Behavior(max_tool_result_bytes=20)
+    agent = create_agent(
+        provider=scripted(script),
+        tools=[echo],
+        hooks={name: payloads.append},
+        behavior=behavior,
+    )
+    await agent.run("go")
+    expected = {
+        "tool:after": {"call_id", "result", "outcome", "duration_s", "is_error", "turn"},
+        "tool:transform": {"call_id", "result", "is_error", "run_id", "turn"},
+        "turn:before": {"turn", "request", "run_id"},
+        "turn:end": {"turn", "run_id", "started_at", "ended_at"},
+    }[name]
+    assert payloads and expected <= payloads[0].keys(), payloads
+    if name == "tool:after":  # the result as capped, and how the call went
+        assert payloads[0]["outcome"] == "ok" and "bytes omitted" in payloads[0]["result"]
+
+
+async def test_a_tool_that_takes_no_context_is_given_none() -> None:
+    given: list[Any] = []
+
+    async def execute(arguments: dict[str, Any], ctx: ToolContext) -> str:
+        given.append(ctx)
+        return "ok"
+
+    spec = ToolSpec(name="plain", description="d", input_schema={"type": "object"})
+    plain = ToolDef(spec=spec, execute=execute, uses_context=False)
+    framed = ToolDef(spec=ToolSpec(name="framed", description="d", input_schema={}), execute=execute)
+
+    @tool
+    async def reads(ctx: ToolContext) -> str:
+        """Reads its context."""
+        return ctx.call_id
+
+    assert not echo.uses_context and reads.uses_context
+    script = [{"tool_calls": [{"name": n, "input": {}} for n in ("plain", "framed", "reads")]}]
+    agent = create_agent(provider=scripted([*script, {"text": "end"}]), tools=[plain, framed, reads])
+    await agent.run("go")
+    assert given[0] is None and isinstance(given[1], ToolContext)
+    assert agent.session is not None
+    assert results_after(agent.session.turns, 1)["call_0_2"]["content"] == "call_0_2"
+
+
 def test_unknown_hook_names_are_rejected() -> None:
     with pytest.raises(ValueError, match="unknown hook 'tool:befor'"):
         create_agent(provider=scripted([]), hooks={"tool:befor": lambda p: None})

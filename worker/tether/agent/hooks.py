@@ -69,8 +69,10 @@ class Hooks:
         return bool(self._hooks.get(name))
 
     async def call(self, name: str, payload: HookPayload) -> HookPayload:
-        for fn in list(self._hooks.get(name, ())):
-            result = fn(payload)
-            if inspect.isawaitable(result):
-                await result
+        fns = self._hooks.get(name)
+        if fns:  # most names have none: no copy of an empty list per call
+            for fn in list(fns):
+                result = fn(payload)
+                if inspect.isawaitable(result):
+                    await result
         return payload

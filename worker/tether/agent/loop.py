@@ -213,9 +213,10 @@ class AgentRun:
             turn_id = await self._append(
                 "assistant", content, created_at=response["at"], usage=response["usage"]
             )
-            self.stats.text = text_of(content) or self.stats.text
+            text = text_of(content)
+            self.stats.text = text or self.stats.text
             calls = tool_uses(content)
-            await self._publish(*self._model_events(turn, response, calls))
+            await self._publish(*self._model_events(turn, response, text, calls))
             if not calls:
                 await self._turn_end(turn, response, response["at"])
                 follow_ups = await self._take_messages(turn)
@@ -227,7 +228,7 @@ class AgentRun:
             results, finished_at, outcomes = await self.tools.execute(calls, turn_id, turn)
             await self._turn_end(turn, response, finished_at)
             await self._publish(
-                *(event("tool_finished", self.run_id, finished_at, **o) for o in outcomes)
+                *[event("tool_finished", self.run_id, finished_at, **o) for o in outcomes]
             )
             steering = await self._steering(turn, finished_at)
             await self._append("user", [*results, *steering], created_at=finished_at)
@@ -235,6 +236,8 @@ class AgentRun:
 
     async def _turn_end(self, turn: int, response: dict[str, Any], ended_at: float) -> None:
         """`turn:end`, with the turn's journaled start and end; it fires on replays too."""
+        if not self.agent.hooks.wants("turn:end"):
+            return
         started = response["at"] - response.get("latency_ms", 0.0)
         payload = {"turn": turn, "run_id": self.run_id, "started_at": started, "ended_at": ended_at}
         await self.agent.hooks.call("turn:end", payload)
@@ -248,12 +251,15 @@ class AgentRun:
         if log is not None and events:
             await log.append(self.session.id, events)
 
-    def _live(self, live_event: JSON) -> None:
+    def _live(self, kind: str, **fields: Any) -> None:
+        """A live event, made only when the session's event log passes live events on."""
         log = self.durable.stores.events
-        if log is not None:
-            log.live(self.session.id, live_event)
+        if log is not None and log.live_wanted:
+            log.live(self.session.id, event(kind, self.run_id, now_ms(), **fields))
 
-    def _model_events(self, turn: int, response: dict[str, Any], calls: list[Any]) -> list[JSON]:
+    def _model_events(
+        self, turn: int, response: dict[str, Any], text: str, calls: list[Any]
+    ) -> list[JSON]:
         at = response["at"]
         events = [
             event(
@@ -264,10 +270,12 @@ class AgentRun:
                 usage=response["usage"],
                 cost_usd=response.get("cost", 0.0),
                 stop=response.get("stop"),
-                text=text_of(response["content"]),
+                text=text,
                 tool_calls=[{"id": c["id"], "name": c["name"]} for c in calls],
             )
         ]
+        if not self.limits:
+            return events
         behavior, stats = self.behavior, self.stats
         budgets = [
             ("cost_usd", behavior.max_cost_usd, stats.total_cost_usd),
@@ -305,8 +313,10 @@ class AgentRun:
             return "aborted"
         if self.stats.turns >= self.behavior.max_turns:
             return "max_turns"
+        if worst is None:
+            return "continue"
         spent = Spend(self.stats.total_cost_usd, self.stats.total_tokens)
-        if worst is not None and self.limits.exceeded_by(spent + worst):
+        if self.limits.exceeded_by(spent + worst):
             return "budget_exceeded"  # the call could pass the budget: it does not start
         return "continue"
 
@@ -357,11 +367,11 @@ class AgentRun:
             # The step's name and the run's id name the call: a crash that cuts it off and
             # runs it again starts the same call twice, which the live stream reports.
             call = f"{self.run_id}/model:{turn}:{attempt}"
-            self._live(event("model_started", self.run_id, now_ms(), turn=turn, call=call))
+            self._live("model_started", turn=turn, call=call)
 
             async def on_text(delta: str) -> None:
                 streamed.append(delta)
-                self._live(event("model_text", self.run_id, now_ms(), call=call, delta=delta))
+                self._live("model_text", call=call, delta=delta)
                 if hooks.wants("stream:text"):  # the text so far: quadratic in the deltas
                     await hooks.call("stream:text", {"delta": delta, "text": "".join(streamed)})
 
@@ -380,7 +390,7 @@ class AgentRun:
                 }
                 await hooks.call("turn:error", {"turn": turn, "run_id": self.run_id, **failed})
                 return failed
-            if streamed:
+            if streamed and hooks.wants("stream:end"):
                 await hooks.call("stream:end", {"text": "".join(streamed)})
             pricing = self.agent.provider.pricing
             cost = pricing.cost(response.usage) if pricing else 0.0
@@ -392,18 +402,19 @@ class AgentRun:
                 "latency_ms": now_ms() - started,
                 "at": now_ms(),
             }
-            await hooks.call(
-                "turn:after",
-                {
-                    "turn": turn,
-                    "usage": response.usage,
-                    "cost": cost,
-                    "content": response.content,
-                    "latency_ms": value["latency_ms"],
-                    "stop": response.stop_reason,
-                    "run_id": self.run_id,
-                },
-            )
+            if hooks.wants("turn:after"):
+                await hooks.call(
+                    "turn:after",
+                    {
+                        "turn": turn,
+                        "usage": response.usage,
+                        "cost": cost,
+                        "content": response.content,
+                        "latency_ms": value["latency_ms"],
+                        "stop": response.stop_reason,
+                        "run_id": self.run_id,
+                    },
+                )
             return value
 
         return call
@@ -450,9 +461,11 @@ class AgentRun:
                 - estimate_tokens([t.spec.input_schema for t in self.tool_defs])
             )
             messages = compact_tail(messages, budget, omitted=self.session.earlier.turns)
-        context = await agent.hooks.call("context:transform", {"messages": messages})
+        hooks = agent.hooks
+        if hooks.wants("context:transform"):
+            messages = (await hooks.call("context:transform", {"messages": messages}))["messages"]
         request = ModelRequest(
-            messages=context["messages"],
+            messages=messages,
             system=agent.system,
             tools=[t.spec for t in self.tool_defs],
             max_output_tokens=self.behavior.max_output_tokens,
@@ -460,9 +473,10 @@ class AgentRun:
             cache=self.behavior.cache,
             assistant_turns=self.session.assistant_turns,
         )
-        await agent.hooks.call(
-            "turn:before", {"turn": turn, "request": request, "run_id": self.run_id}
-        )
+        if hooks.wants("turn:before"):
+            await hooks.call(
+                "turn:before", {"turn": turn, "request": request, "run_id": self.run_id}
+            )
         return request
 
     # Bookkeeping ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 AgentStatus = Literal["completed", "aborted", "max_turns", "budget_exceeded", "error"]
@@ -47,7 +47,7 @@ class AgentStats:
 
     def to_json(self) -> dict[str, Any]:
         # by hand: `asdict` deep-copies through `copy.deepcopy`, once per run and child
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data = dict(vars(self))  # its attributes are its fields, in their order
         data["children"] = [child.to_json() for child in self.children]
         return data
 

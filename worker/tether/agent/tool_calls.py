@@ -12,14 +12,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..durable.journal import now_ms
 from ..durable.protocol import StepCall
 from ..messages import JSON, ToolResultBlock, ToolUseBlock, tool_result
 from ..session.session import INTERRUPTED_RESULT
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput
-from ..tools.validation import validation_error, validator_for
+from ..tools.validation import InputValidator, validator_for
 from .abort import Aborted
 
 if TYPE_CHECKING:
@@ -101,8 +101,9 @@ class ToolRun:
     run_id: str
     session_id: str | None
     record_decision: Callable[[dict[str, Any]], Awaitable[None]]
-    live: Callable[[JSON], None] = lambda event: None
-    """Passes on a live event (a tool call started) to the session's stream."""
+    live: Callable[..., None] = lambda kind, **fields: None
+    """Passes on a live event (a tool call started: its kind and fields) to the session's
+    stream."""
     budget_tree: str | None = None
 
 
@@ -112,7 +113,8 @@ class ToolCallExecutor:
     def __init__(self, run: ToolRun) -> None:
         self.run = run
         self.tools = {t.name: t for t in run.tools}
-        self.validators = {t.name: validator_for(t.spec.input_schema) for t in run.tools}
+        self._validators: dict[str, InputValidator] = {}
+        """By tool name, made at its first call: most runs call few of their tools."""
         self.turn = 0
         """The number of the turn whose calls run (the hooks' `turn`)."""
 
@@ -128,21 +130,21 @@ class ToolCallExecutor:
             gate = asyncio.Semaphore(limit) if len(group) > limit else None
             values.extend(await self._run_group(group, turn_id, gate))
         self.run.stats.tool_calls += len(values)
-        results = [
-            tool_result(call["id"], v["content"], is_error=bool(v["is_error"]))
-            for call, v in zip(calls, values, strict=True)
-        ]
-        outcomes: list[JSON] = [
-            {
-                "call_id": call["id"],
-                "tool": call["name"],
-                "outcome": v.get("outcome"),
-                "is_error": bool(v["is_error"]),
-                "duration_s": v.get("duration_s"),
-            }
-            for call, v in zip(calls, values, strict=True)
-        ]
-        return results, max(v["at"] for v in values), outcomes
+        results: list[ToolResultBlock] = []
+        outcomes: list[JSON] = []
+        for call, v in zip(calls, values, strict=True):
+            is_error = bool(v["is_error"])
+            results.append(tool_result(call["id"], v["content"], is_error=is_error))
+            outcomes.append(
+                {
+                    "call_id": call["id"],
+                    "tool": call["name"],
+                    "outcome": v.get("outcome"),
+                    "is_error": is_error,
+                    "duration_s": v.get("duration_s"),
+                }
+            )
+        return results, max([v["at"] for v in values]), outcomes
 
     async def _run_group(
         self, group: list[ToolUseBlock], turn_id: str, limit: asyncio.Semaphore | None
@@ -154,7 +156,7 @@ class ToolCallExecutor:
         steps = [
             StepCall("tool", f"tool:{c['id']}", self._call_fn(c, turn_id, limit)) for c in group
         ]
-        if any(self._needs_intent(c) for c in group):
+        if any([self._needs_intent(c) for c in group]):
 
             async def interrupted(index: int) -> JSON:
                 call = group[index]
@@ -208,27 +210,31 @@ class ToolCallExecutor:
         """Gate, lookup and validation: an error outcome, or None if the call may run."""
         hooks = self.run.agent.hooks
         name, arguments = call["name"], call["input"]
-        gate = await hooks.call(
-            "tool:gate",
-            {
-                "name": name,
-                "input": arguments,
-                "call_id": call["id"],
-                "turn_id": turn_id,
-                "block": False,
-                "reason": None,
-            },
-        )
-        if gate["block"]:
-            reason = gate["reason"] or "blocked by a tool:gate hook"
-            return _outcome(f"Blocked: {reason}", outcome="blocked", is_error=True)
+        if hooks.wants("tool:gate"):
+            gate = await hooks.call(
+                "tool:gate",
+                {
+                    "name": name,
+                    "input": arguments,
+                    "call_id": call["id"],
+                    "turn_id": turn_id,
+                    "block": False,
+                    "reason": None,
+                },
+            )
+            if gate["block"]:
+                reason = gate["reason"] or "blocked by a tool:gate hook"
+                return _outcome(f"Blocked: {reason}", outcome="blocked", is_error=True)
         tool = self.tools.get(name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
             message = f"Unknown tool {name!r}. Available tools: {known}."
             await self._error_hook(call, turn_id, message)
             return _outcome(message, outcome="unknown", is_error=True)
-        problem = validation_error(self.validators[name], arguments)
+        validator = self._validators.get(name)
+        if validator is None:
+            validator = self._validators[name] = validator_for(tool.spec.input_schema)
+        problem = validator.error(arguments)
         if problem is not None:
             message = f"Invalid input for tool {name!r}: {problem}"
             await self._error_hook(call, turn_id, message)
@@ -253,32 +259,20 @@ class ToolCallExecutor:
         """The output, its outcome and the seconds the body took. `started_at`: the journaled
         start of a self-journaled call (its `tool:before` fires on replays too)."""
         hooks = self.run.agent.hooks
-        base = {
-            "name": call["name"],
-            "input": call["input"],
-            "call_id": call["id"],
-            "turn_id": turn_id,
-            "run_id": self.run.run_id,
-            "turn": self.turn,
-            "replay": tool.replay,
-            "self_journaled": tool.self_journaled,
-        }
-        if started_at is not None:
-            base["started_at"] = started_at
-        await hooks.call("tool:before", dict(base))
-        self.run.live(
-            {
-                "type": "tool_started",
-                "run": self.run.run_id,
-                "at": now_ms(),
-                "call_id": call["id"],
-                "tool": call["name"],
-                "input": call["input"],
-            }
-        )
+        if hooks.wants("tool:before"):
+            before = self._payload(
+                call, turn_id, replay=tool.replay, self_journaled=tool.self_journaled
+            )
+            if started_at is not None:
+                before["started_at"] = started_at
+            await hooks.call("tool:before", before)
+        self.run.live("tool_started", call_id=call["id"], tool=call["name"], input=call["input"])
         started = time.monotonic()
         try:
-            work = tool.execute(call["input"], ctx or self._context(call, turn_id))
+            if ctx is None and tool.uses_context:
+                ctx = self._context(call, turn_id)
+            # A tool that never reads its context gets none (`ToolDef.uses_context`).
+            work = tool.execute(call["input"], cast(ToolContext, ctx))
             # A self-journaled tool may be parked: cutting it on a live abort would take a path
             # its replay cannot reproduce. It ends through its own journal (or a cancellation).
             output = await (work if tool.self_journaled else self.run.abort.race(work))
@@ -301,26 +295,31 @@ class ToolCallExecutor:
         self, call: ToolUseBlock, turn_id: str, output: ToolOutput, outcome: str, duration: float
     ) -> dict[str, Any]:
         hooks = self.run.agent.hooks
-        payload = await hooks.call(
-            "tool:transform",
-            {
-                "name": call["name"],
-                "input": call["input"],
-                "call_id": call["id"],
-                "turn_id": turn_id,
-                "run_id": self.run.run_id,
-                "turn": self.turn,
-                "result": output,
-                "is_error": outcome != "ok",
-            },
-        )
-        result = cap_output(payload["result"], self.run.behavior.max_tool_result_bytes)
-        await hooks.call(
-            "tool:after", dict(payload, result=result, outcome=outcome, duration_s=duration)
-        )
-        return _outcome(
-            result, outcome=outcome, is_error=bool(payload["is_error"]), duration_s=duration
-        )
+        is_error = outcome != "ok"
+        payload = None
+        if hooks.wants("tool:transform") or hooks.wants("tool:after"):
+            payload = await hooks.call(
+                "tool:transform", self._payload(call, turn_id, result=output, is_error=is_error)
+            )
+            output, is_error = payload["result"], bool(payload["is_error"])
+        result = cap_output(output, self.run.behavior.max_tool_result_bytes)
+        if payload is not None:
+            await hooks.call(
+                "tool:after", dict(payload, result=result, outcome=outcome, duration_s=duration)
+            )
+        return _outcome(result, outcome=outcome, is_error=is_error, duration_s=duration)
+
+    def _payload(self, call: ToolUseBlock, turn_id: str, **fields: Any) -> dict[str, Any]:
+        """A hook's payload about `call`: the call, its turn and run, and `fields`."""
+        return {
+            "name": call["name"],
+            "input": call["input"],
+            "call_id": call["id"],
+            "turn_id": turn_id,
+            "run_id": self.run.run_id,
+            "turn": self.turn,
+            **fields,
+        }
 
     async def _error_hook(self, call: ToolUseBlock, turn_id: str, message: str) -> None:
         await self.run.agent.hooks.call(

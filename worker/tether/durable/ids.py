@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 
 _MASK = (1 << 128) - 1
-_VERSION_4 = (0xF << 76, 0x4 << 76)
-_VARIANT = (0x3 << 62, 0x2 << 62)
+_KEEP = _MASK & ~(0xF << 76) & ~(0x3 << 62)
+"""The bits a v4 UUID takes from the value: all but its version's and its variant's."""
+_SET = (0x4 << 76) | (0x2 << 62)
+"""Version 4, variant RFC 4122."""
 _STRIDE = 0x9E3779B97F4A7C15F39CC0605CEDC835
 """Odd, so counter -> id is one-to-one (modulo 2**128); its bits spread consecutive ids."""
 
@@ -14,9 +16,7 @@ _STRIDE = 0x9E3779B97F4A7C15F39CC0605CEDC835
 def _uuid_v4_shaped(value: int) -> str:
     """`value` (128 bits) as an RFC-4122 v4 UUID: version and variant bits set, so databases
     and clients treat it as a regular v4; formatted by hand (uuid.UUID is slow on a hot path)."""
-    value = (value & ~_VERSION_4[0]) | _VERSION_4[1]
-    value = (value & ~_VARIANT[0]) | _VARIANT[1]
-    h = f"{value:032x}"
+    h = "%032x" % ((value & _KEEP) | _SET)
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 

@@ -107,6 +107,8 @@ class Values:
         """Write `key` by calling `write` (which writes it with `put`) when the held writes go
         out or the key is read, once however often this is called before; at once when writes
         are not held."""
+        if key in self._later:  # queued already (every record of a turn queues its tail)
+            return
         if self._held is None:
             write()
             return
@@ -392,11 +394,12 @@ class Chain:
     async def write(self, start: int, records: Sequence[Json]) -> None:
         """Store `records` as records `start, start + 1, ...` (replacing what is there)."""
         assert self.known, "read the chain first"
-        if start > self.count:
-            raise ValueError(f"records are written in order: {start} after {self.count} stored")
-        if start == self.count:
+        count = self.count
+        if start == count:
             self.append(records)
             return
+        if start > count:
+            raise ValueError(f"records are written in order: {start} after {count} stored")
         if start < self.tail_first:
             await self._rewrite(start, records)
             return
@@ -411,11 +414,10 @@ class Chain:
         """Store `records` after the last one: `write(count, records)`, the common case, kept
         cheap (it runs for every turn and event, on every replay too)."""
         assert self.known, "read the chain first"
-        tail, marks, mark = self._tail, self._tail_marks, self._mark
         for record in records:
             data = jsoncodec.dumps(record)
-            tail.append(data)
-            marks.append(mark(record))
+            self._tail.append(data)
+            self._tail_marks.append(self._mark(record))
             self._tail_bytes += len(data)
         self._store()
 
@@ -438,6 +440,9 @@ class Chain:
         """Seal the tail's oldest records: at most `PER_SEGMENT`, under `SEGMENT_BYTES` (but at
         least one), as the next segment (`replacing`: the size of the segment it replaces)."""
         size, take = 0, 0
+        if self._tail_bytes < SEGMENT_BYTES:  # the usual case: full by count, not by size
+            take = min(len(self._tail), PER_SEGMENT)
+            size = sum(map(len, self._tail[:take]))
         while take < min(len(self._tail), PER_SEGMENT) and (
             take == 0 or size + len(self._tail[take]) < SEGMENT_BYTES
         ):
@@ -460,7 +465,8 @@ class Chain:
 
     def _store(self) -> None:
         """Seal what the tail has over its budget into segments, then write the tail."""
-        self._seal()
+        if self._full():
+            self._seal()
         self._write_tail()
 
     def _seal(self, replacing: Sequence[int] = ()) -> None:

@@ -93,6 +93,10 @@ class RestateEventLog:
         first = chain.count + 1
         chain.append([{**e, "id": str(first + i)} for i, e in enumerate(events)])
 
+    @property
+    def live_wanted(self) -> bool:
+        return self.sink is not None
+
     def live(self, session_id: str, event: JSON) -> None:
         if self.sink is not None and self._chain.known:
             self.sink(session_id, self.position, event)

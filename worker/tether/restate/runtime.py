@@ -100,8 +100,8 @@ class _Checkpoints:
         self._latest = 0.0
 
     def saw(self, value: Any) -> None:
-        at = value.get("at") if isinstance(value, dict) else None
-        if not isinstance(at, (int, float)):
+        at = value.get("at") if type(value) is dict else None
+        if type(at) is not float and type(at) is not int:
             return
         self._latest = at
         if self._since is None and "latency_ms" in value:  # a model call's journaled start
@@ -144,6 +144,9 @@ class RestateRuntime:
         reanchor = (DEFAULT_REANCHOR_EVERY if every is True else int(every)) if every else None
         self._clock = CoalescedClock(ctx, reanchor)
         self.counters = StepCounters()
+        self._run_options = {
+            kind: journal_options(given) for kind, given in options.run_options.items()
+        }
         self.tracker = options.replay_tracker or ReplayTracker()
         self._checkpoints: _Checkpoints | None = None
         self.stores = self._default_stores()
@@ -171,14 +174,15 @@ class RestateRuntime:
     # Steps --------------------------------------------------------------------------------
 
     def _start(self, kind: StepKind, name: str, fn: StepFn) -> _Started:
-        options = journal_options(self.options.run_options.get(kind))
+        options = self._run_options.get(kind, DEFAULT_RUN_OPTIONS)
         self._clock.step_started()
         if kind == "model" and self._checkpoints is not None:
             self._checkpoints.before_model_step()  # a model takes seconds: stored meanwhile
 
         async def action() -> Any:
             started.executed = True
-            await self.tracker.mark_live()
+            if self.tracker.is_replaying():
+                await self.tracker.mark_live()
             return await fn()
 
         started = _Started(None)

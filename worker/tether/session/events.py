@@ -84,6 +84,11 @@ class EventLog(Protocol):
         """Pass on a live event, best effort: never blocks, never fails the run."""
         ...
 
+    @property
+    def live_wanted(self) -> bool:
+        """Whether `live` passes events on at all: runs build none when it does not."""
+        ...
+
 
 @dataclass
 class _Stream:
@@ -111,6 +116,9 @@ class MemoryEventLog:
     """The event streams of an in-process runtime (memory or SQLite): `follow` them with
     `async for`. A run resumed in a new process from its SQLite journal appends the events of
     its replayed steps again, into this process's fresh log."""
+
+    live_wanted = True
+    """Live events are kept for followers, who may come later."""
 
     def __init__(self, retain: int = DEFAULT_RETAIN) -> None:
         self.retain = retain

@@ -68,9 +68,10 @@ class Session:
         self.turns.extend(turns)
         if len(self._messages) == start:
             self._messages.extend([{"role": t.role, "content": t.content} for t in turns])
-        if self._assistant_count[0] == start:
+        counted, assistants = self._assistant_count
+        if counted == start:
             added = [t.role for t in turns].count("assistant")
-            self._assistant_count = (len(self.turns), self._assistant_count[1] + added)
+            self._assistant_count = (start + len(turns), assistants + added)
         await self.store.write_turns(self.id, self.earlier.turns + start, turns)
 
     async def save_run(self, run: SessionRun) -> None:

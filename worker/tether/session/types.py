@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..messages import ContentBlock, Role, Usage
@@ -58,8 +58,9 @@ class SessionRun:
     what was decided, and by whom and when where the answer says so. The audit trail."""
 
     def to_json(self) -> dict[str, Any]:
-        # shallow (`asdict` deep-copies): what a store keeps, it encodes or copies
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        # shallow (`asdict` deep-copies): what a store keeps, it encodes or copies; a record's
+        # attributes are its fields, in their order
+        return dict(vars(self))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionRun:

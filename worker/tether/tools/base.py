@@ -75,6 +75,9 @@ class ToolDef:
     is_concurrency_safe: bool = False
     replay: ReplayPolicy = "unsafe"
     self_journaled: bool = False
+    uses_context: bool = True
+    """False: `execute` never reads its `ToolContext` (a `@tool` function without a parameter
+    for it), so the loop does not build one for each call."""
 
     @property
     def name(self) -> str:

@@ -68,6 +68,7 @@ def build_tool(
         execute=execute,
         is_concurrency_safe=concurrency_safe,
         replay=replay,
+        uses_context=context_param is not None,
     )
 
 

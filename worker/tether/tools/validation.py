@@ -24,23 +24,54 @@ _EXACT_TYPES: dict[str, tuple[type, ...]] = {
 """Python types that surely have each JSON type (a subset: `1.0` is an integer too)."""
 
 
-@lru_cache(maxsize=256)
-def _validator(schema_json: str) -> Validator:
-    schema = json.loads(schema_json)
-    return jsonschema.validators.validator_for(schema)(schema)
+class InputValidator:
+    """Checks a tool's input against its JSON schema. Built once per schema (`validator_for`);
+    a call's check is then a dict walk for the usual tool schema (an object of simply typed
+    properties), and jsonschema's only for the rest, or to word an error: its generic walk
+    was the largest share of a tool call's overhead in the loop."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.schema = schema
+        self.jsonschema: Validator = jsonschema.validators.validator_for(schema)(schema)
+        self._shortcut = _shortcut(schema)
+
+    def surely_valid(self, value: Any) -> bool:
+        """True only when `value` surely matches the schema (False: ask jsonschema)."""
+        if self._shortcut is None or type(value) is not dict:
+            return False
+        required, types, closed = self._shortcut
+        for key in required:
+            if key not in value:
+                return False
+        for key, item in value.items():
+            if key in types:
+                allowed = types[key]
+                if allowed is not None and type(item) not in allowed:
+                    return False
+            elif closed:
+                return False
+        return True
+
+    def error(self, value: Any) -> str | None:
+        """A one-line description of why `value` does not match, or None if it does."""
+        if self.surely_valid(value) or self.jsonschema.is_valid(value):
+            return None
+        error = jsonschema.exceptions.best_match(self.jsonschema.iter_errors(value))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "input"
+        return f"{where}: {error.message}"
 
 
-def validator_for(schema: dict[str, Any]) -> Validator:
-    """A (cached) validator of `schema`."""
-    return _validator(json.dumps(schema, sort_keys=True))
+_Shortcut = tuple[tuple[str, ...], dict[str, tuple[type, ...] | None], bool]
+"""Required keys; each property's Python types that surely match it (None: any value, `()`:
+none surely); whether other keys are refused."""
 
 
-def _surely_valid(schema: Any, value: Any) -> bool:
-    """A shortcut for the usual tool schema, an object of simply typed properties: True only
-    when `value` surely matches it. False leaves the answer to jsonschema, which also words the
-    error; its generic walk was the largest share of a tool call's overhead in the loop."""
-    if type(value) is not dict or type(schema) is not dict or not schema.keys() <= _OBJECT_KEYWORDS:
-        return False
+def _shortcut(schema: Any) -> _Shortcut | None:
+    """What `surely_valid` checks, for an object of simply typed properties (else None)."""
+    if type(schema) is not dict or not schema.keys() <= _OBJECT_KEYWORDS:
+        return None
     properties = schema.get("properties", {})
     required = schema.get("required", [])
     extra = schema.get("additionalProperties", True)
@@ -48,31 +79,32 @@ def _surely_valid(schema: Any, value: Any) -> bool:
         schema.get("type", "object") != "object"
         or type(properties) is not dict
         or type(required) is not list
-        or not (extra is True or (extra is False and value.keys() <= properties.keys()))
+        or not all(type(key) is str for key in required)
+        or type(extra) is not bool
     ):
-        return False
-    for key in required:
-        if type(key) is not str or key not in value:
-            return False
-    for key, item in value.items():
-        sub = properties.get(key, {})
+        return None
+    types: dict[str, tuple[type, ...] | None] = {}
+    for key, sub in properties.items():
         if type(sub) is not dict or not sub.keys() <= _PROPERTY_KEYWORDS:
-            return False
-        kind = sub.get("type")
-        if kind is not None and (
-            type(kind) is not str or type(item) not in _EXACT_TYPES.get(kind, ())
-        ):
-            return False
-    return True
+            types[key] = ()  # keywords the walk does not check
+        elif "type" not in sub:
+            types[key] = None
+        else:
+            kind = sub["type"]
+            types[key] = _EXACT_TYPES.get(kind, ()) if type(kind) is str else ()
+    return tuple(required), types, not extra
 
 
-def validation_error(schema: dict[str, Any] | Validator, value: dict[str, Any]) -> str | None:
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> InputValidator:
+    return InputValidator(json.loads(schema_json))
+
+
+def validator_for(schema: dict[str, Any]) -> InputValidator:
+    """A (cached) validator of `schema`."""
+    return _validator(json.dumps(schema, sort_keys=True))
+
+
+def validation_error(schema: dict[str, Any], value: dict[str, Any]) -> str | None:
     """A one-line description of why `value` does not match `schema`, or None if it does."""
-    validator = validator_for(schema) if isinstance(schema, dict) else schema
-    if _surely_valid(validator.schema, value) or validator.is_valid(value):
-        return None
-    error = jsonschema.exceptions.best_match(validator.iter_errors(value))
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path) or "input"
-    return f"{where}: {error.message}"
+    return validator_for(schema).error(value)
