@@ -12,9 +12,9 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 
 - throughput: tool turns per second over the round's wall time (first request to last answer),
   ours against the floor's turns (its steps divided by the steps per turn);
-- worker CPU per turn: the time on a CPU of the worker's process group over the round (`/proc`,
-  in ns). While the worker is the bottleneck (one process near a core), the floor's against
-  ours is the throughput ratio's steadier twin;
+- worker CPU per turn: the CPU time of the worker's process group over the round (its
+  processes' CPU clocks, in ns). While the worker is the bottleneck (one process near a core),
+  the floor's against ours is the throughput ratio's steadier twin;
 - with `--shaped`, a third side: the floor's steps journaled in the shape of ours (the other
   entries a run journals, at their sizes: `BenchRaw/shaped`), against the floor. It parts the
   gap: what the journal's shape costs, and what is left, Tether's own code in the worker;
@@ -26,6 +26,7 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import tempfile
@@ -45,6 +46,7 @@ from tether.testing import HypercornWorker
 SERVICE = Path(__file__).resolve().parent / "restate_bench_service.py"
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 # The worker's process group, from /proc -------------------------------------------------------
@@ -64,12 +66,14 @@ def group_pids(pgid: int) -> list[int]:
 
 
 def process_cpu_seconds(pid: int) -> float:
-    # schedstat's first field is the time on a CPU in ns; stat's utime + stime count clock ticks
-    # (10 ms: 2% of a round's worker CPU), the fallback where the kernel has no schedstat
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
+    # The process's CPU clock counts ns, its exited threads included; stat's utime + stime count
+    # clock ticks (10 ms: 2% of a round's worker CPU), the fallback.
+    clock = ctypes.c_int()
+    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) == 0:
+        try:
+            return time.clock_gettime(clock.value)
+        except OSError:  # it exited
+            return 0.0
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
