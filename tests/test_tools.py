@@ -66,12 +66,13 @@ def test_the_validation_shortcut_never_accepts_what_jsonschema_rejects() -> None
     kinds = ["string", "integer", "number", "boolean", "null", "array", "object", ["string"]]
     values = ["a", 1, 1.0, 2.5, True, None, [1], {"a": 1}]
     shortcuts = 0
-    for kind in kinds:
+    for kind in [*kinds, None]:  # None: a property of any type
+        typed = {} if kind is None else {"type": kind}
         for extra in ({}, {"minLength": 2}, {"enum": ["a"]}, {"title": "A", "default": 1}):
             for additional in (True, False, {"type": "string"}):
                 schema = {
                     "type": "object",
-                    "properties": {"a": {"type": kind, **extra}},
+                    "properties": {"a": {**typed, **extra}},
                     "required": ["a"],
                     "additionalProperties": additional,
                 }

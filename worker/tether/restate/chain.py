@@ -414,10 +414,11 @@ class Chain:
         """Store `records` after the last one: `write(count, records)`, the common case, kept
         cheap (it runs for every turn and event, on every replay too)."""
         assert self.known, "read the chain first"
+        tail, marks, mark = self._tail, self._tail_marks, self._mark
         for record in records:
             data = jsoncodec.dumps(record)
-            self._tail.append(data)
-            self._tail_marks.append(self._mark(record))
+            tail.append(data)
+            marks.append(mark(record))
             self._tail_bytes += len(data)
         self._store()
 
