@@ -209,9 +209,11 @@ async def test_a_tool_that_takes_no_context_is_given_none() -> None:
         given.append(ctx)
         return "ok"
 
-    spec = ToolSpec(name="plain", description="d", input_schema={"type": "object"})
-    plain = ToolDef(spec=spec, execute=execute, uses_context=False)
-    framed = ToolDef(spec=ToolSpec(name="framed", description="d", input_schema={}), execute=execute)
+    def spec(name: str) -> ToolSpec:
+        return ToolSpec(name=name, description="d", input_schema={"type": "object"})
+
+    plain = ToolDef(spec=spec("plain"), execute=execute, uses_context=False)
+    framed = ToolDef(spec=spec("framed"), execute=execute)
 
     @tool
     async def reads(ctx: ToolContext) -> str:
@@ -220,7 +222,8 @@ async def test_a_tool_that_takes_no_context_is_given_none() -> None:
 
     assert not echo.uses_context and reads.uses_context
     script = [{"tool_calls": [{"name": n, "input": {}} for n in ("plain", "framed", "reads")]}]
-    agent = create_agent(provider=scripted([*script, {"text": "end"}]), tools=[plain, framed, reads])
+    provider = scripted([*script, {"text": "end"}])
+    agent = create_agent(provider=provider, tools=[plain, framed, reads])
     await agent.run("go")
     assert given[0] is None and isinstance(given[1], ToolContext)
     assert agent.session is not None
