@@ -72,7 +72,7 @@ from tether.restate import (
     run_child,
 )
 from tether.restate.events import read_events
-from tether.restate.runtime import RestateRuntime
+from tether.restate.runtime import DEFAULT_RUN_OPTIONS, RestateRuntime
 from tether.session import create_session, load_session
 from tether.session.events import Cursor
 
@@ -375,12 +375,19 @@ async def run(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[str, Any]
         hooks=count_model_calls(str(models)) if models else None,
     )
     stats = await agent.run(prompt=str(req.get("prompt", "run the errands")))
+
+    async def this_attempts_counters() -> dict[str, Any]:
+        return {"live": dict(durable.counters.live), "replayed": dict(durable.counters.replayed)}
+
+    # The counters are this attempt's own, and the output must be every attempt's: an attempt
+    # cut after journaling it is retried, replays it and fails on any difference (a journal
+    # mismatch, retried for ever). Journaled, they are those of the first attempt to get here.
+    counted = await ctx.run_typed("counters", this_attempts_counters, DEFAULT_RUN_OPTIONS)
     return {
         "status": stats.status,
         "turns": stats.turns,
         "tool_calls": stats.tool_calls,
-        "live": dict(durable.counters.live),
-        "replayed": dict(durable.counters.replayed),
+        **counted,
         "children": [
             {"label": m["label"], "status": m["status"], "turns": m["turns"]} for m in merged
         ],
