@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from tether.tools import ToolError
+from tether.spec import DurableAgentSpec, SpecError, ToolSpecEntry
+from tether.spec.assemble import ParkingTool, SpecTools
+from tether.tools import ToolContext, ToolDef, ToolError, ToolSpec
 from tether.tools.builtin import BUILTINS, Workspace
 from tether.tools.builtin.http import host_allowed
 
@@ -89,3 +91,37 @@ async def test_shell_kills_the_whole_command_on_timeout(tmp_path: Path) -> None:
 def test_file_tools_take_no_config(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="takes no config"):
         build("read_file", {"root": "/"}, tmp_path)
+
+
+def test_a_specs_tools_are_built_once_and_its_waits_per_run(tmp_path: Path) -> None:
+    # A built-in's input model and schema cost ~0.5 ms to make: the worker builds them once,
+    # and what waits for a person is bound to each run's own parking.
+    spec = DurableAgentSpec.model_validate(
+        {
+            "model": {"provider": "scripted", "name": "s", "script": [{"text": "hi"}]},
+            "tools": [
+                {"name": "list_files", "builtin": "list_files"},
+                {"name": "write_file", "builtin": "write_file", "requireApproval": True},
+                {"name": "ask", "builtin": "ask_human"},
+            ],
+        }
+    )
+    tools = SpecTools(spec, tmp_path)
+
+    def parking_of(run: str) -> ParkingTool:
+        def parking(entry: ToolSpecEntry, inner: ToolDef | None) -> ToolDef:
+            assert (inner is None) == (entry.builtin == "ask_human")
+            return ToolDef(ToolSpec(f"{run}:{entry.name}", "parked", {}), execute=never)
+
+        return parking
+
+    first, second = tools.for_run(parking_of("a")), tools.for_run(parking_of("b"))
+    assert first[0] is second[0] and first[0].name == "list_files"
+    assert [t.name for t in first[1:]] == ["a:write_file", "a:ask"]
+    assert [t.name for t in second[1:]] == ["b:write_file", "b:ask"]
+    with pytest.raises(SpecError, match="wait for a person"):
+        tools.for_run(None)
+
+
+async def never(arguments: dict[str, Any], ctx: ToolContext) -> str:
+    raise AssertionError("not called")

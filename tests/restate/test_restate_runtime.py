@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
+import weakref
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tests.restate.support import ServedApp, attach, http, wait_until
 from tether import jsoncodec
 from tether.messages import text_block
 from tether.programs.restate_server import RestateServer
+from tether.restate import restate_runtime, restate_session_store
 from tether.session.types import SessionRun, SessionTurn
 
 ALL_CALLS = [f"call_{t}_{i}" for t, n in enumerate([1, 1, 3, 1, 2, 1, 1]) for i in range(n)]
@@ -247,3 +251,28 @@ def test_a_session_an_older_version_wrote_is_read_and_moved_into_the_head(
     )
     assert "tether:session" in {r["key"] for r in rows}
     assert not {r["key"] for r in rows} & set(older) - {"tether:session"}, rows
+
+
+def test_a_runtime_goes_when_dropped() -> None:
+    # Nothing of the runtime refers back to it (its stores read its clock, not it), so an
+    # invocation's runtime goes when the handler returns, without the cyclic collector.
+    def nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    ctx = SimpleNamespace(
+        key=lambda: "s1",
+        request=lambda: SimpleNamespace(id="inv_1"),
+        get=nothing,
+        set=nothing,
+        clear=nothing,
+    )
+    runtime = restate_runtime(ctx, id_seed="s1")
+    assert runtime.stores.session is not None and runtime.stores.events is not None
+    store = restate_session_store(ctx)  # a shared handler's, on the context's own clock
+    gone = [weakref.ref(runtime), weakref.ref(store)]
+    gc.disable()
+    try:
+        del runtime, store
+        assert [ref() for ref in gone] == [None, None]
+    finally:
+        gc.enable()

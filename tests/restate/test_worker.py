@@ -195,6 +195,58 @@ def test_two_runs_of_one_session_are_two_runs(
     assert len(run_ids) == 2 and len(set(run_ids)) == 2, session["runs"]
 
 
+def inbox_takes(server: RestateServer, agent: str) -> int:
+    """The calls of the agent's inbox `take`: each an invocation of its own."""
+    rows = server.query(
+        f"SELECT count(*) AS n FROM sys_invocation WHERE target_service_name = '{agent}-inbox' "
+        "AND target_handler_name = 'take'"
+    )
+    return int(rows[0]["n"])
+
+
+def test_a_run_calls_its_inbox_first_and_then_only_once_a_post_rang(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    agent = name()
+    listing = {"tool_calls": [{"name": "list_files", "input": {}}]}
+    write = {"tool_calls": [{"name": "write_file", "input": {"path": "a.txt", "content": "x"}}]}
+    script = [listing, listing, {"text": "first done"}]  # run 1
+    script += [listing, write, {"text": "second done"}, {"text": "noted"}]  # run 2
+    tools = [
+        {"name": "list_files", "builtin": "list_files"},
+        {"name": "write_file", "builtin": "write_file", "requireApproval": True},
+    ]
+    agent_worker(manifest(agent, script, tools=tools))
+    ingress = restate_server.ingress_url
+
+    # Nothing posted: the first boundary takes (and leaves a doorbell), the answer's looks.
+    assert result_of(restate_server, send_run(restate_server, agent, "s1", "one"))["text"]
+    assert inbox_takes(restate_server, agent) == 1
+
+    # A post after the run rings a doorbell whose invocation has ended, and is kept.
+    first = http("POST", f"{ingress}/{agent}-inbox/s1/post", {"text": "use the blue one"})
+    assert (first.status, first.json()) == (200, {"waiting": 1}), first.text
+
+    # The next run takes it at its first boundary; one posted while it waits for an approval
+    # rings the doorbell, and the run takes that one at a later boundary.
+    invocation = send_run(restate_server, agent, "s1", "two")
+    [call] = wait_until(lambda: parked(restate_server, agent, "s1"), what="a parked call")
+    second = http("POST", f"{ingress}/{agent}-inbox/s1/post", {"text": "and keep it short"})
+    assert second.status == 200, second.text
+    resolve(restate_server, call["awakeable_id"], {"approved": True})
+    assert result_of(restate_server, invocation)["status"] == "completed"
+    session = http("POST", f"{ingress}/{agent}/s1/session").json()
+    said = [
+        block.get("text")
+        for turn in session["turns"]
+        if turn["role"] == "user"
+        for block in turn["content"]
+        if block["type"] == "text"
+    ]
+    assert said == ["one", "two", "use the blue one", "and keep it short"], said
+    assert inbox_takes(restate_server, agent) == 3
+
+
 def test_the_worker_starts_without_alarming_log_lines(
     restate_server: RestateServer, agent_worker: Any
 ) -> None:

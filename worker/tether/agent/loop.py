@@ -117,7 +117,10 @@ class AgentRun:
         except ToolsetError as failure:
             status, error = "error", str(failure)
         else:
-            self.tools = ToolCallExecutor(
+            # The executor lives in `_turns` only: held by the run, it would close a reference
+            # cycle through the run's own methods it is given, and a run's objects would wait
+            # for the cyclic collector instead of going when it ends.
+            tools = ToolCallExecutor(
                 ToolRun(
                     agent=self.agent,
                     tools=self.tool_defs,
@@ -132,7 +135,7 @@ class AgentRun:
                     budget_tree=self.budget_tree,
                 )
             )
-            status, error, ended_at = await self._turns()
+            status, error, ended_at = await self._turns(tools)
         self.stats.status = status
         self.stats.error = error
         if ended_at is None:  # no model step said when the run stopped: a step of its own
@@ -196,7 +199,7 @@ class AgentRun:
         self.record.decisions.append(decision)
         await self.session.save_run(self.record)
 
-    async def _turns(self) -> tuple[AgentStatus, str | None, float]:
+    async def _turns(self, tools: ToolCallExecutor) -> tuple[AgentStatus, str | None, float]:
         """The run's turns: how it stopped, and when (the journaled time of the model step that
         stopped it, so the end needs no step of its own)."""
         turn = 0
@@ -225,7 +228,7 @@ class AgentRun:
                 await self._append("user", follow_ups, created_at=response["at"])
                 turn += 1
                 continue
-            results, finished_at, outcomes = await self.tools.execute(calls, turn_id, turn)
+            results, finished_at, outcomes = await tools.execute(calls, turn_id, turn)
             await self._turn_end(turn, response, finished_at)
             await self._publish(
                 *[event("tool_finished", self.run_id, finished_at, **o) for o in outcomes]

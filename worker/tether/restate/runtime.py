@@ -160,7 +160,7 @@ class RestateRuntime:
             values = Values(self.ctx)  # type: ignore[arg-type]
             self._checkpoints = _Checkpoints(values, self.options.checkpoint_every_ms)
             return RuntimeStores(
-                session=restate_session_store(self.ctx, clock=self.now, values=values),  # type: ignore[arg-type]
+                session=restate_session_store(self.ctx, clock=self._clock.now, values=values),  # type: ignore[arg-type]
                 tool_state=restate_tool_state_store(self.ctx),  # type: ignore[arg-type]
                 events=RestateEventLog(
                     self.ctx,  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ counting up), layout 2 (records in 64-record segments and a ring of slots, `teth
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -61,6 +62,10 @@ class ReadOnlySessionStoreError(TetherError, RuntimeError):
     """A write through a store built for a shared (read-only) handler."""
 
 
+async def _journaled_ms(ctx: RestateObjectContextLike) -> float:
+    return await journaled_time(ctx) * 1000
+
+
 async def _read_ring(values: Values, keys: tuple[str, str]) -> list[Json]:
     """Layout 2: the 64-record segments up to the first missing one, then the ring slots while
     each holds the record that follows."""
@@ -95,7 +100,8 @@ class RestateSessionStore:
         values: Values | None = None,
     ) -> None:
         self._ctx = ctx
-        self.clock: Clock | None = clock or self._context_clock
+        # not a method of the store: the store would hold itself, a cycle left for the collector
+        self.clock: Clock | None = clock or functools.partial(_journaled_ms, ctx)
         self._read_only = read_only
         self._values = values or Values(ctx, max_value_bytes)
         self._meta: Json | None = None
@@ -105,9 +111,6 @@ class RestateSessionStore:
         """The position of each run record read or written."""
         self._older: tuple[list[Json], list[Json]] | None = None
         """An older layout's turns and runs, read in full, for the move to this one."""
-
-    async def _context_clock(self) -> float:
-        return await journaled_time(self._ctx) * 1000
 
     def _writable(self) -> None:
         if self._read_only:

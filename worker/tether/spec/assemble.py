@@ -177,6 +177,73 @@ def _waits_for_people(entry: ToolSpecEntry) -> bool:
     )
 
 
+class SpecTools:
+    """A spec's tools for many runs. A tool is built once, here: a built-in's input model and
+    schema cost ~0.5 ms to make, more than a turn of the worker's own work. Each run gets them
+    from `for_run`, with what is its own: the entries that wait for a person, built by its
+    `parking` (`tether worker`: Restate awakeables; `tether run`: the embedded answers), and a
+    toolset per `mcp` entry (its connection). Built-in file tools are confined to `workspace`;
+    an `mcp` entry's header credentials are read from `env`, and `observe` is told of its
+    calls."""
+
+    def __init__(
+        self,
+        spec: DurableAgentSpec,
+        workspace: str | Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        observe: CallObserver | None = None,
+    ) -> None:
+        self._env = env or {}
+        self._observe = observe
+        root = Workspace(workspace)
+        self._entries = [
+            (entry, None if entry.builtin == "ask_human" or entry.mcp else _built(entry, root))
+            for entry in spec.tools
+        ]
+
+    def for_run(self, parking: ParkingTool | None = None) -> list[ToolDef | Toolset]:
+        tools: list[ToolDef | Toolset] = []
+        for entry, built in self._entries:
+            if _waits_for_people(entry) and parking is None:
+                raise SpecError(
+                    f"tools[{entry.name}]: approvals and ask_human wait for a person; build the "
+                    "tools with a `parking` function for the runtime"
+                )
+            if entry.mcp is not None:
+                tools.append(mcp_toolset(entry, self._env, parking, self._observe))
+            elif built is None or entry.require_approval:  # `ask_human`, or an approval gate
+                assert parking is not None
+                tools.append(parking(entry, built))
+            else:
+                tools.append(built)
+        return tools
+
+
+def _built(entry: ToolSpecEntry, root: Workspace) -> ToolDef:
+    """The tool of a built-in or `python` entry, with the entry's name, description, replay
+    policy and timeout."""
+    if entry.builtin is not None:
+        try:
+            tool = BUILTINS[entry.builtin](entry.name, entry.config, root)
+        except ValueError as error:  # pydantic's ValidationError included
+            raise SpecError(f"tools[{entry.name}].config: {error}") from None
+    else:
+        tool = _import_tool(entry)
+    spec_ = ToolSpec(
+        name=entry.name,
+        description=entry.description or tool.spec.description,
+        input_schema=tool.spec.input_schema,
+    )
+    changes: dict[str, Any] = {"spec": spec_}
+    if entry.replay is not None:
+        changes["replay"] = entry.replay
+    tool = dataclasses.replace(tool, **changes)
+    if entry.timeout:
+        tool = with_timeout(tool, parse_duration(entry.timeout))
+    return tool
+
+
 def tools_from_spec(
     spec: DurableAgentSpec,
     workspace: str | Path,
@@ -185,49 +252,8 @@ def tools_from_spec(
     env: Mapping[str, str] | None = None,
     observe: CallObserver | None = None,
 ) -> list[ToolDef | Toolset]:
-    """The spec's tools; built-in file tools are confined to `workspace`. Entries that wait for
-    a person (`requireApproval`, `ask_human`) are built by `parking`, which knows how the
-    runtime waits (`tether worker`: Restate awakeables; `tether run`: the embedded answers).
-    An `mcp` entry is a toolset, listed when each run starts; its headers from Secrets are read
-    from `env`, and `observe` is told of its calls."""
-    root = Workspace(workspace)
-    tools: list[ToolDef | Toolset] = []
-    for entry in spec.tools:
-        if _waits_for_people(entry) and parking is None:
-            raise SpecError(
-                f"tools[{entry.name}]: approvals and ask_human wait for a person; build the "
-                "tools with a `parking` function for the runtime"
-            )
-        if entry.builtin == "ask_human":
-            assert parking is not None
-            tools.append(parking(entry, None))
-            continue
-        if entry.mcp is not None:
-            tools.append(mcp_toolset(entry, env or {}, parking, observe))
-            continue
-        if entry.builtin is not None:
-            try:
-                tool = BUILTINS[entry.builtin](entry.name, entry.config, root)
-            except ValueError as error:  # pydantic's ValidationError included
-                raise SpecError(f"tools[{entry.name}].config: {error}") from None
-        else:
-            tool = _import_tool(entry)
-        spec_ = ToolSpec(
-            name=entry.name,
-            description=entry.description or tool.spec.description,
-            input_schema=tool.spec.input_schema,
-        )
-        changes: dict[str, Any] = {"spec": spec_}
-        if entry.replay is not None:
-            changes["replay"] = entry.replay
-        tool = dataclasses.replace(tool, **changes)
-        if entry.timeout:
-            tool = with_timeout(tool, parse_duration(entry.timeout))
-        if entry.require_approval:
-            assert parking is not None
-            tool = parking(entry, tool)
-        tools.append(tool)
-    return tools
+    """The spec's tools for one run (see `SpecTools`)."""
+    return SpecTools(spec, workspace, env=env, observe=observe).for_run(parking)
 
 
 def mcp_toolset(

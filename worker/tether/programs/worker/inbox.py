@@ -2,9 +2,15 @@
 
 A running session holds its agent object's lock (the exclusive `run` handler), so messages go
 to a second virtual object, `<agent>-inbox`, keyed by the same session id: `post` appends a
-message to its state, `take` hands over and clears what is there. The run calls `take` at turn
+message to its state, `take` hands over and clears what is there. The run takes at turn
 boundaries (`tether.agent.inbox`); Restate journals the call and its answer, so a replay gets
 the same messages and a message is taken once.
+
+A call is an invocation of the inbox object, which costs the worker about as much as a turn of
+the run. So a run calls `take` at its first boundary only, and after that only once something
+was posted: each take leaves a doorbell in the inbox (an awakeable of the run), which the next
+`post` rings, and the run looks at it first. The look is a journaled step, so a replay takes
+where the run took.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ import restate
 from restate.exceptions import TerminalError
 
 from ...durable.protocol import DurableRuntime
+from ...messages import JSON
 from ...spec import restate_services
 from .retries import RETRY_AFTER_WORKER_LOSS
 
 MESSAGES_STATE_KEY = "messages"
+DOORBELL_STATE_KEY = "doorbell"
 MAX_MESSAGE_CHARS = 20_000
 POST_IDEMPOTENCY_RETENTION = timedelta(days=1)
 """How long Restate keeps the idempotency key of a post: the sidecar posts a signed message
@@ -33,9 +41,22 @@ class RestateInbox:
     def __init__(self, ctx: restate.ObjectContext, take: Any) -> None:
         self._ctx = ctx
         self._take = take
+        self._doorbell: Any = None
+        """The awakeable the inbox resolves at the next post, once a take has left it there."""
 
     async def take(self, durable: DurableRuntime, where: str) -> list[str]:
-        messages: list[str] = await self._ctx.object_call(self._take, key=self._ctx.key(), arg=None)
+        doorbell = self._doorbell
+        if doorbell is not None:
+
+            async def look() -> JSON:
+                return {"rung": doorbell.is_completed()}
+
+            if not (await durable.step("decision", f"{where}:doorbell", look))["rung"]:
+                return []
+        doorbell_id, self._doorbell = self._ctx.awakeable()
+        messages: list[str] = await self._ctx.object_call(
+            self._take, key=self._ctx.key(), arg={"doorbell": doorbell_id}
+        )
         return messages
 
 
@@ -58,14 +79,22 @@ def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
         messages: list[str] = await ctx.get(MESSAGES_STATE_KEY) or []
         messages.append(text)
         ctx.set(MESSAGES_STATE_KEY, messages)
+        doorbell: str | None = await ctx.get(DOORBELL_STATE_KEY)
+        if doorbell:  # a run is waiting to hear of it (its invocation may have ended: harmless)
+            ctx.resolve_awakeable(doorbell, True)
+            ctx.clear(DOORBELL_STATE_KEY)
         return {"waiting": len(messages)}
 
     @obj.handler()
-    async def take(ctx: restate.ObjectContext) -> list[str]:
-        """Everything posted since the last take (and nothing again)."""
+    async def take(ctx: restate.ObjectContext, request: dict[str, Any] | None) -> list[str]:
+        """Everything posted since the last take (and nothing again); `{"doorbell": id}`: the
+        awakeable the next post resolves."""
         messages: list[str] = await ctx.get(MESSAGES_STATE_KEY) or []
         if messages:
             ctx.clear(MESSAGES_STATE_KEY)
+        doorbell = (request or {}).get("doorbell")
+        if isinstance(doorbell, str):
+            ctx.set(DOORBELL_STATE_KEY, doorbell)
         return messages
 
     return obj, take

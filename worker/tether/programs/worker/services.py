@@ -54,12 +54,12 @@ from ...session.store import every_turn
 from ...spec import EventsSpec, parse_duration
 from ...spec.assemble import (
     SPAWN_TOOL,
+    SpecTools,
     behavior_from_spec,
     check_subagents,
     parking_with,
     provider_from_spec,
     require_api_key,
-    tools_from_spec,
 )
 from ...tools.base import ToolContext, ToolDef
 from ...tools.toolset import Toolset
@@ -190,10 +190,11 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         invocation_retry_policy=RETRY_AFTER_WORKER_LOSS,
     )
 
+    spec_tools = SpecTools(spec, settings.workspace, env=settings.env, observe=observe_mcp)
+
     def tools_for(ctx: restate.ObjectContext) -> list[ToolDef | Toolset]:
-        parking = parking_with(restate_wait(ctx, park_settings), approvals.on_timeout)
-        return tools_from_spec(
-            spec, settings.workspace, parking, env=settings.env, observe=observe_mcp
+        return spec_tools.for_run(
+            parking_with(restate_wait(ctx, park_settings), approvals.on_timeout)
         )
 
     tracing = None
