@@ -2,7 +2,7 @@
 SDK handlers doing the floor's steps at the same concurrency, on the same restate-server and
 worker process.
 
-    python bench/many_runs.py [--runs 100] [--tool-turns 10] [--rounds 9] [--shaped]
+    python bench/many_runs.py [--runs 100] [--tool-turns 10] [--rounds 9] [--shaped] [--worker]
 
 Ours: `--runs` concurrent runs of a scripted agent on `restate_runtime` (`BenchAgent/run` of
 `bench/restate_bench_service.py`), each `--tool-turns` tool turns and a final answer. The floor:
@@ -18,6 +18,10 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 - with `--shaped`, a third side: the floor's steps journaled in the shape of ours (the other
   entries a run journals, at their sizes: `BenchRaw/shaped`), against the floor. It parts the
   gap: what the journal's shape costs, and what is left, Tether's own code in the worker;
+- with `--worker`, a fourth side: the same runs on Tether's worker (`tether worker`'s app in a
+  process of its own, serving a DurableAgent of the scripted model and the same tool), against
+  the floor. What users run: the library's loop with the worker's parts, its metrics hooks, its
+  inbox (a call per run to the session's inbox object) and its spec's tools;
 - worker RSS per active run: the group's peak RSS during the round above its idle RSS (after a
   warm-up, before the first round), divided by the runs; and the RSS after each round, which
   must level off instead of growing from round to round.
@@ -26,6 +30,7 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import statistics
@@ -38,12 +43,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tether.programs.local_http import request_json as http
 from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
 from tether.programs.restate_server import RestateServer
 from tether.testing import HypercornWorker
 
-SERVICE = Path(__file__).resolve().parent / "restate_bench_service.py"
+BENCH = Path(__file__).resolve().parent
+SERVICE = BENCH / "restate_bench_service.py"
+AGENT = "bench-worker"
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -160,6 +169,33 @@ def measure(
     }
 
 
+def worker_spec(directory: Path, turns: int, unsafe: bool) -> dict[str, str]:
+    """The environment of a worker serving a DurableAgent whose runs are those of `BenchAgent`
+    (the scripted model's turns, the bench service's tool), its spec written in `directory`."""
+    from restate_bench_service import script
+
+    tool = "record" if unsafe else "lookup"
+    manifest = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": AGENT},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": script(turns + 1, tool)},
+            "tools": [{"name": tool, "python": f"restate_bench_service:{tool}"}],
+            "limits": {"maxTurns": turns + 1},
+        },
+    }
+    path = directory / "agent.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return {
+        "TETHER_SPEC": str(path),
+        "TETHER_WORKSPACE": str(directory),
+        "TETHER_WEBHOOK_SECRET": "bench",
+        "TETHER_WEBHOOK_BASE_URL": "http://sidecar.invalid",
+        "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="concurrent runs")
@@ -168,6 +204,9 @@ def main() -> None:
     parser.add_argument("--unsafe", action="store_true", help="unsafe tools (an intent each)")
     parser.add_argument(
         "--shaped", action="store_true", help="also raw steps journaled in the shape of ours"
+    )
+    parser.add_argument(
+        "--worker", action="store_true", help="also the same runs on Tether's worker app"
     )
     args = parser.parse_args()
 
@@ -184,6 +223,9 @@ def main() -> None:
     def shaped(key: str) -> tuple[str, Any]:
         return f"BenchRaw/{key}/shaped", floor_steps
 
+    def on_worker(key: str) -> tuple[str, Any]:
+        return f"{AGENT}/{key}/run", {"prompt": "go"}
+
     if args.shaped and args.unsafe:
         parser.error("--shaped has the shape of a safe tool run")
 
@@ -191,12 +233,22 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp,
         RestateServer() as server,
         HypercornWorker(f"{SERVICE}:app", log_dir=Path(tmp)) as worker,
+        contextlib.ExitStack() as stack,
     ):
         server.register(worker.url)
         assert worker.pid is not None
         pgid = worker.pid
         measure(server, pgid, 10, ours)  # warm-up: imports, connections
         measure(server, pgid, 10, raw)
+        worker_pgid = 0
+        if args.worker:
+            env = worker_spec(Path(tmp), turns, args.unsafe)
+            app = "tether.programs.worker.asgi:app"
+            served = stack.enter_context(HypercornWorker(app, log_dir=Path(tmp), env=env))
+            server.register(served.url)
+            assert served.pid is not None
+            worker_pgid = served.pid
+            measure(server, worker_pgid, 10, on_worker)
         idle = group_rss_bytes(pgid)
         kind = "unsafe" if args.unsafe else "safe"
         print(
@@ -208,10 +260,13 @@ def main() -> None:
         ratios, cpu_ours, cpu_raw, per_run, after = [], [], [], [], []
         server_ours, server_raw = [], []
         shaped_ratios: list[float] = []
+        worker_ratios: list[float] = []
+        cpu_worker: list[float] = []
         for i in range(args.rounds):
             sides = [("ours", ours), ("raw", raw), *([("shaped", shaped)] if args.shaped else [])]
+            sides += [("worker", on_worker)] if args.worker else []
             results = {
-                name: measure(server, pgid, args.runs, one)
+                name: measure(server, worker_pgid if name == "worker" else pgid, args.runs, one)
                 for name, one in (sides if i % 2 == 0 else sides[::-1])
             }
             o, r = results["ours"], results["raw"]
@@ -243,6 +298,15 @@ def main() -> None:
                     f"{shape['cpu'] / total_turns * 1000:.2f} ms, restate-server's "
                     f"{shape['server_cpu'] / total_turns * 1000:.2f} ms"
                 )
+            if args.worker:
+                served_round = results["worker"]
+                worker_ratios.append(r["wall"] / served_round["wall"])
+                cpu_worker.append(served_round["cpu"] / total_turns)
+                print(
+                    f"    the worker: {total_turns / served_round['wall']:6.0f} turns/s, ratio "
+                    f"{worker_ratios[-1]:.2f}; worker CPU per turn {cpu_worker[-1] * 1000:.2f} "
+                    f"ms, restate-server's {served_round['server_cpu'] / total_turns * 1000:.2f} ms"
+                )
         print(
             f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8; its middle "
             f"half {middle_half(ratios)}), worker CPU per turn "
@@ -260,6 +324,13 @@ def main() -> None:
                 f"half {middle_half(shaped_ratios)}): the journal's shape; ours against it "
                 f"{statistics.median(ratios) / statistics.median(shaped_ratios):.2f}: Tether's "
                 "code in the worker"
+            )
+        if args.worker:
+            print(
+                f"  the worker: throughput ratio {statistics.median(worker_ratios):.2f} (its "
+                f"middle half {middle_half(worker_ratios)}), worker CPU per turn "
+                f"{statistics.median(cpu_worker) * 1000:.3f} ms (the floor's against it "
+                f"{statistics.median(cpu_raw) / statistics.median(cpu_worker):.2f})"
             )
 
 

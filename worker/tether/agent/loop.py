@@ -304,7 +304,7 @@ class AgentRun:
     async def _steering(self, turn: int, finished_at: float) -> list[Any]:
         """The inbox's messages after `turn`'s tool calls: at the first such boundary, then at
         most every `STEERING_EVERY_MS` of the calls' journaled end times. A take is a journaled
-        round trip (on Restate a call to another object, costlier than the turn's own steps);
+        step (on Restate a look at the inbox's doorbell, and a call to the inbox once it rang);
         turns quicker than people write skip it, and the answer's boundary always takes."""
         if self._steered_at is not None and finished_at - self._steered_at < STEERING_EVERY_MS:
             return []
