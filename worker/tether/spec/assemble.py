@@ -179,7 +179,7 @@ def _waits_for_people(entry: ToolSpecEntry) -> bool:
 
 class SpecTools:
     """A spec's tools for many runs. A tool is built once, here: a built-in's input model and
-    schema cost ~0.5 ms to make, more than a turn of the worker's own work. Each run gets them
+    schema cost ~0.5 ms to make, about what a turn costs the worker. Each run gets them
     from `for_run`, with what is its own: the entries that wait for a person, built by its
     `parking` (`tether worker`: Restate awakeables; `tether run`: the embedded answers), and a
     toolset per `mcp` entry (its connection). Built-in file tools are confined to `workspace`;
