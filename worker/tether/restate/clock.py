@@ -26,6 +26,11 @@ async def journaled_time(ctx: RestateContextLike) -> float:
     return float(await ctx.run_typed("timestamp", _wall_seconds, _TIME_OPTIONS))
 
 
+async def journaled_ms(ctx: RestateContextLike) -> float:
+    """`journaled_time` in milliseconds, the unit of the stores' timestamps."""
+    return await journaled_time(ctx) * 1000
+
+
 class CoalescedClock:
     """`now()` that journals a real clock anchor (`journaled_time`) every `reanchor_every`
     reads (None: every read) and derives a strictly increasing sequence in between (anchor + 1
@@ -48,7 +53,7 @@ class CoalescedClock:
     async def now(self) -> float:
         every = self._every
         if self._reads == 0 or (self._stepped and (every is None or self._reads % every == 0)):
-            self._anchor = await journaled_time(self._ctx) * 1000
+            self._anchor = await journaled_ms(self._ctx)
             offset = 0.0
         else:
             offset = float(self._reads % every if every else self._reads)

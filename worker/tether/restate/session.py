@@ -33,7 +33,7 @@ from ..errors import TetherError
 from ..session.store import DEFAULT_MAX_VALUE_BYTES, Clock, Enough, every_turn
 from ..session.types import Earlier, SessionRecord, SessionRun, SessionTurn
 from .chain import Chain, Json, Values, tail_only
-from .clock import journaled_time
+from .clock import journaled_ms
 from .keys import RUNS, SESSION, TURNS
 from .types import RestateObjectContextLike, RestateSessionStoreOptions
 
@@ -60,10 +60,6 @@ def _is_child(run: Json) -> bool:
 
 class ReadOnlySessionStoreError(TetherError, RuntimeError):
     """A write through a store built for a shared (read-only) handler."""
-
-
-async def _journaled_ms(ctx: RestateObjectContextLike) -> float:
-    return await journaled_time(ctx) * 1000
 
 
 async def _read_ring(values: Values, keys: tuple[str, str]) -> list[Json]:
@@ -101,7 +97,7 @@ class RestateSessionStore:
     ) -> None:
         self._ctx = ctx
         # not a method of the store: the store would hold itself, a cycle left for the collector
-        self.clock: Clock | None = clock or functools.partial(_journaled_ms, ctx)
+        self.clock: Clock | None = clock or functools.partial(journaled_ms, ctx)
         self._read_only = read_only
         self._values = values or Values(ctx, max_value_bytes)
         self._meta: Json | None = None
@@ -260,7 +256,7 @@ def restate_session_store(
     """A `SessionStore` backed by the bound virtual object's state. Single-tenant: bind one
     object key per session. `read_only=True` for a shared handler's context (Restate forbids
     writes there): reads work, every write raises. `clock` stamps timestamps replay-stably
-    (default: `journaled_time`; `restate_runtime` passes its own, coalesced, clock)."""
+    (default: `journaled_ms`; `restate_runtime` passes its own, coalesced, clock)."""
     if options is not None:
         clock, read_only = options.clock, options.read_only
     return RestateSessionStore(ctx, clock=clock, read_only=read_only, values=values)
