@@ -223,6 +223,12 @@ def test_a_run_calls_its_inbox_first_and_then_only_once_a_post_rang(
     assert result_of(restate_server, send_run(restate_server, agent, "s1", "one"))["text"]
     assert inbox_takes(restate_server, agent) == 1
 
+    # Only runs take: through the ingress, `take` is refused (it would hand over the messages
+    # and hang a doorbell of the caller's choosing).
+    refused = http("POST", f"{ingress}/{agent}-inbox/s1/take", {"doorbell": "sign_1x"})
+    assert 400 <= refused.status < 500, refused.text
+    assert inbox_takes(restate_server, agent) == 1
+
     # A post after the run rings a doorbell whose invocation has ended, and is kept.
     first = http("POST", f"{ingress}/{agent}-inbox/s1/post", {"text": "use the blue one"})
     assert (first.status, first.json()) == (200, {"waiting": 1}), first.text

@@ -85,7 +85,10 @@ def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
             ctx.clear(DOORBELL_STATE_KEY)
         return {"waiting": len(messages)}
 
-    @obj.handler()
+    # Only runs take (a call through Restate): through the ingress, anything that reaches it
+    # could take a session's messages, or leave an awakeable id of its choosing as the doorbell
+    # for the next post to resolve.
+    @obj.handler(ingress_private=True)
     async def take(ctx: restate.ObjectContext, request: dict[str, Any] | None) -> list[str]:
         """Everything posted since the last take (and nothing again); `{"doorbell": id}`: the
         awakeable the next post resolves."""
