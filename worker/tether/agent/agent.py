@@ -18,7 +18,7 @@ from ..session.store import memory_store
 from ..tools.base import ToolDef
 from ..tools.toolset import Toolset
 from .abort import AbortSignal
-from .behavior import Behavior
+from .behavior import DEFAULT_BEHAVIOR, Behavior
 from .hooks import Hooks, HooksInit
 from .inbox import Inbox
 from .loop import AgentRun
@@ -56,7 +56,7 @@ class Agent:
         self.system = system
         self.durable: DurableRuntime = durable or memory_runtime()
         self.session = session
-        self.behavior = Behavior().override(behavior)
+        self.behavior = DEFAULT_BEHAVIOR.override(behavior)
         self.hooks = hooks if isinstance(hooks, Hooks) else Hooks(hooks)
         self.depth = depth
         self.tool_extras = dict(tool_extras or {})

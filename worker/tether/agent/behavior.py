@@ -64,3 +64,7 @@ class Behavior:
         if unknown:
             raise ValueError(f"unknown Behavior fields: {', '.join(sorted(unknown))}")
         return type(self)(**{**vars(self), **other})  # `dataclasses.replace`, without its checks
+
+
+DEFAULT_BEHAVIOR = Behavior()
+"""The defaults (frozen: one instance serves every agent built without overrides)."""

@@ -254,6 +254,10 @@ class AgentRun:
         if log is not None and events:
             await log.append(self.session.id, events)
 
+    def _live_wanted(self) -> bool:
+        log = self.durable.stores.events
+        return log is not None and log.live_wanted
+
     def _live(self, kind: str, **fields: Any) -> None:
         """A live event, made only when the session's event log passes live events on."""
         log = self.durable.stores.events
@@ -371,11 +375,15 @@ class AgentRun:
             # runs it again starts the same call twice, which the live stream reports.
             call = f"{self.run_id}/model:{turn}:{attempt}"
             self._live("model_started", turn=turn, call=call)
+            # decided once per call, not per delta
+            live = self._live if self._live_wanted() else None
+            text_hook = hooks.wants("stream:text")
 
             async def on_text(delta: str) -> None:
                 streamed.append(delta)
-                self._live("model_text", call=call, delta=delta)
-                if hooks.wants("stream:text"):  # the text so far: quadratic in the deltas
+                if live is not None:
+                    live("model_text", call=call, delta=delta)
+                if text_hook:  # the text so far: quadratic in the deltas
                     await hooks.call("stream:text", {"delta": delta, "text": "".join(streamed)})
 
             started = now_ms()
@@ -397,13 +405,14 @@ class AgentRun:
                 await hooks.call("stream:end", {"text": "".join(streamed)})
             pricing = self.agent.provider.pricing
             cost = pricing.cost(response.usage) if pricing else 0.0
+            ended = now_ms()
             value = {
                 "content": response.content,
                 "usage": response.usage,
                 "stop": response.stop_reason,
                 "cost": cost,
-                "latency_ms": now_ms() - started,
-                "at": now_ms(),
+                "latency_ms": ended - started,
+                "at": ended,
             }
             if hooks.wants("turn:after"):
                 await hooks.call(

@@ -12,6 +12,7 @@ their task.
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,8 +33,13 @@ Script = Sequence[Response] | Mapping[str, Sequence[Response]]
 """A list of responses, or lists keyed by the conversation's first user message."""
 
 
-def _chunks(text: str) -> list[str]:
-    return re.findall(r"\S+\s*|\s+", text)
+_CHUNK = re.compile(r"\S+\s*|\s+")
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunks(text: str) -> tuple[str, ...]:
+    # a script plays the same texts in every run: split once
+    return tuple(_CHUNK.findall(text))
 
 
 DEFAULT_CONTEXT_WINDOW = 200_000

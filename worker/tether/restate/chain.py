@@ -116,6 +116,8 @@ class Values:
         self._later[key] = write
 
     def _make(self, keys: Iterable[str] | None = None) -> None:
+        if not self._later:
+            return
         for key in list(self._later) if keys is None else [k for k in keys if k in self._later]:
             self._later.pop(key)()
 
@@ -415,12 +417,16 @@ class Chain:
         cheap (it runs for every turn and event, on every replay too)."""
         assert self.known, "read the chain first"
         tail, marks, mark = self._tail, self._tail_marks, self._mark
+        size = self._tail_bytes
         for record in records:
             data = jsoncodec.dumps(record)
             tail.append(data)
             marks.append(mark(record))
-            self._tail_bytes += len(data)
-        self._store()
+            size += len(data)
+        self._tail_bytes = size
+        if len(tail) >= PER_SEGMENT or size >= SEGMENT_BYTES:  # `_store`, inlined
+            self._seal()
+        self._values.later(self.tail_key, self._put_tail)
 
     def write_all(self, records: Sequence[Json], first: int = 0) -> None:
         """Store `records` as the whole chain, numbered from `first` (a chain moved from an
