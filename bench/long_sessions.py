@@ -38,6 +38,7 @@ import yaml
 
 from tether.jsoncodec import loads
 from tether.programs.local_http import request_json as http
+from tether.programs.webhooks import watch_tag
 from tether.testing import AgentHarness, wait_until
 
 AGENT = "bench-long"
@@ -133,8 +134,18 @@ def model_started(agent: AgentHarness, session: str, run_id: str) -> float:
     return wait_until(found, timeout=30, interval=0.05, what=f"model_started of {run_id}")
 
 
+def watch(agent: AgentHarness, session: str) -> None:
+    """Register `session` as watched, as the sidecar does for a client streaming it: the
+    worker sends the live events (the `model_started` timed here) of watched sessions only."""
+    url = f"{agent.ingress_url}/{AGENT}-watchers/all/watch"
+    response = http("POST", url, [watch_tag(agent.secret.encode(), session)])
+    if response.status != 200:
+        raise RuntimeError(f"watch {session}: HTTP {response.status}")
+
+
 def timed_start(agent: AgentHarness, session: str) -> tuple[float, str]:
     """Milliseconds from sending a run request to its first model call; the invocation id."""
+    watch(agent, session)
     sent = time.time() * 1000
     invocation = agent.start_run(session, "again")
     result = agent.result(invocation, timeout=300)

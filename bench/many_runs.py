@@ -21,7 +21,8 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 - with `--worker`, a fourth side: the same runs on Tether's worker (`tether worker`'s app in a
   process of its own, serving a DurableAgent of the scripted model and the same tool), against
   the floor. What users run: the library's loop with the worker's parts, its metrics hooks, its
-  inbox (a call per run to the session's inbox object) and its spec's tools;
+  inbox (a call per run to the session's inbox object), its spec's tools, and its live events
+  (Restate's ingress is set, as on Kubernetes; no client watches the sessions);
 - worker RSS per active run: the group's peak RSS during the round above its idle RSS (after a
   warm-up, before the first round), divided by the runs; and the RSS after each round, which
   must level off instead of growing from round to round.
@@ -169,9 +170,10 @@ def measure(
     }
 
 
-def worker_spec(directory: Path, turns: int, unsafe: bool) -> dict[str, str]:
+def worker_spec(directory: Path, turns: int, unsafe: bool, ingress_url: str) -> dict[str, str]:
     """The environment of a worker serving a DurableAgent whose runs are those of `BenchAgent`
-    (the scripted model's turns, the bench service's tool), its spec written in `directory`."""
+    (the scripted model's turns, the bench service's tool), its spec written in `directory`;
+    with Restate's ingress, as on Kubernetes (it sends the live events of watched sessions)."""
     from restate_bench_service import script
 
     tool = "record" if unsafe else "lookup"
@@ -192,6 +194,7 @@ def worker_spec(directory: Path, turns: int, unsafe: bool) -> dict[str, str]:
         "TETHER_WORKSPACE": str(directory),
         "TETHER_WEBHOOK_SECRET": "bench",
         "TETHER_WEBHOOK_BASE_URL": "http://sidecar.invalid",
+        "RESTATE_INGRESS_URL": ingress_url,
         "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")]),
     }
 
@@ -242,7 +245,7 @@ def main() -> None:
         measure(server, pgid, 10, raw)
         worker_pgid = 0
         if args.worker:
-            env = worker_spec(Path(tmp), turns, args.unsafe)
+            env = worker_spec(Path(tmp), turns, args.unsafe, server.ingress_url)
             app = "tether.programs.worker.asgi:app"
             served = stack.enter_context(HypercornWorker(app, log_dir=Path(tmp), env=env))
             server.register(served.url)

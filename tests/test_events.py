@@ -13,7 +13,9 @@ import pytest
 from tests.helpers import RecordingProvider
 from tether import create_agent, tool
 from tether.durable import sqlite_runtime
-from tether.programs.worker import services
+from tether.programs.webhooks import watch_tag
+from tether.programs.worker import live, services
+from tether.programs.worker.live import WATCH_SECONDS
 from tether.programs.worker.served import index_services
 from tether.programs.worker.settings import WorkerSettings
 from tether.restate import restate_runtime
@@ -202,6 +204,43 @@ async def test_spec_events_live_batches_is_what_the_live_object_keeps(tmp_path: 
     ]
     read = await live.handlers["read"].fn(session, None)
     assert [e["delta"] for e in read] == ["2", "3", "4"]
+
+
+class ClockedState(ObjectState):
+    """`ObjectState` whose journaled steps return `now` (the registry's clock reads)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.now = 1_000_000.0
+
+    async def run_typed(self, name: str, action: Any, options: Any = None, /, **kw: Any) -> Any:
+        return self.now
+
+
+async def test_the_watched_sessions_are_kept_by_tag_until_they_expire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = worker_settings(tmp_path, None)
+    watchers = next(o for o in index_services(settings) if o.name == "kept-watchers")
+    watch, watched = watchers.handlers["watch"].fn, watchers.handlers["watched"].fn
+    registry = ClockedState("all")
+    tag = watch_tag(b"secret", "s1")
+    other = watch_tag(b"secret", "s2")
+    await watch(registry, [tag, "not-a-tag", "S1", 7, "0" * 33])  # only a tag is kept
+    assert registry.state["watched"] == {tag: registry.now + WATCH_SECONDS * 1000}
+    assert await watched(registry, [tag, other]) == {tag: registry.now + WATCH_SECONDS * 1000}
+    assert await watched(registry, [other]) == {}  # only what is asked: not s1's
+
+    registry.now += WATCH_SECONDS * 1000 + 1  # s1's registration expired
+    await watch(registry, [other])
+    assert list(registry.state["watched"]) == [other]
+
+    monkeypatch.setattr(live, "MAX_WATCHED", 2)  # the latest to expire are kept
+    tags = [watch_tag(b"secret", f"t{n}") for n in range(4)]
+    for one in tags:
+        registry.now += 1
+        await watch(registry, [one])
+    assert sorted(registry.state["watched"]) == sorted(tags[2:])
 
 
 @pytest.mark.parametrize(

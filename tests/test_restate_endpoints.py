@@ -265,6 +265,21 @@ async def test_the_worker_s_live_events_go_on_new_connections_after_a_post_witho
         await live_runner.cleanup()
 
 
+async def test_a_worker_that_cannot_read_the_watched_sessions_sends_every_session_s() -> None:
+    """An index that does not answer the watched set (one too old to serve it answers 404; this
+    node answers 202): the worker sends every session's live events, as before the set."""
+    url, seen, runner = await live_node()
+    secret = b"k" * 32
+    publisher = LivePublisher("clerk", url, secret, timeout=3.0, watch_secrets=(secret,))
+    try:
+        publisher("s1", 0, {"kind": "text_delta"})
+        await eventually(lambda: len(seen) == 2, "the read of the set, then the post")
+        assert seen == ["POST /clerk-watchers/all/watched", "POST /clerk-live/s1/push/send"]
+    finally:
+        await publisher.close()
+        await runner.cleanup()
+
+
 def test_the_settings_take_a_cluster_s_nodes(tmp_path: Path) -> None:
     nodes = "http://n1:8080/, http://n2:8080"
     sidecar = sidecar_settings(

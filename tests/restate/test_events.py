@@ -9,6 +9,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ from tether.programs.dev import Process, wait_for
 from tether.programs.restate_server import free_port
 from tether.programs.watch import events_url, sse_events
 from tether.programs.webhooks import events_token
+from tether.programs.worker.live import FLUSH_SECONDS, LATE_WATCHER_SECONDS, WATCHED_FRESH
 from tether.restate.chain import PER_SEGMENT
 from tether.session.events import Cursor
 from tether.testing import AgentHarness, wait_until
@@ -164,6 +166,44 @@ def test_a_client_sees_each_completed_step_once_across_a_disconnect_and_a_worker
     wait_until(lambda: late.saw("run_ended"), timeout=30, what="the stream after the run")
     late.close()
     assert durable(late.events) == seen
+
+
+def live_kept(agent: AgentHarness, session: str) -> list[str]:
+    """The kinds of the live events `<agent>-live` keeps for `session` (read through the
+    ingress, as the sidecars do)."""
+    url = f"{agent.ingress_url}/{agent.agent}-live/{session}/read"
+    response = httpx2.post(url, json=None, timeout=10)
+    assert response.status_code == 200, response.text
+    return [event["type"] for event in response.json()]
+
+
+def test_live_events_are_sent_for_the_sessions_a_client_watches_only(
+    scripted_agent: AgentHarness, tmp_path: Path
+) -> None:
+    """Each batch of live events is an invocation of `<agent>-live`: a run nobody watches sends
+    none, and one a client starts to watch as the run starts sends them all."""
+    agent = scripted_agent
+    (tmp_path / "ws" / "release-a").touch()
+    assert agent.result(agent.start_run("quiet", "hold a"))["status"] == "completed"
+    quiet_ended = time.monotonic()
+
+    client = Stream(url_of(agent, "seen"))
+    assert agent.result(agent.start_run("seen", "hold a"))["status"] == "completed"
+
+    def live_seen() -> list[str] | None:  # live events travel apart from the durable ones
+        live = [e["type"] for e in client.events if "." in str(e["id"])]
+        return live if len(live) >= 3 and client.saw("run_ended") else None
+
+    live = wait_until(live_seen, timeout=30, what="the live events on the stream")
+    client.close()
+    assert live[:3] == ["model_started", "tool_started", "model_started"], live
+    assert live_kept(agent, "seen")[:3] == live[:3]
+
+    # Had the worker sent the quiet run's events, it would have long before the watched run's
+    # (within a flush); it drops them once it has read the watched set a while after they came.
+    decided = LATE_WATCHER_SECONDS + 2 * WATCHED_FRESH + 2 * FLUSH_SECONDS
+    time.sleep(max(0.0, decided - (time.monotonic() - quiet_ended)))
+    assert live_kept(agent, "quiet") == []
 
 
 def test_past_spec_events_retain_the_oldest_events_of_a_session_are_cleared(

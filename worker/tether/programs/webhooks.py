@@ -267,6 +267,13 @@ def live_signed(secrets: Sequence[bytes], session: str, events: object, signatur
     return any(signatures_equal(live_signature(s, session, events), signature) for s in secrets)
 
 
+def watch_tag(secret: bytes, session: str) -> str:
+    """HMAC(secret, "tether-watch:v1:<session>"), 32 hex digits: a watched session as the
+    sidecar registers it in `<agent>-watchers`, which the ingress lets anyone read, so by a tag
+    only holders of the secret can match to a session, not by its id."""
+    return hmac_hex(secret, f"tether-watch:v1:{session}".encode())[:32]
+
+
 def verified_by_any(
     secrets: Sequence[bytes], verify: Callable[..., T], *args: Any, **kwargs: Any
 ) -> T:

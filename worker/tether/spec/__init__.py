@@ -927,6 +927,8 @@ class RestateServices(NamedTuple):
     (`tether.programs.worker.parked_index`)."""
     live: str
     """The live events of its sessions (`tether.programs.worker.live`)."""
+    watchers: str
+    """The sessions clients stream, whose live events are sent (`tether.programs.worker.live`)."""
     budget: str
     """The budget ledgers of its root runs, with sub-agents (`tether.restate.budget`)."""
 
@@ -939,7 +941,12 @@ class RestateServices(NamedTuple):
 
 def restate_services(agent: str) -> RestateServices:
     return RestateServices(
-        agent, f"{agent}-inbox", f"{agent}-parked", f"{agent}-live", f"{agent}-budget"
+        agent,
+        f"{agent}-inbox",
+        f"{agent}-parked",
+        f"{agent}-live",
+        f"{agent}-watchers",
+        f"{agent}-budget",
     )
 
 

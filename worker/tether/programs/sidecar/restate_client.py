@@ -189,6 +189,19 @@ class RestateClient:
             raise Rejection(502, "restate_error", "the parked calls came back malformed")
         return [record for record in answer if isinstance(record, dict)]
 
+    async def watch(self, agent: str, tags: list[str]) -> None:
+        """Register a session a client streams, by its tags (`webhooks.watch_tag`), in
+        `{agent}-watchers/all`, so the workers send its live events
+        (`tether.programs.worker.live`). Answered once registered; best effort: a failure is
+        logged, and the client still gets the durable events."""
+        path = f"/{restate_services(agent).watchers}/{INDEX_KEY}/watch"
+        try:
+            status, raw = await self._post(path, json.dumps(tags).encode(), JSON, "watch")
+        except Rejection:
+            return  # logged: Restate did not answer
+        if status != 200:
+            log.warning("watch: Restate answered HTTP %s: %s", status, raw[:300])
+
     async def session_events(self, agent: str, session: str, after: str) -> list[dict[str, Any]]:
         """The session's events after the id `after`: the durable ones from the agent's object,
         then the live ones from `<agent>-live`, each list in stream order."""

@@ -7,14 +7,27 @@ secret: only the worker adds to a session's stream. The object keeps the last ba
 numbers each event after the durable event it follows (`"<durable>.<n>"`). A model call (or
 tool call) that starts a second time was cut off by a crash: the object puts a
 `model_restarted` (`tool_restarted`) event before it, so a client drops the partial text.
+
+Only for the sessions someone watches: each batch is an invocation of `<agent>-live`, up to 20
+a second per streaming session, which for runs nobody watched cost several times the runs
+themselves. A sidecar registers each session a client streams in `<agent>-watchers/all`, by a
+tag of the session (`webhooks.watch_tag`), for `WATCH_SECONDS`, renewed while the stream is open.
+The worker asks which of its sessions are in that set at most every `WATCHED_FRESH` seconds,
+and only while it has live events; a session's events wait for an answer given
+`LATE_WATCHER_SECONDS` after they came, so a client that opens its stream as it starts a run (or
+before) sees them all. Without an answer (a read that fails, an index too old to serve the set,
+a worker without a webhook secret), the worker sends every session's, as it did before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections import defaultdict
+import re
+import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -24,7 +37,7 @@ import restate
 from ...messages import JSON
 from ...session.events import Cursor
 from ..restate_endpoints import Endpoints
-from ..webhooks import live_signature, live_signed
+from ..webhooks import live_signature, live_signed, watch_tag
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +51,21 @@ RESTARTS = {
     "model_started": ("call", "model_restarted"),
     "tool_started": ("call_id", "tool_restarted"),
 }
+WATCHERS_KEY = "all"
+WATCHED_STATE = "watched"
+WATCH_SECONDS = 30.0
+"""How long a registration of a watched session lasts (the sidecar renews it every 10 s while
+the client's stream is open: `tether.programs.sidecar.events.WATCH_RENEW_SECONDS`)."""
+MAX_WATCHED = 10_000
+"""Tags kept (the latest to expire) and asked about at most: both come through the ingress."""
+WATCHED_FRESH = 0.25
+"""How old the worker's copy of the watched set may be; a read costs an invocation."""
+LATE_WATCHER_SECONDS = 1.0
+"""How long a session's live events wait for a client to start watching: one that opens its
+stream just after it started a run still sees the run's first live events."""
+MAX_WAITING = 1_000
+"""Live events a session keeps until they are sent or dropped."""
+TAG = re.compile(r"[0-9a-f]{32}")
 
 
 def live_object(
@@ -96,41 +124,163 @@ def live_object(
     return obj
 
 
+def watchers_object(agent: str) -> restate.VirtualObject:
+    """`<agent>-watchers/all`: the tags of the sessions clients stream (`watch`, from the
+    sidecars) until they expire, read by the workers (`watched`)."""
+    obj = restate.VirtualObject(
+        f"{agent}-watchers", description=f"The {agent} agent's sessions that clients stream."
+    )
+
+    @obj.handler()
+    async def watch(ctx: restate.ObjectContext, tags: list[str]) -> None:
+        now = await ctx.run_typed("now", _wall_ms)
+        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
+        watched = {tag: until for tag, until in kept.items() if until > now}
+        until = now + WATCH_SECONDS * 1000
+        for tag in tags[:4] if isinstance(tags, list) else []:  # a session's tag per secret
+            if isinstance(tag, str) and TAG.fullmatch(tag):
+                watched[tag] = until
+        if len(watched) > MAX_WATCHED:
+            latest = sorted(watched.items(), key=lambda item: item[1])[-MAX_WATCHED:]
+            watched = dict(latest)
+        ctx.set(WATCHED_STATE, watched)
+
+    @obj.handler(kind="shared")
+    async def watched(ctx: restate.ObjectSharedContext, tags: list[str]) -> dict[str, float]:
+        """Those of `tags` registered, with when each expires (epoch ms: the reader compares).
+        Only those asked: who cannot make a session's tag learns nothing of it."""
+        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
+        asked = tags[:MAX_WATCHED] if isinstance(tags, list) else []
+        return {tag: kept[tag] for tag in asked if isinstance(tag, str) and tag in kept}
+
+    return obj
+
+
+async def _wall_ms() -> float:
+    return time.time() * 1000
+
+
 def _number(meta: dict[str, Any], after: int, event: JSON) -> JSON:
     meta["count"] += 1
     return {**event, "id": str(Cursor(after, meta["count"]))}
+
+
+@functools.lru_cache(maxsize=4096)
+def _tags_of(secrets: tuple[bytes, ...], session: str) -> tuple[str, ...]:
+    # asked at every flush for each session with events: the HMACs once per session
+    return tuple(watch_tag(key, session) for key in secrets)
 
 
 class LivePublisher:
     """The worker's `LiveSink`: queues live events and posts them, batched per session, to
     `<agent>-live/<session>/push/send` through the ingress (a cluster's nodes in turn, when the
     connection to one cannot be made: `tether.programs.restate_endpoints`; a post that may have
-    arrived is not sent twice). Best effort: a failed post is dropped and logged, and the posts
-    after it go on new connections (the pooled ones may lead to a lost node's pod, which
-    answers nothing: `tether.programs.renewable_session`)."""
+    arrived is not sent twice), for the sessions clients watch (the module's doc). Best effort:
+    a failed post is dropped and logged, and the posts after it go on new connections (the
+    pooled ones may lead to a lost node's pod, which answers nothing:
+    `tether.programs.renewable_session`). `watch_secrets`: the webhook secrets, the current one
+    first, whose tags of a session a sidecar may have registered (none: every session's events
+    are sent)."""
 
     def __init__(
-        self, agent: str, ingress_url: str, secret: bytes | None, timeout: float = 5.0
+        self,
+        agent: str,
+        ingress_url: str,
+        secret: bytes | None,
+        timeout: float = 5.0,
+        watch_secrets: Sequence[bytes] = (),
     ) -> None:
         self.agent = agent
         self.ingress = Endpoints(ingress_url) if ingress_url else None
         self.secret = secret
         self.timeout = timeout
-        self._pending: dict[str, list[JSON]] = defaultdict(list)
+        self.watch_secrets = tuple(watch_secrets)
+        self._pending: dict[str, list[JSON]] = {}
+        self._since: dict[str, float] = {}
+        """When each session's oldest pending event came (monotonic)."""
+        self._watched: frozenset[str] | None = None
+        """The tags watched among those last asked about; None: unknown (every session's events
+        are sent)."""
+        self._read_at = float("-inf")
+        """When that read started (monotonic)."""
+        self._unreadable = False
         self._task: asyncio.Task[None] | None = None
         self._client: httpx2.AsyncClient | None = None
         self._retired: httpx2.AsyncClient | None = None
 
     def __call__(self, session: str, after: int, event: JSON) -> None:
-        self._pending[session].append({"after": after, "event": event})
+        pending = self._pending.get(session)
+        if pending is None:
+            pending = self._pending[session] = []
+            self._since[session] = time.monotonic()
+        if len(pending) < MAX_WAITING:
+            pending.append({"after": after, "event": event})
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def _flush_soon(self) -> None:
-        await asyncio.sleep(FLUSH_SECONDS)
         while self._pending:
-            pending, self._pending = self._pending, defaultdict(list)
-            await asyncio.gather(*(self._post(s, events) for s, events in pending.items()))
+            await asyncio.sleep(FLUSH_SECONDS)
+            await self._read_watched(list(self._pending))
+            ready: dict[str, list[JSON]] = {}
+            for session in list(self._pending):
+                if self._watched is None or self._is_watched(session):
+                    ready[session] = self._pending.pop(session)
+                elif self._read_at > self._since[session] + LATE_WATCHER_SECONDS:
+                    del self._pending[session]  # nobody came to watch them
+                else:
+                    continue
+                del self._since[session]
+            await asyncio.gather(*(self._post(s, events) for s, events in ready.items()))
+
+    def _is_watched(self, session: str) -> bool:
+        assert self._watched is not None
+        return not self._watched.isdisjoint(_tags_of(self.watch_secrets, session))
+
+    async def _read_watched(self, sessions: list[str]) -> None:
+        """Which of `sessions` are watched, asked again once the last answer is older than
+        `WATCHED_FRESH`."""
+        started = time.monotonic()
+        if started - self._read_at < WATCHED_FRESH:
+            return
+        self._read_at = started
+        if not self.watch_secrets or self.ingress is None:
+            return  # no tags to match: every session's events go
+        tags = [tag for session in sessions for tag in _tags_of(self.watch_secrets, session)]
+        path = f"/{self.agent}-watchers/{WATCHERS_KEY}/watched"
+        response = await self._send(path, tags, "the watched sessions")
+        try:
+            answer = response.json() if response and response.status_code == 200 else None
+        except ValueError:
+            answer = None
+        self._watched = None
+        if not isinstance(answer, dict):
+            if not self._unreadable:
+                log.warning("the watched sessions could not be read: sending every session's")
+            self._unreadable = True
+            return
+        self._unreadable = False
+        now = time.time() * 1000
+        self._watched = frozenset(
+            tag for tag, until in answer.items() if isinstance(until, int | float) and until > now
+        )
+
+    async def _send(self, path: str, body: Any, what: str) -> httpx2.Response | None:
+        """POST `body` as JSON to `path` through the ingress; None when no node answered (logged;
+        the next requests go on new connections)."""
+        assert self.ingress is not None
+        if self._client is None:
+            self._client = httpx2.AsyncClient(timeout=self.timeout, trust_env=False)
+        client = self._client
+        try:
+            return await self.ingress.call(
+                lambda base: client.post(f"{base}{path}", json=body),
+                (httpx2.ConnectError, httpx2.ConnectTimeout),
+            )
+        except httpx2.HTTPError as error:
+            log.warning("%s: no answer (%s)", what, type(error).__name__)
+            await self._renew(client)
+            return None
 
     async def _post(self, session: str, events: list[JSON]) -> None:
         body: dict[str, Any] = {"events": events}
@@ -138,20 +288,10 @@ class LivePublisher:
             body["sig"] = live_signature(self.secret, session, events)
         if self.ingress is None:
             return
-        if self._client is None:
-            self._client = httpx2.AsyncClient(timeout=self.timeout, trust_env=False)
-        client = self._client
         path = f"/{self.agent}-live/{quote(session, safe='')}/push/send"
-        try:
-            response = await self.ingress.call(
-                lambda base: client.post(f"{base}{path}", json=body),
-                (httpx2.ConnectError, httpx2.ConnectTimeout),
-            )
-            if response.status_code >= 300:
-                log.warning("live events: Restate answered HTTP %s", response.status_code)
-        except httpx2.HTTPError as error:
-            log.warning("live events dropped: %s", type(error).__name__)
-            await self._renew(client)
+        response = await self._send(path, body, "live events dropped")
+        if response is not None and response.status_code >= 300:
+            log.warning("live events: Restate answered HTTP %s", response.status_code)
 
     async def _renew(self, client: httpx2.AsyncClient) -> None:
         """New connections from now on; the client retired before `client` is closed (a post

@@ -2,12 +2,12 @@
 
 - `agent`: the runs (`services.agent_services`): the agent's object.
 - `index`: what the runs of every version share, and the sidecars read (`index_services`): the
-  index of parked calls `<agent>-parked`, the live events `<agent>-live`, the sessions' inboxes
-  `<agent>-inbox` and, when runs with sub-agents have a budget, the budget ledgers
-  `<agent>-budget`. They need the webhook secrets and nothing of the agent's loop (no model
-  key, provider, tools or MCP clients), so they are served from the sidecar's pods, up whichever
-  versions have pods: a version woken from zero to finish a run takes its messages and budget
-  there, without waking the active version too.
+  index of parked calls `<agent>-parked`, the live events `<agent>-live` and the sessions
+  clients watch `<agent>-watchers`, the sessions' inboxes `<agent>-inbox` and, when runs with
+  sub-agents have a budget, the budget ledgers `<agent>-budget`. They need the webhook secrets
+  and nothing of the agent's loop (no model key, provider, tools or MCP clients), so they are
+  served from the sidecar's pods, up whichever versions have pods: a version woken from zero to
+  finish a run takes its messages and budget there, without waking the active version too.
 - `all` (the default; `tether dev`): both, in one deployment.
 
 A run reaches these objects by service name, through Restate, wherever they are served.
@@ -19,7 +19,7 @@ import restate
 
 from ...spec import DurableAgentSpec, EventsSpec
 from .inbox import inbox_object
-from .live import live_object
+from .live import live_object, watchers_object
 from .parked_index import ParkedIndex
 from .settings import WorkerSettings
 
@@ -32,13 +32,14 @@ def shares_a_budget(spec: DurableAgentSpec) -> bool:
 
 
 def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
-    """`<agent>-parked` and `<agent>-live` (checked with the webhook secrets), `<agent>-inbox`,
-    and `<agent>-budget` when the runs share a budget."""
+    """`<agent>-parked` and `<agent>-live` (checked with the webhook secrets),
+    `<agent>-watchers`, `<agent>-inbox`, and `<agent>-budget` when the runs share a budget."""
     agent, secrets, spec = settings.agent_name, settings.webhook_secrets, settings.manifest.spec
     kept = spec.events or EventsSpec()
     served = [
         ParkedIndex(agent, secrets).object,
         live_object(agent, secrets, kept.live_batches),
+        watchers_object(agent),
         inbox_object(agent)[0],
     ]
     if shares_a_budget(spec):

@@ -174,7 +174,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     )
     _, take_messages = inbox_object(manifest.metadata.name)  # served with the index
     live = LivePublisher(
-        manifest.metadata.name, settings.ingress_url or "", settings.webhook_secret
+        manifest.metadata.name,
+        settings.ingress_url or "",
+        settings.webhook_secret,
+        watch_secrets=settings.webhook_secrets,
     )
     live_sink = live if settings.ingress_url else None
     observe_mcp = mcp_observer(manifest.metadata.name)
