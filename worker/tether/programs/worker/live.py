@@ -12,11 +12,12 @@ Only for the sessions someone watches: each batch is an invocation of `<agent>-l
 a second per streaming session, which for runs nobody watched cost several times the runs
 themselves. A sidecar registers each session a client streams in `<agent>-watchers/all`, by a
 tag of the session (`webhooks.watch_tag`), for `WATCH_SECONDS`, renewed while the stream is open.
-The worker asks which of its sessions are in that set at most every `WATCHED_FRESH` seconds,
-and only while it has live events; a session's events wait for an answer given
-`LATE_WATCHER_SECONDS` after they came, so a client that opens its stream as it starts a run (or
-before) sees them all. Without an answer (a read that fails, an index too old to serve the set,
-a worker without a webhook secret), the worker sends every session's, as it did before.
+A worker asks which of its sessions with live events are in that set (at most every
+`ASK_EVERY_SECONDS`): when a session's events first come, so a watched session's go as soon as
+the answer says so, and `LATE_WATCHER_SECONDS` later, when an unwatched session's are dropped
+unless a client came meanwhile (one that opens its stream as it starts a run sees them all).
+Without an answer (a read that fails, an index too old to serve the set, a worker without a
+webhook secret), the worker sends every session's, as it did before.
 """
 
 from __future__ import annotations
@@ -58,11 +59,17 @@ WATCH_SECONDS = 30.0
 the client's stream is open: `tether.programs.sidecar.events.WATCH_RENEW_SECONDS`)."""
 MAX_WATCHED = 10_000
 """Tags kept (the latest to expire) and asked about at most: both come through the ingress."""
-WATCHED_FRESH = 0.25
-"""How old the worker's copy of the watched set may be; a read costs an invocation."""
+ASK_EVERY_SECONDS = 0.1
+"""The least time between two questions of a worker to the watched set (each an invocation)."""
+RENEW_SECONDS = 10.0
+"""A watched session with events is asked about again after this long (its registration, renewed
+every 10 s while watched, lasts 30 s from each renewal)."""
 LATE_WATCHER_SECONDS = 1.0
 """How long a session's live events wait for a client to start watching: one that opens its
 stream just after it started a run still sees the run's first live events."""
+UNREAD_SECONDS = 30.0
+"""How long a worker sends every session's live events after the watched set failed to answer
+(an index too old to serve it, Restate restarting), before it asks again."""
 MAX_WAITING = 1_000
 """Live events a session keeps until they are sent or dropped."""
 TAG = re.compile(r"[0-9a-f]{32}")
@@ -198,12 +205,17 @@ class LivePublisher:
         self._pending: dict[str, list[JSON]] = {}
         self._since: dict[str, float] = {}
         """When each session's oldest pending event came (monotonic)."""
-        self._watched: frozenset[str] | None = None
-        """The tags watched among those last asked about; None: unknown (every session's events
-        are sent)."""
-        self._read_at = float("-inf")
-        """When that read started (monotonic)."""
-        self._unreadable = False
+        self._unasked = not self.watch_secrets or self.ingress is None
+        """No set to ask (no secret to make tags with, no ingress): every session's events go."""
+        self._unread_until = float("-inf")
+        """Until when every session's events go, the set having failed to answer (monotonic)."""
+        self._watched: dict[str, tuple[float, float]] = {}
+        """The tags known to be watched: when each registration expires (epoch ms) and when
+        the question was asked that said so (monotonic)."""
+        self._answered_at = float("-inf")
+        """When the question of that answer was asked (monotonic)."""
+        self._asked_at = float("-inf")
+        self._asking: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._client: httpx2.AsyncClient | None = None
         self._retired: httpx2.AsyncClient | None = None
@@ -219,33 +231,60 @@ class LivePublisher:
             self._task = asyncio.get_running_loop().create_task(self._flush_soon())
 
     async def _flush_soon(self) -> None:
+        await asyncio.sleep(FLUSH_SECONDS)
         while self._pending:
-            await asyncio.sleep(FLUSH_SECONDS)
-            await self._read_watched(list(self._pending))
+            everyone = self._unasked or time.monotonic() < self._unread_until
             ready: dict[str, list[JSON]] = {}
+            undecided: list[str] = []
+            renew: list[str] = []
             for session in list(self._pending):
-                if self._watched is None or self._is_watched(session):
+                watched = None if everyone else self._watched_since(session)
+                if everyone or watched is not None:
                     ready[session] = self._pending.pop(session)
-                elif self._read_at > self._since[session] + LATE_WATCHER_SECONDS:
+                    if watched is not None and time.monotonic() - watched > RENEW_SECONDS:
+                        renew.append(session)  # asked again before the registration it knows ends
+                elif self._answered_at >= self._since[session] + LATE_WATCHER_SECONDS:
                     del self._pending[session]  # nobody came to watch them
                 else:
+                    undecided.append(session)
                     continue
                 del self._since[session]
-            await asyncio.gather(*(self._post(s, events) for s, events in ready.items()))
+            if undecided or renew:
+                self._ask_if_due(undecided, renew)
+            if ready:  # posted at once; what comes meanwhile goes next, with no wait
+                await asyncio.gather(*(self._post(s, events) for s, events in ready.items()))
+            elif self._asking is not None and not self._asking.done():
+                await asyncio.wait([self._asking], timeout=FLUSH_SECONDS)  # decide on its answer
+            else:
+                await asyncio.sleep(FLUSH_SECONDS)
 
-    def _is_watched(self, session: str) -> bool:
-        assert self._watched is not None
-        return not self._watched.isdisjoint(_tags_of(self.watch_secrets, session))
+    def _watched_since(self, session: str) -> float | None:
+        """When the question was asked that said `session` is watched; None: not known to be."""
+        now = time.time() * 1000
+        for tag in _tags_of(self.watch_secrets, session):
+            until, asked = self._watched.get(tag, (0.0, 0.0))
+            if until > now:
+                return asked
+        return None
 
-    async def _read_watched(self, sessions: list[str]) -> None:
-        """Which of `sessions` are watched, asked again once the last answer is older than
-        `WATCHED_FRESH`."""
-        started = time.monotonic()
-        if started - self._read_at < WATCHED_FRESH:
+    def _ask_if_due(self, undecided: list[str], renew: list[str]) -> None:
+        """Ask whether `undecided` sessions are watched, at most every `ASK_EVERY_SECONDS`, when
+        one of them has events that came after the last question (a client may watch it: its
+        first events go as soon as the answer says so) or that have waited
+        `LATE_WATCHER_SECONDS` since (sent if a client came meanwhile, else dropped), or when a
+        watched session's answer is old (`renew`)."""
+        now = time.monotonic()
+        asked = self._asked_at
+        if now - asked < ASK_EVERY_SECONDS or (self._asking and not self._asking.done()):
             return
-        self._read_at = started
-        if not self.watch_secrets or self.ingress is None:
-            return  # no tags to match: every session's events go
+        since = [self._since[session] for session in undecided]
+        due = any(t > asked or asked < t + LATE_WATCHER_SECONDS <= now for t in since)
+        if not (due or renew):
+            return
+        self._asked_at = now
+        self._asking = asyncio.get_running_loop().create_task(self._ask(undecided + renew, now))
+
+    async def _ask(self, sessions: list[str], asked: float) -> None:
         tags = [tag for session in sessions for tag in _tags_of(self.watch_secrets, session)]
         path = f"/{self.agent}-watchers/{WATCHERS_KEY}/watched"
         response = await self._send(path, tags, "the watched sessions")
@@ -253,17 +292,22 @@ class LivePublisher:
             answer = response.json() if response and response.status_code == 200 else None
         except ValueError:
             answer = None
-        self._watched = None
         if not isinstance(answer, dict):
-            if not self._unreadable:
-                log.warning("the watched sessions could not be read: sending every session's")
-            self._unreadable = True
+            # asked again in `UNREAD_SECONDS`: logged at most that often
+            log.warning("the watched sessions could not be read: sending every session's")
+            self._unread_until = time.monotonic() + UNREAD_SECONDS
             return
-        self._unreadable = False
+        # what was asked is as answered; a session not asked about keeps what it had
         now = time.time() * 1000
-        self._watched = frozenset(
-            tag for tag, until in answer.items() if isinstance(until, int | float) and until > now
-        )
+        watched = {tag: known for tag, known in self._watched.items() if known[0] > now}
+        for tag in tags:
+            until = answer.get(tag)
+            if isinstance(until, int | float) and until > now:
+                watched[tag] = (until, asked)
+            else:
+                watched.pop(tag, None)
+        self._watched = watched
+        self._answered_at = asked
 
     async def _send(self, path: str, body: Any, what: str) -> httpx2.Response | None:
         """POST `body` as JSON to `path` through the ingress; None when no node answered (logged;
@@ -302,6 +346,9 @@ class LivePublisher:
                 await retired.aclose()
 
     async def close(self) -> None:
+        if self._asking is not None:
+            with contextlib.suppress(Exception):
+                await self._asking
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await self._task
