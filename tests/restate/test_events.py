@@ -206,6 +206,27 @@ def test_live_events_are_sent_for_the_sessions_a_client_watches_only(
     assert live_kept(agent, "quiet") == []
 
 
+def test_a_client_that_comes_as_a_run_goes_gets_the_live_events_of_the_second_before(
+    tether_agent: AgentFactory, tmp_path: Path
+) -> None:
+    """A run's live events wait `LATE_WATCHER_SECONDS` for a client: one that opens its stream
+    just after the run started (here: while its tool holds) still sees them all."""
+    script = [{"tool_calls": [{"name": "hold", "input": {"name": "late"}}]}, {"text": "done"}]
+    model = {"provider": "scripted", "name": "s", "script": script}
+    agent = tether_agent(write_agent(tmp_path / "agent", model), workspace=tmp_path / "ws")
+    invocation = agent.start_run("late", "hold")
+    wait_until((tmp_path / "ws" / "started-late").exists, timeout=30, what="the held tool")
+    client = Stream(url_of(agent, "late"))  # after model_started and tool_started came
+    wait_until(lambda: client.saw("tool_started"), timeout=30, what="tool_started, sent late")
+    (tmp_path / "ws" / "release-late").touch()
+    assert agent.result(invocation)["status"] == "completed"
+    client.close()
+    assert [e["type"] for e in client.events if "." in str(e["id"])][:2] == [
+        "model_started",
+        "tool_started",
+    ]
+
+
 def test_past_spec_events_retain_the_oldest_events_of_a_session_are_cleared(
     tether_agent: AgentFactory, tmp_path: Path
 ) -> None:

@@ -287,10 +287,11 @@ class LivePublisher:
     async def _ask(self, sessions: list[str], asked: float) -> None:
         tags = [tag for session in sessions for tag in _tags_of(self.watch_secrets, session)]
         path = f"/{self.agent}-watchers/{WATCHERS_KEY}/watched"
-        response = await self._send(path, tags, "the watched sessions")
         try:
+            response = await self._send(path, tags, "the watched sessions")
             answer = response.json() if response and response.status_code == 200 else None
-        except ValueError:
+        except Exception:  # no answer is an answer too: the events must not wait for ever
+            log.exception("asking for the watched sessions failed")
             answer = None
         if not isinstance(answer, dict):
             # asked again in `UNREAD_SECONDS`: logged at most that often
