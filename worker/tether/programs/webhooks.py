@@ -269,8 +269,8 @@ def live_signed(secrets: Sequence[bytes], session: str, events: object, signatur
 
 def watch_tag(secret: bytes, session: str) -> str:
     """HMAC(secret, "tether-watch:v1:<session>"), 32 hex digits: a watched session as the
-    sidecar registers it in `<agent>-watchers`, which the ingress lets anyone read, so by a tag
-    only holders of the secret can match to a session, not by its id."""
+    sidecar registers it in `<agent>-watchers` and the workers ask about it, through the
+    ingress: by a tag that only holders of the secret can make, not by its id."""
     return hmac_hex(secret, f"tether-watch:v1:{session}".encode())[:32]
 
 

@@ -196,7 +196,8 @@ class RestateClient:
         logged, and the client still gets the durable events."""
         path = f"/{restate_services(agent).watchers}/{INDEX_KEY}/watch"
         try:
-            status, raw = await self._post(path, json.dumps(tags).encode(), JSON, "watch")
+            body = json.dumps(tags).encode()
+            status, raw = await self._post(path, body, JSON, "watch", limit=LIST_TIMEOUT)
         except Rejection:
             return  # logged: Restate did not answer
         if status != 200:
