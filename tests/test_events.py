@@ -14,10 +14,10 @@ from tests.helpers import RecordingProvider
 from tether import create_agent, tool
 from tether.durable import sqlite_runtime
 from tether.programs.webhooks import watch_tag
-from tether.programs.worker import live, services
-from tether.programs.worker.live import WATCH_SECONDS
+from tether.programs.worker import services, watchers
 from tether.programs.worker.served import index_services
 from tether.programs.worker.settings import WorkerSettings
+from tether.programs.worker.watchers import WATCH_SECONDS
 from tether.restate import restate_runtime
 from tether.restate.chain import PER_SEGMENT
 from tether.restate.events import RestateEventLog, read_events
@@ -221,8 +221,9 @@ async def test_the_watched_sessions_are_kept_by_tag_until_they_expire(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = worker_settings(tmp_path, None)
-    watchers = next(o for o in index_services(settings) if o.name == "kept-watchers")
-    watch, watched = watchers.handlers["watch"].fn, watchers.handlers["watched"].fn
+    registry_object = next(o for o in index_services(settings) if o.name == "kept-watchers")
+    handlers = registry_object.handlers
+    watch, watched = handlers["watch"].fn, handlers["watched"].fn
     registry = ClockedState("all")
     tag = watch_tag(b"secret", "s1")
     other = watch_tag(b"secret", "s2")
@@ -235,7 +236,7 @@ async def test_the_watched_sessions_are_kept_by_tag_until_they_expire(
     await watch(registry, [other])
     assert list(registry.state["watched"]) == [other]
 
-    monkeypatch.setattr(live, "MAX_WATCHED", 2)  # the latest to expire are kept
+    monkeypatch.setattr(watchers, "MAX_WATCHED", 2)  # the latest to expire are kept
     tags = [watch_tag(b"secret", f"t{n}") for n in range(4)]
     for one in tags:
         registry.now += 1

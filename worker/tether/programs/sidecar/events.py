@@ -41,7 +41,7 @@ KEEPALIVE_SECONDS = 15.0
 """A comment line this often keeps proxies from closing a quiet stream."""
 WATCH_RENEW_SECONDS = 10.0
 """How often an open stream renews its session's registration in `<agent>-watchers`, which
-lasts 30 s (`tether.programs.worker.live.WATCH_SECONDS`)."""
+lasts 30 s (`tether.programs.worker.watchers.WATCH_SECONDS`)."""
 
 
 def _token(request: Request) -> str:

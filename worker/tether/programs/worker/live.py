@@ -10,9 +10,9 @@ tool call) that starts a second time was cut off by a crash: the object puts a
 
 Only for the sessions someone watches: each batch is an invocation of `<agent>-live`, up to 20
 a second per streaming session, which for runs nobody watched cost several times the runs
-themselves. A sidecar registers each session a client streams in `<agent>-watchers/all`, by a
-tag of the session (`webhooks.watch_tag`), for `WATCH_SECONDS`, renewed while the stream is open.
-A worker asks which of its sessions with live events are in that set (at most every
+themselves. A sidecar registers each session a client streams in `<agent>-watchers/all`
+(`watchers`), by a tag of the session, for 30 s, renewed while the stream is open. A worker
+asks which of its sessions with live events are in that set (at most every
 `ASK_EVERY_SECONDS`): when a session's events first come, so a watched session's go as soon as
 the answer says so, and `LATE_WATCHER_SECONDS` later, when an unwatched session's are dropped
 unless a client came meanwhile (one that opens its stream as it starts a run sees them all).
@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +38,7 @@ from ...messages import JSON
 from ...session.events import Cursor
 from ..restate_endpoints import Endpoints
 from ..webhooks import live_signature, live_signed, watch_tag
+from .watchers import WATCHERS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,6 @@ RESTARTS = {
     "model_started": ("call", "model_restarted"),
     "tool_started": ("call_id", "tool_restarted"),
 }
-WATCHERS_KEY = "all"
-WATCHED_STATE = "watched"
-WATCH_SECONDS = 30.0
-"""How long a registration of a watched session lasts (the sidecar renews it every 10 s while
-the client's stream is open: `tether.programs.sidecar.events.WATCH_RENEW_SECONDS`)."""
-MAX_WATCHED = 10_000
-"""Tags kept (the latest to expire) and asked about at most: both come through the ingress."""
 ASK_EVERY_SECONDS = 0.1
 """The least time between two questions of a worker to the watched set (each an invocation)."""
 RENEW_SECONDS = 10.0
@@ -72,7 +65,6 @@ UNREAD_SECONDS = 30.0
 (an index too old to serve it, Restate restarting), before it asks again."""
 MAX_WAITING = 1_000
 """Live events a session keeps until they are sent or dropped."""
-TAG = re.compile(r"[0-9a-f]{32}")
 
 
 def live_object(
@@ -129,42 +121,6 @@ def live_object(
         return found
 
     return obj
-
-
-def watchers_object(agent: str) -> restate.VirtualObject:
-    """`<agent>-watchers/all`: the tags of the sessions clients stream (`watch`, from the
-    sidecars) until they expire, read by the workers (`watched`)."""
-    obj = restate.VirtualObject(
-        f"{agent}-watchers", description=f"The {agent} agent's sessions that clients stream."
-    )
-
-    @obj.handler()
-    async def watch(ctx: restate.ObjectContext, tags: list[str]) -> None:
-        now = await ctx.run_typed("now", _wall_ms)
-        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
-        watched = {tag: until for tag, until in kept.items() if until > now}
-        until = now + WATCH_SECONDS * 1000
-        for tag in tags[:4] if isinstance(tags, list) else []:  # a session's tag per secret
-            if isinstance(tag, str) and TAG.fullmatch(tag):
-                watched[tag] = until
-        if len(watched) > MAX_WATCHED:
-            latest = sorted(watched.items(), key=lambda item: item[1])[-MAX_WATCHED:]
-            watched = dict(latest)
-        ctx.set(WATCHED_STATE, watched)
-
-    @obj.handler(kind="shared")
-    async def watched(ctx: restate.ObjectSharedContext, tags: list[str]) -> dict[str, float]:
-        """Those of `tags` registered, with when each expires (epoch ms: the reader compares).
-        Only those asked: who cannot make a session's tag learns nothing of it."""
-        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
-        asked = tags[:MAX_WATCHED] if isinstance(tags, list) else []
-        return {tag: kept[tag] for tag in asked if isinstance(tag, str) and tag in kept}
-
-    return obj
-
-
-async def _wall_ms() -> float:
-    return time.time() * 1000
 
 
 def _number(meta: dict[str, Any], after: int, event: JSON) -> JSON:

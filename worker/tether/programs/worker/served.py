@@ -19,9 +19,10 @@ import restate
 
 from ...spec import DurableAgentSpec, EventsSpec
 from .inbox import inbox_object
-from .live import live_object, watchers_object
+from .live import live_object
 from .parked_index import ParkedIndex
 from .settings import WorkerSettings
+from .watchers import watchers_object
 
 
 def shares_a_budget(spec: DurableAgentSpec) -> bool:

@@ -1,0 +1,61 @@
+"""`<agent>-watchers/all`: the sessions clients stream, whose live events the workers send
+(`live`).
+
+A sidecar registers a session while a client streams it (`watch`, renewed every 10 s), for
+`WATCH_SECONDS`, by a tag of the session (`webhooks.watch_tag`: an HMAC of its id with the webhook
+secret, one per secret during a rotation), not by its id; a worker asks about the tags of its
+sessions with live events (`watched`), and learns nothing of the others. Both come through the
+ingress, so tags are checked and their number capped.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import restate
+
+WATCHERS_KEY = "all"
+WATCHED_STATE = "watched"
+WATCH_SECONDS = 30.0
+"""How long a registration lasts (the sidecar renews it every 10 s while the client's stream is
+open: `tether.programs.sidecar.events.WATCH_RENEW_SECONDS`)."""
+MAX_WATCHED = 10_000
+"""Tags kept (the latest to expire) and asked about at most."""
+TAG = re.compile(r"[0-9a-f]{32}")
+
+
+def watchers_object(agent: str) -> restate.VirtualObject:
+    """`<agent>-watchers/all`: the tags of the sessions clients stream (`watch`, from the
+    sidecars) until they expire, read by the workers (`watched`)."""
+    obj = restate.VirtualObject(
+        f"{agent}-watchers", description=f"The {agent} agent's sessions that clients stream."
+    )
+
+    @obj.handler()
+    async def watch(ctx: restate.ObjectContext, tags: list[str]) -> None:
+        now = await ctx.run_typed("now", _wall_ms)
+        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
+        watched = {tag: until for tag, until in kept.items() if until > now}
+        until = now + WATCH_SECONDS * 1000
+        for tag in tags[:4] if isinstance(tags, list) else []:  # a session's tag per secret
+            if isinstance(tag, str) and TAG.fullmatch(tag):
+                watched[tag] = until
+        if len(watched) > MAX_WATCHED:
+            latest = sorted(watched.items(), key=lambda item: item[1])[-MAX_WATCHED:]
+            watched = dict(latest)
+        ctx.set(WATCHED_STATE, watched)
+
+    @obj.handler(kind="shared")
+    async def watched(ctx: restate.ObjectSharedContext, tags: list[str]) -> dict[str, float]:
+        """Those of `tags` registered, with when each expires (epoch ms: the reader compares).
+        Only those asked: who cannot make a session's tag learns nothing of it."""
+        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
+        asked = tags[:MAX_WATCHED] if isinstance(tags, list) else []
+        return {tag: kept[tag] for tag in asked if isinstance(tag, str) and tag in kept}
+
+    return obj
+
+
+async def _wall_ms() -> float:
+    return time.time() * 1000
