@@ -21,8 +21,9 @@ step). Each round runs ours and the floor once (alternating which goes first) an
 - with `--worker`, a fourth side: the same runs on Tether's worker (`tether worker`'s app in a
   process of its own, serving a DurableAgent of the scripted model and the same tool), against
   the floor. What users run: the library's loop with the worker's parts, its metrics hooks, its
-  inbox (a call per run to the session's inbox object), its spec's tools, and its live events
-  (Restate's ingress is set, as on Kubernetes; no client watches the sessions);
+  inbox (a call per run to the session's inbox object), its spec's tools, its live events
+  (Restate's ingress is set, as on Kubernetes; no client watches the sessions) and its metrics
+  in files (`PROMETHEUS_MULTIPROC_DIR`, as on Kubernetes);
 - worker RSS per active run: the group's peak RSS during the round above its idle RSS (after a
   warm-up, before the first round), divided by the runs; and the RSS after each round, which
   must level off instead of growing from round to round.
@@ -173,7 +174,10 @@ def measure(
 def worker_spec(directory: Path, turns: int, unsafe: bool, ingress_url: str) -> dict[str, str]:
     """The environment of a worker serving a DurableAgent whose runs are those of `BenchAgent`
     (the scripted model's turns, the bench service's tool), its spec written in `directory`;
-    with Restate's ingress, as on Kubernetes (it sends the live events of watched sessions)."""
+    as on Kubernetes, with Restate's ingress (it sends the live events of watched sessions) and
+    its metrics in files (`PROMETHEUS_MULTIPROC_DIR`, which its processes share)."""
+    metrics = directory / "metrics"
+    metrics.mkdir(exist_ok=True)
     from restate_bench_service import script
 
     tool = "record" if unsafe else "lookup"
@@ -195,6 +199,7 @@ def worker_spec(directory: Path, turns: int, unsafe: bool, ingress_url: str) -> 
         "TETHER_WEBHOOK_SECRET": "bench",
         "TETHER_WEBHOOK_BASE_URL": "http://sidecar.invalid",
         "RESTATE_INGRESS_URL": ingress_url,
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics),
         "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")]),
     }
 
