@@ -22,6 +22,7 @@ from .rejection import Rejection, refused
 from .restate_client import RestateClient
 from .settings import SidecarSettings
 from .signed_posts import SignedPosts
+from .watching import Watching
 
 
 def _route(request: Request) -> str:
@@ -55,11 +56,13 @@ def create_app(settings: SidecarSettings) -> FastAPI:
         parked=ParkedCalls(
             restate, settings.agent, settings.secret, max_age=settings.parked_cache_seconds
         ),
+        watching=Watching(restate, settings.agent, settings.secrets),
     )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        await sidecar.watching.close()
         await restate.close()
 
     app = FastAPI(

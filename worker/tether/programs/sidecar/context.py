@@ -1,6 +1,6 @@
 """`Sidecar`: what the request handlers share (settings, the Restate client, the parked-call
-reader, the replay guard and the resolution ledger), kept on `app.state.sidecar`, and the one
-way to answer a parked call with them.
+reader, the sessions its clients stream, the replay guard and the resolution ledger), kept on
+`app.state.sidecar`, and the one way to answer a parked call with them.
 
 An answer acts at most once through any number of replicas and restarts: it is a send to the
 `answer` handler of the agent's index (`tether.programs.worker.parked_index`) under the idempotency
@@ -29,6 +29,7 @@ from .parked_calls import ParkedCalls
 from .rejection import Rejection
 from .restate_client import ACCEPTED, RestateClient
 from .settings import SidecarSettings
+from .watching import Watching
 
 log = logging.getLogger("tether.programs.sidecar")
 T = TypeVar("T")
@@ -55,6 +56,7 @@ class Sidecar:
     settings: SidecarSettings
     restate: RestateClient
     parked: ParkedCalls
+    watching: Watching
     replay_guard: ReplayGuard = field(default_factory=ReplayGuard)
     ledger: ResolutionLedger = field(default_factory=ResolutionLedger)
 

@@ -6,8 +6,8 @@ often while they flow and less when the session is quiet. Each SSE message's `id
 event's `cursor`) is the reader's place after it (`tether.session.events.Cursor`), so a client
 that reconnects with `Last-Event-ID` (or `?after=`), to any replica, gets every durable event it
 has not had exactly once, and the live ones still kept. While a stream is open its session is
-registered in `<agent>-watchers`: the workers send the live events of watched sessions only
-(`tether.programs.worker.live`).
+registered in `<agent>-watchers` (`watching`): the workers send the live events of watched
+sessions only (`tether.programs.worker.live`).
 
 Reading needs a token for the session: `?token=` (what a browser's `EventSource` can send) or
 `Authorization: Bearer`, minted with the webhook secret (`webhooks.events_token`, `tether watch`,
@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import StreamingResponse
 
 from ...session.events import Cursor, unseen
-from ..webhooks import SignatureError, verified_by_any, verify_events_token, watch_tag
+from ..webhooks import SignatureError, verified_by_any, verify_events_token
 from .context import Sidecar, SidecarDep
 from .rejection import Rejection
 from .sessions import SESSION_ID
@@ -39,9 +39,6 @@ SLOW_POLL = 1.0
 """The longest wait between reads of a quiet session."""
 KEEPALIVE_SECONDS = 15.0
 """A comment line this often keeps proxies from closing a quiet stream."""
-WATCH_RENEW_SECONDS = 10.0
-"""How often an open stream renews its session's registration in `<agent>-watchers`, which
-lasts 30 s (`tether.programs.worker.watchers.WATCH_SECONDS`)."""
 
 
 def _token(request: Request) -> str:
@@ -60,18 +57,21 @@ def _frame(event: dict[str, Any], cursor: Cursor) -> bytes:
 
 
 async def _stream(sidecar: Sidecar, session: str, cursor: Cursor) -> AsyncIterator[bytes]:
-    agent = sidecar.settings.agent
-    tags = [watch_tag(secret, session) for secret in sidecar.settings.secrets]
     # Registered before the first byte: the live events of what runs from now on are sent.
-    await sidecar.restate.watch(agent, tags)
-    renew_at = time.monotonic() + WATCH_RENEW_SECONDS
+    await sidecar.watching.start(session)
+    try:
+        async for frame in _frames(sidecar, session, cursor):
+            yield frame
+    finally:
+        sidecar.watching.stop(session)
+
+
+async def _frames(sidecar: Sidecar, session: str, cursor: Cursor) -> AsyncIterator[bytes]:
     yield b"retry: 1000\n\n"
+    agent = sidecar.settings.agent
     wait = FAST_POLL
     quiet_since = time.monotonic()
     while True:
-        if time.monotonic() >= renew_at:
-            await sidecar.restate.watch(agent, tags)
-            renew_at = time.monotonic() + WATCH_RENEW_SECONDS
         try:
             events = await sidecar.restate.session_events(agent, session, str(cursor))
         except Rejection:

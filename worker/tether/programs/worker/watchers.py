@@ -1,7 +1,8 @@
 """`<agent>-watchers/all`: the sessions clients stream, whose live events the workers send
 (`live`).
 
-A sidecar registers a session while a client streams it (`watch`, renewed every 10 s), for
+A sidecar registers a session while a client streams it (`watch`; every 10 s it renews all the
+sessions it streams in one call), for
 `WATCH_SECONDS`, by a tag of the session (`webhooks.watch_tag`: an HMAC of its id with the webhook
 secret, one per secret during a rotation), not by its id; a worker asks about the tags of its
 sessions with live events (`watched`), and learns nothing of the others. Both come through the
@@ -19,9 +20,11 @@ WATCHERS_KEY = "all"
 WATCHED_STATE = "watched"
 WATCH_SECONDS = 30.0
 """How long a registration lasts (the sidecar renews it every 10 s while the client's stream is
-open: `tether.programs.sidecar.events.WATCH_RENEW_SECONDS`)."""
+open: `tether.programs.sidecar.watching.WATCH_RENEW_SECONDS`)."""
 MAX_WATCHED = 10_000
 """Tags kept (the latest to expire) and asked about at most."""
+TAGS_PER_WATCH = 1_000
+"""Tags a `watch` registers at most: a sidecar renews all its streams' sessions in one call."""
 TAG = re.compile(r"[0-9a-f]{32}")
 
 
@@ -38,7 +41,7 @@ def watchers_object(agent: str) -> restate.VirtualObject:
         kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
         watched = {tag: until for tag, until in kept.items() if until > now}
         until = now + WATCH_SECONDS * 1000
-        for tag in tags[:4] if isinstance(tags, list) else []:  # a session's tag per secret
+        for tag in tags[:TAGS_PER_WATCH] if isinstance(tags, list) else []:
             if isinstance(tag, str) and TAG.fullmatch(tag):
                 watched[tag] = until
         if len(watched) > MAX_WATCHED:

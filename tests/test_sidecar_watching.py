@@ -1,0 +1,78 @@
+"""The sidecar's registrations of the sessions its clients stream (`sidecar.watching`): one at
+once per stream that opens, then every open session's together, in one call per renewal (the
+registry is one exclusive key). Against the registry itself: `tests/restate/test_events.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tether.programs.sidecar import watching
+from tether.programs.sidecar.watching import Watching
+from tether.programs.webhooks import watch_tag
+
+SECRETS = (b"current" * 4, b"previous" * 4)
+
+
+class Registry:
+    """The slice of `RestateClient` that `Watching` uses: the calls it got."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def watch(self, agent: str, tags: list[str]) -> None:
+        assert agent == "clerk"
+        self.calls.append(tags)
+
+
+def tags(*sessions: str) -> list[str]:
+    return [watch_tag(secret, s) for s in sessions for secret in SECRETS]
+
+
+async def eventually(condition: Callable[[], bool], what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        await asyncio.sleep(0.01)
+
+
+async def test_streams_register_at_once_and_renew_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(watching, "WATCH_RENEW_SECONDS", 0.05)
+    registry = Registry()
+    watched = Watching(registry, "clerk", SECRETS)  # type: ignore[arg-type]
+    await watched.start("s1")
+    await watched.start("s2")
+    await watched.start("s2")  # a second client of s2
+    assert registry.calls == [tags("s1"), tags("s2"), tags("s2")]  # each as its stream opens
+
+    await eventually(lambda: len(registry.calls) >= 4, "a renewal")
+    assert registry.calls[3] == tags("s1", "s2")  # every open session in one call
+
+    watched.stop("s1")
+    watched.stop("s2")  # one of s2's two streams
+    renewed = len(registry.calls)
+    await eventually(lambda: len(registry.calls) > renewed, "the next renewal")
+    assert registry.calls[-1] == tags("s2")
+
+    watched.stop("s2")  # nothing open: the renewals stop
+    await eventually(lambda: watched._renewing is not None and watched._renewing.done(), "stop")
+    await watched.close()
+
+
+async def test_a_renewal_is_split_into_calls_of_at_most_tags_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(watching, "WATCH_RENEW_SECONDS", 0.05)
+    monkeypatch.setattr(watching, "TAGS_PER_CALL", 4)
+    registry = Registry()
+    watched = Watching(registry, "clerk", SECRETS)  # type: ignore[arg-type]
+    for session in ("a", "b", "c"):
+        await watched.start(session)
+    await eventually(lambda: len(registry.calls) >= 5, "a renewal in two calls")
+    assert registry.calls[3:5] == [tags("a", "b"), tags("c")]
+    await watched.close()
