@@ -76,3 +76,19 @@ async def test_a_renewal_is_split_into_calls_of_at_most_tags_per_call(
     await eventually(lambda: len(registry.calls) >= 5, "a renewal in two calls")
     assert registry.calls[3:5] == [tags("a", "b"), tags("c")]
     await watched.close()
+
+
+async def test_a_stream_gone_before_its_registration_answered_leaves_nothing() -> None:
+    class Stuck(Registry):
+        async def watch(self, agent: str, tags: list[str]) -> None:
+            await super().watch(agent, tags)
+            await asyncio.Event().wait()  # Restate does not answer; the client leaves
+
+    watched = Watching(Stuck(), "clerk", SECRETS)  # type: ignore[arg-type]
+    starting = asyncio.ensure_future(watched.start("s1"))
+    await asyncio.sleep(0.01)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert not watched._open and watched._renewing is None  # nothing to renew, for ever
+    await watched.close()

@@ -39,11 +39,12 @@ class Watching:
         return [watch_tag(secret, session) for session in sessions for secret in self.secrets]
 
     async def start(self, session: str) -> None:
-        """A stream of `session` opens: registered before this returns (best effort)."""
+        """A stream of `session` opens: registered before this returns (best effort). Counted
+        only once registered: a stream gone meanwhile (its `stop` never comes) leaves nothing."""
+        await self.restate.watch(self.agent, self._tags([session]))
         self._open[session] += 1
         if self._renewing is None or self._renewing.done():
             self._renewing = asyncio.get_running_loop().create_task(self._renew())
-        await self.restate.watch(self.agent, self._tags([session]))
 
     def stop(self, session: str) -> None:
         """A stream of `session` closed; its registration lapses unless another is open."""
