@@ -274,6 +274,12 @@ def watch_tag(secret: bytes, session: str) -> str:
     return hmac_hex(secret, f"tether-watch:v1:{session}".encode())[:32]
 
 
+def watch_tags(secrets: tuple[bytes, ...], session: str) -> tuple[str, ...]:
+    """`session`'s tag under each of `secrets` (the current and, during a rotation, the
+    previous): a sidecar registers them all, so a worker on either secret finds the session."""
+    return tuple(watch_tag(secret, session) for secret in secrets)
+
+
 def verified_by_any(
     secrets: Sequence[bytes], verify: Callable[..., T], *args: Any, **kwargs: Any
 ) -> T:

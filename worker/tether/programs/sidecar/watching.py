@@ -14,7 +14,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Sequence
 
-from ..webhooks import watch_tag
+from ..webhooks import watch_tags
 from .restate_client import RestateClient
 
 WATCH_RENEW_SECONDS = 10.0
@@ -35,8 +35,7 @@ class Watching:
         self._renewing: asyncio.Task[None] | None = None
 
     def _tags(self, sessions: list[str]) -> list[str]:
-        # one tag per secret: a worker still on the previous one matches it too
-        return [watch_tag(secret, session) for session in sessions for secret in self.secrets]
+        return [tag for session in sessions for tag in watch_tags(self.secrets, session)]
 
     async def start(self, session: str) -> None:
         """A stream of `session` opens: registered before this returns (best effort). Counted

@@ -36,8 +36,9 @@ import restate
 
 from ...messages import JSON
 from ...session.events import Cursor
+from ...spec import restate_services
 from ..restate_endpoints import Endpoints
-from ..webhooks import live_signature, live_signed, watch_tag
+from ..webhooks import live_signature, live_signed, watch_tags
 from .watchers import WATCHERS_KEY
 
 log = logging.getLogger(__name__)
@@ -128,10 +129,8 @@ def _number(meta: dict[str, Any], after: int, event: JSON) -> JSON:
     return {**event, "id": str(Cursor(after, meta["count"]))}
 
 
-@functools.lru_cache(maxsize=4096)
-def _tags_of(secrets: tuple[bytes, ...], session: str) -> tuple[str, ...]:
-    # asked at every flush for each session with events: the HMACs once per session
-    return tuple(watch_tag(key, session) for key in secrets)
+_tags_of = functools.lru_cache(maxsize=4096)(watch_tags)
+"""`watch_tags`, asked at every flush for each session with events: the HMACs once a session."""
 
 
 class LivePublisher:
@@ -242,7 +241,7 @@ class LivePublisher:
 
     async def _ask(self, sessions: list[str], asked: float) -> None:
         tags = [tag for session in sessions for tag in _tags_of(self.watch_secrets, session)]
-        path = f"/{self.agent}-watchers/{WATCHERS_KEY}/watched"
+        path = f"/{restate_services(self.agent).watchers}/{WATCHERS_KEY}/watched"
         try:
             response = await self._send(path, tags, "the watched sessions")
             answer = response.json() if response and response.status_code == 200 else None

@@ -2,11 +2,10 @@
 (`live`).
 
 A sidecar registers a session while a client streams it (`watch`; every 10 s it renews all the
-sessions it streams in one call), for
-`WATCH_SECONDS`, by a tag of the session (`webhooks.watch_tag`: an HMAC of its id with the webhook
-secret, one per secret during a rotation), not by its id; a worker asks about the tags of its
-sessions with live events (`watched`), and learns nothing of the others. Both come through the
-ingress, so tags are checked and their number capped.
+sessions it streams in one call), for `WATCH_SECONDS`, by its tags (`webhooks.watch_tags`: an
+HMAC of its id per webhook secret, two during a rotation), not by its id; a worker asks about the
+tags of its sessions with live events (`watched`), and learns nothing of the others. Both come
+through the ingress, so tags are checked and their number capped.
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ import re
 import time
 
 import restate
+
+from ...spec import restate_services
 
 WATCHERS_KEY = "all"
 WATCHED_STATE = "watched"
@@ -32,7 +33,8 @@ def watchers_object(agent: str) -> restate.VirtualObject:
     """`<agent>-watchers/all`: the tags of the sessions clients stream (`watch`, from the
     sidecars) until they expire, read by the workers (`watched`)."""
     obj = restate.VirtualObject(
-        f"{agent}-watchers", description=f"The {agent} agent's sessions that clients stream."
+        restate_services(agent).watchers,
+        description=f"The {agent} agent's sessions that clients stream.",
     )
 
     @obj.handler()
