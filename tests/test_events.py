@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import RecordingProvider
-from tether import create_agent, tool
+from tether import create_agent, jsoncodec, tool
 from tether.durable import sqlite_runtime
 from tether.programs.webhooks import watch_tag
 from tether.programs.worker import services, watchers
@@ -225,23 +225,27 @@ async def test_the_watched_sessions_are_kept_by_tag_until_they_expire(
     handlers = registry_object.handlers
     watch, watched = handlers["watch"].fn, handlers["watched"].fn
     registry = ClockedState("all")
+
+    def kept() -> dict[str, float]:
+        return jsoncodec.loads(registry.state["watched"])
+
     tag = watch_tag(b"secret", "s1")
     other = watch_tag(b"secret", "s2")
     await watch(registry, [tag, "not-a-tag", "S1", 7, "0" * 33])  # only a tag is kept
-    assert registry.state["watched"] == {tag: registry.now + WATCH_SECONDS * 1000}
+    assert kept() == {tag: registry.now + WATCH_SECONDS * 1000}
     assert await watched(registry, [tag, other]) == {tag: registry.now + WATCH_SECONDS * 1000}
     assert await watched(registry, [other]) == {}  # only what is asked: not s1's
 
     registry.now += WATCH_SECONDS * 1000 + 1  # s1's registration expired
     await watch(registry, [other])
-    assert list(registry.state["watched"]) == [other]
+    assert list(kept()) == [other]
 
     monkeypatch.setattr(watchers, "MAX_WATCHED", 2)  # the latest to expire are kept
     tags = [watch_tag(b"secret", f"t{n}") for n in range(4)]
     for one in tags:
         registry.now += 1
         await watch(registry, [one])
-    assert sorted(registry.state["watched"]) == sorted(tags[2:])
+    assert sorted(kept()) == sorted(tags[2:])
 
 
 @pytest.mark.parametrize(

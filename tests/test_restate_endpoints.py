@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from tether.errors import ConfigError
+from tether.programs import webhooks
 from tether.programs.renewable_session import NO_ANSWER
 from tether.programs.restate_endpoints import Endpoints, split_urls
 from tether.programs.restate_server import free_port
@@ -95,6 +96,19 @@ async def node() -> AsyncIterator[tuple[str, list[str]]]:
     await runner.cleanup()
 
 
+async def serving(
+    handle: Callable[[web.Request], Awaitable[web.Response]],
+) -> tuple[str, web.AppRunner]:
+    """A local HTTP server answering every request with `handle`: its URL and its runner."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return f"http://127.0.0.1:{port}", runner
+
+
 async def live_node() -> tuple[str, list[str], web.AppRunner]:
     seen: list[str] = []
 
@@ -106,13 +120,8 @@ async def live_node() -> tuple[str, list[str], web.AppRunner]:
             return web.json_response({"deployments": [{"id": "dp_1"}]})
         return web.json_response({"invocationId": "inv_1", "status": "Accepted"}, status=202)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return f"http://127.0.0.1:{port}", seen, runner
+    url, runner = await serving(handle)
+    return url, seen, runner
 
 
 async def dropping_node() -> tuple[str, web.AppRunner]:
@@ -123,13 +132,7 @@ async def dropping_node() -> tuple[str, web.AppRunner]:
         request.transport.close()
         raise ConnectionResetError
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return f"http://127.0.0.1:{port}", runner
+    return await serving(handle)
 
 
 async def test_the_sidecar_and_the_operator_reach_a_live_node(
@@ -275,6 +278,49 @@ async def test_a_worker_that_cannot_read_the_watched_sessions_sends_every_sessio
         publisher("s1", 0, {"kind": "text_delta"})
         await eventually(lambda: len(seen) == 2, "the read of the set, then the post")
         assert seen == ["POST /clerk-watchers/all/watched", "POST /clerk-live/s1/push/send"]
+    finally:
+        await publisher.close()
+        await runner.cleanup()
+
+
+async def test_a_worker_asks_about_its_sessions_twice_a_second_not_at_each_one_s_turn() -> None:
+    """Each question reads the whole watched set: a session asked about is asked about again
+    only once its events have waited for a late client (`LATE_WATCHER_SECONDS`), and those
+    questions come at most every `RECHECK_SECONDS`, for all the sessions at once, however their
+    times fall; a new session is asked about at once."""
+    asks: list[tuple[float, list[str]]] = []
+    posts: list[str] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        if request.path.endswith("/watched"):
+            asks.append((time.monotonic(), await request.json()))
+            return web.json_response({})  # nobody watches
+        posts.append(request.path)
+        return web.json_response({}, status=202)
+
+    url, runner = await serving(handle)
+    secret = b"k" * 32
+    publisher = LivePublisher("clerk", url, secret, timeout=3.0, watch_secrets=(secret,))
+    sessions = [f"s{i}" for i in range(10)]
+    first: dict[str, float] = {}
+    try:
+        started = time.monotonic()
+        while (now := time.monotonic()) - started < 2.6:  # ten models streaming text
+            for i, session in enumerate(sessions):
+                if now - started >= 0.1 * i:  # one starting every 100 ms
+                    first.setdefault(session, now)
+                    publisher(session, 0, {"kind": "text_delta"})
+            await asyncio.sleep(0.02)
+        await eventually(lambda: not publisher._pending, "the pending events dropped")
+        for session in sessions:
+            tag = webhooks.watch_tags((secret,), session)[0]
+            asked = min(at for at, tags in asks if tag in tags)
+            assert asked - first[session] < 0.3, f"{session} waited for its first question"
+        # Once all have started, their events wait a second from times 100 ms apart: the
+        # questions that decide them come every ~0.5 s, not one for each session.
+        later = [round(at - started, 2) for at, _ in asks if 1.1 <= at - started < 2.6]
+        assert 2 <= len(later) <= 4, later
+        assert posts == []
     finally:
         await publisher.close()
         await runner.cleanup()

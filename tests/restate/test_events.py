@@ -25,7 +25,12 @@ from tether.programs.dev import Process, wait_for
 from tether.programs.restate_server import free_port
 from tether.programs.watch import events_url, sse_events
 from tether.programs.webhooks import events_token
-from tether.programs.worker.live import ASK_EVERY_SECONDS, FLUSH_SECONDS, LATE_WATCHER_SECONDS
+from tether.programs.worker.live import (
+    ASK_EVERY_SECONDS,
+    FLUSH_SECONDS,
+    LATE_WATCHER_SECONDS,
+    RECHECK_SECONDS,
+)
 from tether.restate.chain import PER_SEGMENT
 from tether.session.events import Cursor
 from tether.testing import AgentHarness, wait_until
@@ -201,7 +206,7 @@ def test_live_events_are_sent_for_the_sessions_a_client_watches_only(
 
     # Had the worker sent the quiet run's events, it would have long before the watched run's
     # (within a flush); it drops them once it has read the watched set a while after they came.
-    decided = LATE_WATCHER_SECONDS + 2 * ASK_EVERY_SECONDS + 2 * FLUSH_SECONDS
+    decided = LATE_WATCHER_SECONDS + RECHECK_SECONDS + 2 * ASK_EVERY_SECONDS + 2 * FLUSH_SECONDS
     time.sleep(max(0.0, decided - (time.monotonic() - quiet_ended)))
     assert live_kept(agent, "quiet") == []
 

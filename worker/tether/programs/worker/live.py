@@ -12,10 +12,13 @@ Only for the sessions someone watches: each batch is an invocation of `<agent>-l
 a second per streaming session, which for runs nobody watched cost several times the runs
 themselves. A sidecar registers each session a client streams in `<agent>-watchers/all`
 (`watchers`), by a tag of the session, for 30 s, renewed while the stream is open. A worker
-asks which of its sessions with live events are in that set (at most every
-`ASK_EVERY_SECONDS`): when a session's events first come, so a watched session's go as soon as
-the answer says so, and `LATE_WATCHER_SECONDS` later, when an unwatched session's are dropped
-unless a client came meanwhile (one that opens its stream as it starts a run sees them all).
+asks which of its sessions with live events are in that set, each question about all of them:
+at once (at most every `ASK_EVERY_SECONDS`) when a session it has not asked about lately has
+events, so a watched session's go as soon as the answer says so; and, at most every
+`RECHECK_SECONDS`, once events have waited `LATE_WATCHER_SECONDS`: an unwatched session's are
+dropped unless a client came meanwhile (one that opens its stream as it starts a run sees them
+all). A question reads the whole set: a worker whose runs stream for long asks about twice a
+second, not for every session's batches (`bench/watched_set.py`).
 Without an answer (a read that fails, an index too old to serve the set, a worker without a
 webhook secret), the worker sends every session's, as it did before.
 """
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +59,9 @@ RESTARTS = {
 }
 ASK_EVERY_SECONDS = 0.1
 """The least time between two questions of a worker to the watched set (each an invocation)."""
+RECHECK_SECONDS = 0.5
+"""The least time between two questions about sessions asked about before (their events wait up
+to `LATE_WATCHER_SECONDS` and this long before they are dropped)."""
 RENEW_SECONDS = 10.0
 """A watched session with events is asked about again after this long (its registration, renewed
 every 10 s while watched, lasts 30 s from each renewal)."""
@@ -170,6 +177,8 @@ class LivePublisher:
         self._answered_at = float("-inf")
         """When the question of that answer was asked (monotonic)."""
         self._asked_at = float("-inf")
+        self._asked_about: dict[str, float] = {}
+        """When each session was last asked about (monotonic), for `RENEW_SECONDS`."""
         self._asking: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._client: httpx2.AsyncClient | None = None
@@ -223,21 +232,27 @@ class LivePublisher:
         return None
 
     def _ask_if_due(self, undecided: list[str], renew: list[str]) -> None:
-        """Ask whether `undecided` sessions are watched, at most every `ASK_EVERY_SECONDS`, when
-        one of them has events that came after the last question (a client may watch it: its
-        first events go as soon as the answer says so) or that have waited
-        `LATE_WATCHER_SECONDS` since (sent if a client came meanwhile, else dropped), or when a
-        watched session's answer is old (`renew`)."""
+        """Ask whether `undecided` sessions are watched, at most every `ASK_EVERY_SECONDS`: when
+        one of them was not asked about lately (a client may watch it: its first events go as
+        soon as the answer says so), or when a watched session's answer is old (`renew`); and at
+        most every `RECHECK_SECONDS` when events have waited `LATE_WATCHER_SECONDS` since the
+        last question (sent if a client came meanwhile, else dropped)."""
         now = time.monotonic()
         asked = self._asked_at
         if now - asked < ASK_EVERY_SECONDS or (self._asking and not self._asking.done()):
             return
-        since = [self._since[session] for session in undecided]
-        due = any(t > asked or asked < t + LATE_WATCHER_SECONDS <= now for t in since)
-        if not (due or renew):
+        known = self._asked_about
+        new = any(now - known.get(session, -math.inf) >= RENEW_SECONDS for session in undecided)
+        late = now - asked >= RECHECK_SECONDS and any(
+            asked < self._since[session] + LATE_WATCHER_SECONDS <= now for session in undecided
+        )
+        if not (new or late or renew):
             return
+        sessions = undecided + renew
+        self._asked_about = {s: t for s, t in known.items() if now - t < RENEW_SECONDS}
+        self._asked_about.update(dict.fromkeys(sessions, now))
         self._asked_at = now
-        self._asking = asyncio.get_running_loop().create_task(self._ask(undecided + renew, now))
+        self._asking = asyncio.get_running_loop().create_task(self._ask(sessions, now))
 
     async def _ask(self, sessions: list[str], asked: float) -> None:
         tags = [tag for session in sessions for tag in _tags_of(self.watch_secrets, session)]

@@ -14,7 +14,9 @@ import re
 import time
 
 import restate
+from restate.serde import BytesSerde
 
+from ... import jsoncodec
 from ...spec import restate_services
 
 WATCHERS_KEY = "all"
@@ -27,6 +29,10 @@ MAX_WATCHED = 10_000
 TAGS_PER_WATCH = 1_000
 """Tags a `watch` registers at most: a sidecar renews all its streams' sessions in one call."""
 TAG = re.compile(r"[0-9a-f]{32}")
+RAW = BytesSerde()
+"""The set is encoded with orjson (`jsoncodec`), not the SDK's serde (the standard library's):
+every question decodes all of it; at 10,000 tags a third of a question's CPU in the index
+(`bench/watched_set.py`)."""
 
 
 def watchers_object(agent: str) -> restate.VirtualObject:
@@ -40,27 +46,32 @@ def watchers_object(agent: str) -> restate.VirtualObject:
     @obj.handler()
     async def watch(ctx: restate.ObjectContext, tags: list[str]) -> None:
         now = await ctx.run_typed("now", _wall_ms)
-        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
+        kept = await _kept(ctx)
         watched = {tag: until for tag, until in kept.items() if until > now}
-        until = now + WATCH_SECONDS * 1000
+        until = now + round(WATCH_SECONDS * 1000)
         for tag in tags[:TAGS_PER_WATCH] if isinstance(tags, list) else []:
             if isinstance(tag, str) and TAG.fullmatch(tag):
                 watched[tag] = until
         if len(watched) > MAX_WATCHED:
             latest = sorted(watched.items(), key=lambda item: item[1])[-MAX_WATCHED:]
             watched = dict(latest)
-        ctx.set(WATCHED_STATE, watched)
+        ctx.set(WATCHED_STATE, jsoncodec.dumps(watched), serde=RAW)
 
     @obj.handler(kind="shared")
     async def watched(ctx: restate.ObjectSharedContext, tags: list[str]) -> dict[str, float]:
         """Those of `tags` registered, with when each expires (epoch ms: the reader compares).
         Only those asked: who cannot make a session's tag learns nothing of it."""
-        kept: dict[str, float] = await ctx.get(WATCHED_STATE) or {}
+        kept = await _kept(ctx)
         asked = tags[:MAX_WATCHED] if isinstance(tags, list) else []
         return {tag: kept[tag] for tag in asked if isinstance(tag, str) and tag in kept}
 
     return obj
 
 
-async def _wall_ms() -> float:
-    return time.time() * 1000
+async def _kept(ctx: restate.ObjectContext | restate.ObjectSharedContext) -> dict[str, float]:
+    data = await ctx.get(WATCHED_STATE, serde=RAW)
+    return jsoncodec.loads(data) if data else {}
+
+
+async def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
