@@ -209,7 +209,7 @@ class RestateClient:
         body = json.dumps(after).encode()
         durable, live = await asyncio.gather(
             self._post(f"/{agent}/{_key(session)}/events", body, JSON, "events"),
-            self._post(f"/{agent}-live/{_key(session)}/read", body, JSON, "live"),
+            self._post(f"/{restate_services(agent).live}/{_key(session)}/read", body, JSON, "live"),
         )
         events: list[dict[str, Any]] = []
         for status, raw in (durable, live):

@@ -81,7 +81,8 @@ def live_object(
     """`<agent>-live`: `push` (the worker's signed batches) and `read` (for the sidecars); the
     last `keep` batches of a session are kept (`spec.events.liveBatches`)."""
     obj = restate.VirtualObject(
-        f"{agent}-live", description=f"The live events of the {agent} agent's sessions."
+        restate_services(agent).live,
+        description=f"The live events of the {agent} agent's sessions.",
     )
 
     @obj.handler()
@@ -303,7 +304,7 @@ class LivePublisher:
             body["sig"] = live_signature(self.secret, session, events)
         if self.ingress is None:
             return
-        path = f"/{self.agent}-live/{quote(session, safe='')}/push/send"
+        path = f"/{restate_services(self.agent).live}/{quote(session, safe='')}/push/send"
         response = await self._send(path, body, "live events dropped")
         if response is not None and response.status_code >= 300:
             log.warning("live events: Restate answered HTTP %s", response.status_code)
