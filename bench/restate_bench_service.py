@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from datetime import timedelta
@@ -28,6 +27,7 @@ import restate
 
 from tether import create_agent, tool
 from tether.durable import DurableRuntime
+from tether.programs.gc_tuning import settle_heap
 from tether.providers import scripted
 from tether.restate import restate_runtime
 from tether.session import create_session, load_session
@@ -189,6 +189,5 @@ async def agent_park(ctx: restate.ObjectContext, req: dict[str, Any]) -> dict[st
 
 
 app = restate.app([raw, agent_object])
-# As the worker's app does (`tether.programs.worker.asgi`): what is imported by now lives as long
-# as the process, and a full collection no longer walks it. Both sides run in this process.
-gc.freeze()
+# As the worker's app does (`tether.programs.worker.asgi`); both sides run in this process.
+settle_heap()

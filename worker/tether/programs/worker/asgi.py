@@ -9,13 +9,13 @@ worker child, which holds those secrets: it makes the process non-dumpable first
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 
 import restate
 
 from .. import redact
+from ..gc_tuning import settle_heap
 from ..hardening import make_undumpable
 from ..restate_identity import IDENTITY_KEYS_ENV
 from .lifespan import answering_lifespan
@@ -39,7 +39,4 @@ endpoint = restate.app(served_services(settings), identity_keys=list(settings.id
 app = answering_lifespan(endpoint)
 if settings.metrics_port is not None:
     app = with_metrics_port(app, settings.metrics_port)
-# What is imported and built by now lives as long as the process: frozen, a full collection no
-# longer walks it (in bench/many_runs.py's worker, 100 runs in flight: ~75 ms a full pass, ~49
-# ms with its import-time heap frozen).
-gc.freeze()
+settle_heap()  # last: what is imported and built by now lives as long as the process
