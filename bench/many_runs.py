@@ -23,7 +23,10 @@ step). Each round runs ours and the floor once (alternating which goes first) an
   the floor. What users run: the library's loop with the worker's parts, its metrics hooks, its
   inbox (a call per run to the session's inbox object), its spec's tools, its live events
   (Restate's ingress is set, as on Kubernetes; no client watches the sessions) and its metrics
-  in files (`PROMETHEUS_MULTIPROC_DIR`, as on Kubernetes);
+  in files (`PROMETHEUS_MULTIPROC_DIR`, as on Kubernetes). As on Kubernetes too, the index (the
+  inboxes, the watched set, the live events) is served by a second process (`--serve index`,
+  the sidecar's pods there): the worker's CPU per turn is the agent's process group's, and the
+  index's is printed apart;
 - worker RSS per active run: the group's peak RSS during the round above its idle RSS (after a
   warm-up, before the first round), divided by the runs; and the RSS after each round, which
   must level off instead of growing from round to round.
@@ -150,12 +153,18 @@ def call(server: RestateServer, path: str, payload: Any) -> None:
 
 
 def measure(
-    server: RestateServer, pgid: int, runs: int, one: Callable[[str], tuple[str, Any]]
+    server: RestateServer,
+    pgid: int,
+    runs: int,
+    one: Callable[[str], tuple[str, Any]],
+    index_pgid: int = 0,
 ) -> dict[str, float]:
-    """`runs` concurrent calls of `one(key) -> (path, payload)`: wall, CPU and RSS figures."""
+    """`runs` concurrent calls of `one(key) -> (path, payload)`: wall, CPU and RSS figures (and
+    the CPU of the process group `index_pgid`, when given)."""
     requests = [one(uuid.uuid4().hex[:12]) for _ in range(runs)]
     assert server.pid is not None
     cpu_before = group_cpu_seconds(pgid)
+    index_before = group_cpu_seconds(index_pgid) if index_pgid else 0.0
     server_before = process_cpu_seconds(server.pid)
     with PeakRss(pgid) as peak, ThreadPoolExecutor(max_workers=runs) as pool:
         started = time.perf_counter()
@@ -166,6 +175,7 @@ def measure(
         "wall": wall,
         "cpu": group_cpu_seconds(pgid) - cpu_before,
         "server_cpu": process_cpu_seconds(server.pid) - server_before,
+        "index_cpu": group_cpu_seconds(index_pgid) - index_before if index_pgid else 0.0,
         "rss_peak": peak.peak,
         "rss_after": group_rss_bytes(pgid),
     }
@@ -248,14 +258,21 @@ def main() -> None:
         pgid = worker.pid
         measure(server, pgid, 10, ours)  # warm-up: imports, connections
         measure(server, pgid, 10, raw)
-        worker_pgid = 0
-        if args.worker:
+        worker_pgid = index_pgid = 0
+        if args.worker:  # the agent's worker and the index, as their two Deployments serve them
             env = worker_spec(Path(tmp), turns, args.unsafe, server.ingress_url)
             app = "tether.programs.worker.asgi:app"
-            served = stack.enter_context(HypercornWorker(app, log_dir=Path(tmp), env=env))
-            server.register(served.url)
-            assert served.pid is not None
-            worker_pgid = served.pid
+            pids: dict[str, int] = {}
+            for serves in ("agent", "index"):
+                served = stack.enter_context(
+                    HypercornWorker(
+                        app, log_dir=Path(tmp), env={**env, "TETHER_WORKER_SERVES": serves}
+                    )
+                )
+                server.register(served.url)
+                assert served.pid is not None
+                pids[serves] = served.pid
+            worker_pgid, index_pgid = pids["agent"], pids["index"]
             measure(server, worker_pgid, 10, on_worker)
         idle = group_rss_bytes(pgid)
         kind = "unsafe" if args.unsafe else "safe"
@@ -270,11 +287,16 @@ def main() -> None:
         shaped_ratios: list[float] = []
         worker_ratios: list[float] = []
         cpu_worker: list[float] = []
+        cpu_index: list[float] = []
         for i in range(args.rounds):
             sides = [("ours", ours), ("raw", raw), *([("shaped", shaped)] if args.shaped else [])]
             sides += [("worker", on_worker)] if args.worker else []
             results = {
-                name: measure(server, worker_pgid if name == "worker" else pgid, args.runs, one)
+                name: (
+                    measure(server, worker_pgid, args.runs, one, index_pgid)
+                    if name == "worker"
+                    else measure(server, pgid, args.runs, one)
+                )
                 for name, one in (sides if i % 2 == 0 else sides[::-1])
             }
             o, r = results["ours"], results["raw"]
@@ -310,10 +332,12 @@ def main() -> None:
                 served_round = results["worker"]
                 worker_ratios.append(r["wall"] / served_round["wall"])
                 cpu_worker.append(served_round["cpu"] / total_turns)
+                cpu_index.append(served_round["index_cpu"] / total_turns)
                 print(
                     f"    the worker: {total_turns / served_round['wall']:6.0f} turns/s, ratio "
                     f"{worker_ratios[-1]:.2f}; worker CPU per turn {cpu_worker[-1] * 1000:.2f} "
-                    f"ms, restate-server's {served_round['server_cpu'] / total_turns * 1000:.2f} ms"
+                    f"ms, its index's {cpu_index[-1] * 1000:.2f} ms, restate-server's "
+                    f"{served_round['server_cpu'] / total_turns * 1000:.2f} ms"
                 )
         print(
             f"  median: throughput ratio {statistics.median(ratios):.2f} (goal >= 0.8; its middle "
@@ -338,7 +362,8 @@ def main() -> None:
                 f"  the worker: throughput ratio {statistics.median(worker_ratios):.2f} (its "
                 f"middle half {middle_half(worker_ratios)}), worker CPU per turn "
                 f"{statistics.median(cpu_worker) * 1000:.3f} ms (the floor's against it "
-                f"{statistics.median(cpu_raw) / statistics.median(cpu_worker):.2f})"
+                f"{statistics.median(cpu_raw) / statistics.median(cpu_worker):.2f}), its "
+                f"index's {statistics.median(cpu_index) * 1000:.3f} ms"
             )
 
 
