@@ -315,11 +315,11 @@ async def test_a_worker_asks_about_its_sessions_twice_a_second_not_at_each_one_s
         for session in sessions:
             tag = webhooks.watch_tags((secret,), session)[0]
             asked = min(at for at, tags in asks if tag in tags)
-            assert asked - first[session] < 0.3, f"{session} waited for its first question"
+            assert asked - first[session] < 0.5, f"{session} waited for its first question"
         # Once all have started, their events wait a second from times 100 ms apart: the
         # questions that decide them come every ~0.5 s, not one for each session.
         later = [round(at - started, 2) for at, _ in asks if 1.1 <= at - started < 2.6]
-        assert 2 <= len(later) <= 4, later
+        assert 2 <= len(later) <= 5, later
         assert posts == []
     finally:
         await publisher.close()
