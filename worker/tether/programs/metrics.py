@@ -17,6 +17,7 @@ sidecar at scrape time, like the count of parked calls.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +27,7 @@ from .._optional import extra_imports
 
 with extra_imports("tether.programs.metrics", "sidecar", "prometheus_client"):
     from prometheus_client import Counter, Gauge, Histogram, values
+    from prometheus_client.metrics import MetricWrapperBase
     from prometheus_client.multiprocess import MultiProcessCollector
     from prometheus_client.registry import Collector
 
@@ -146,12 +148,19 @@ WEBHOOK_REQUESTS = Counter(
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_write")
 
 
+@functools.lru_cache(maxsize=4096)
+def _series(metric: MetricWrapperBase, *labels: str) -> Any:
+    """`metric.labels(*labels)`, looked up once: `labels()` checks the values and takes a lock on
+    every call, and the hooks below run at every model and tool call (~0.7 us against ~0.1)."""
+    return metric.labels(*labels)
+
+
 def mcp_observer(agent: str) -> Callable[[str, str, str, float], None]:
     """Counts the live calls of the agent's MCP tools (a `tether.tools.mcp.CallObserver`)."""
 
     def observe(server: str, tool: str, outcome: str, seconds: float) -> None:
-        MCP_CALLS.labels(agent, server, tool, outcome).inc()
-        MCP_CALL_DURATION.labels(agent, server, tool).observe(seconds)
+        _series(MCP_CALLS, agent, server, tool, outcome).inc()
+        _series(MCP_CALL_DURATION, agent, server, tool).observe(seconds)
 
     return observe
 
@@ -302,28 +311,30 @@ def agent_hooks(
         observe_fanout()
 
     def turn_after(payload: HookPayload) -> None:
-        MODEL_CALLS.labels(agent, provider, model, "ok").inc()
+        _series(MODEL_CALLS, agent, provider, model, "ok").inc()
         latency_ms = payload.get("latency_ms")
         if isinstance(latency_ms, int | float):
-            MODEL_CALL_DURATION.labels(agent, provider, model).observe(max(0.0, latency_ms) / 1000)
+            _series(MODEL_CALL_DURATION, agent, provider, model).observe(
+                max(0.0, latency_ms) / 1000
+            )
         usage: Mapping[str, Any] = payload.get("usage") or {}
         for kind in TOKEN_KINDS:
             tokens = usage.get(kind) or 0
             if tokens > 0:
-                MODEL_TOKENS.labels(agent, provider, model, kind).inc(tokens)
+                _series(MODEL_TOKENS, agent, provider, model, kind).inc(tokens)
         cost = float(payload.get("cost") or 0.0)
         if cost > 0:
-            COST_USD.labels(agent, provider, model).inc(cost)
+            _series(COST_USD, agent, provider, model).inc(cost)
 
     def tool_after(payload: HookPayload) -> None:
         if not live():
             return  # a self-journaled call that ended in an earlier attempt, replayed
         tool, outcome = str(payload.get("name")), str(payload.get("outcome", "ok"))
-        TOOL_CALLS.labels(agent, tool, outcome).inc()
+        _series(TOOL_CALLS, agent, tool, outcome).inc()
         if outcome == "interrupted":
-            INTERRUPTED_TOOL_CALLS.labels(agent, tool).inc()
+            _series(INTERRUPTED_TOOL_CALLS, agent, tool).inc()
         else:
-            TOOL_DURATION.labels(agent, tool).observe(float(payload.get("duration_s") or 0.0))
+            _series(TOOL_DURATION, agent, tool).observe(float(payload.get("duration_s") or 0.0))
 
     def spawn_complete(payload: HookPayload) -> None:
         nonlocal spawned_this_turn
