@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
-from many_runs import AGENT, group_pids, process_cpu_seconds, worker_spec
+from many_runs import AGENT, group_cpu_seconds, process_cpu_seconds, worker_spec
 
 from tether.programs.local_http import request_json as http
 from tether.programs.restate_server import RestateServer, free_port
@@ -41,10 +41,6 @@ SECRET = b"b" * 32
 
 def tags(n: int) -> list[str]:
     return [secrets.token_hex(16) for _ in range(n)]
-
-
-def group_cpu(pid: int) -> float:
-    return sum(process_cpu_seconds(p) for p in group_pids(pid))
 
 
 def questions(sizes: list[int], count: int) -> None:
@@ -76,12 +72,15 @@ def questions(sizes: list[int], count: int) -> None:
                     assert http("POST", f"{base}/watched", body, timeout=60).status == 200
                     return time.perf_counter() - started
 
-                index_before, server_before = group_cpu(index.pid), process_cpu_seconds(server.pid)
+                index_before, server_before = (
+                    group_cpu_seconds(index.pid),
+                    process_cpu_seconds(server.pid),
+                )
                 started = time.perf_counter()
                 with ThreadPoolExecutor(8) as pool:
                     latencies = list(pool.map(ask, asked))
                 wall = time.perf_counter() - started
-                index_cpu = group_cpu(index.pid) - index_before
+                index_cpu = group_cpu_seconds(index.pid) - index_before
                 server_cpu = process_cpu_seconds(server.pid) - server_before
                 started = time.perf_counter()
                 assert http("POST", f"{base}/watch", tags(1), timeout=60).status == 200
