@@ -18,7 +18,7 @@ from ..budget import BudgetLedger, Limits, Spend, input_bound, usage_tokens, wor
 from ..durable.journal import now_ms
 from ..messages import JSON, Message, text_block, text_of, tool_uses
 from ..providers.base import ModelRequest, ProviderError
-from ..session.events import event
+from ..session.events import EventLog, event
 from ..session.session import Session
 from ..session.types import SessionRun, SessionTurn
 from ..tools.base import ToolDef
@@ -254,14 +254,15 @@ class AgentRun:
         if log is not None and events:
             await log.append(self.session.id, events)
 
-    def _live_wanted(self) -> bool:
+    def _live_log(self) -> EventLog | None:
+        """The session's event log when it passes live events on."""
         log = self.durable.stores.events
-        return log is not None and log.live_wanted
+        return log if log is not None and log.live_wanted else None
 
     def _live(self, kind: str, **fields: Any) -> None:
         """A live event, made only when the session's event log passes live events on."""
-        log = self.durable.stores.events
-        if log is not None and log.live_wanted:
+        log = self._live_log()
+        if log is not None:
             log.live(self.session.id, event(kind, self.run_id, now_ms(), **fields))
 
     def _model_events(
@@ -376,7 +377,7 @@ class AgentRun:
             call = f"{self.run_id}/model:{turn}:{attempt}"
             self._live("model_started", turn=turn, call=call)
             # decided once per call, not per delta
-            live = self._live if self._live_wanted() else None
+            live = self._live if self._live_log() is not None else None
             text_hook = hooks.wants("stream:text")
 
             async def on_text(delta: str) -> None:

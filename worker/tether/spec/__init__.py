@@ -928,7 +928,8 @@ class RestateServices(NamedTuple):
     live: str
     """The live events of its sessions (`tether.programs.worker.live`)."""
     watchers: str
-    """The sessions clients stream, whose live events are sent (`tether.programs.worker.live`)."""
+    """The sessions clients stream, whose live events are sent (`tether.programs.worker.live`),
+    under its one key `WATCHERS_KEY`."""
     budget: str
     """The budget ledgers of its root runs, with sub-agents (`tether.restate.budget`)."""
 
@@ -937,6 +938,10 @@ class RestateServices(NamedTuple):
         """Those its versions serve; the others, which the runs of every version share, are
         served by its sidecar's index (`tether.programs.worker.served`)."""
         return (self.agent,)
+
+
+WATCHERS_KEY = "all"
+"""The one key of `RestateServices.watchers`: the sidecars register there, the workers ask there."""
 
 
 def restate_services(agent: str) -> RestateServices:

@@ -30,7 +30,7 @@ import aiohttp
 
 from ...errors import TetherError
 from ...parked import INDEX_KEY
-from ...spec import restate_services
+from ...spec import WATCHERS_KEY, restate_services
 from ..renewable_session import NO_ANSWER, RenewableSession
 from ..restate_endpoints import Endpoints
 from .rejection import Rejection
@@ -194,7 +194,7 @@ class RestateClient:
         `{agent}-watchers/all`, so the workers send its live events
         (`tether.programs.worker.live`). Answered once registered; best effort: a failure is
         logged, and the client still gets the durable events."""
-        path = f"/{restate_services(agent).watchers}/{INDEX_KEY}/watch"
+        path = f"/{restate_services(agent).watchers}/{WATCHERS_KEY}/watch"
         try:
             body = json.dumps(tags).encode()
             status, raw = await self._post(path, body, JSON, "watch", limit=LIST_TIMEOUT)

@@ -40,10 +40,9 @@ import restate
 
 from ...messages import JSON
 from ...session.events import Cursor
-from ...spec import restate_services
+from ...spec import WATCHERS_KEY, restate_services
 from ..restate_endpoints import Endpoints
 from ..webhooks import live_signature, live_signed, watch_tags
-from .watchers import WATCHERS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -198,15 +197,16 @@ class LivePublisher:
     async def _flush_soon(self) -> None:
         await asyncio.sleep(FLUSH_SECONDS)
         while self._pending:
-            everyone = self._unasked or time.monotonic() < self._unread_until
+            now, wall_ms = time.monotonic(), time.time() * 1000
+            everyone = self._unasked or now < self._unread_until
             ready: dict[str, list[JSON]] = {}
             undecided: list[str] = []
             renew: list[str] = []
             for session in list(self._pending):
-                watched = None if everyone else self._watched_since(session)
+                watched = None if everyone else self._watched_since(session, wall_ms)
                 if everyone or watched is not None:
                     ready[session] = self._pending.pop(session)
-                    if watched is not None and time.monotonic() - watched > RENEW_SECONDS:
+                    if watched is not None and now - watched > RENEW_SECONDS:
                         renew.append(session)  # asked again before the registration it knows ends
                 elif self._answered_at >= self._since[session] + LATE_WATCHER_SECONDS:
                     del self._pending[session]  # nobody came to watch them
@@ -223,12 +223,12 @@ class LivePublisher:
             else:
                 await asyncio.sleep(FLUSH_SECONDS)
 
-    def _watched_since(self, session: str) -> float | None:
-        """When the question was asked that said `session` is watched; None: not known to be."""
-        now = time.time() * 1000
+    def _watched_since(self, session: str, wall_ms: float) -> float | None:
+        """When the question was asked that said `session` is watched (a registration that
+        lasts past `wall_ms`, epoch ms); None: not known to be."""
         for tag in _tags_of(self.watch_secrets, session):
             until, asked = self._watched.get(tag, (0.0, 0.0))
-            if until > now:
+            if until > wall_ms:
                 return asked
         return None
 
@@ -299,11 +299,11 @@ class LivePublisher:
             return None
 
     async def _post(self, session: str, events: list[JSON]) -> None:
+        if self.ingress is None:
+            return
         body: dict[str, Any] = {"events": events}
         if self.secret:
             body["sig"] = live_signature(self.secret, session, events)
-        if self.ingress is None:
-            return
         path = f"/{restate_services(self.agent).live}/{quote(session, safe='')}/push/send"
         response = await self._send(path, body, "live events dropped")
         if response is not None and response.status_code >= 300:

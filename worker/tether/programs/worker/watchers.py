@@ -19,7 +19,6 @@ from restate.serde import BytesSerde
 from ... import jsoncodec
 from ...spec import restate_services
 
-WATCHERS_KEY = "all"
 WATCHED_STATE = "watched"
 WATCH_SECONDS = 30.0
 """How long a registration lasts (the sidecar renews it every 10 s while the client's stream is
