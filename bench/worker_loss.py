@@ -1,7 +1,8 @@
 """How long a run stands still after its worker dies (issue 12, part 3).
 
     .venv/bin/python bench/worker_loss.py [--kills 10] [--policies ours,restate-default]
-        [--cases 2,1] [--start-delay 0] [--tool-turns 16] [--tool-seconds 0.2] [--seed 12]
+        [--cases 2,1] [--routing reuseport] [--start-delay 0] [--tool-turns 16]
+        [--tool-seconds 0.2] [--seed 12]
 
 One real restate-server and the agent's worker as `tether worker` runs it (hypercorn with
 `tether.programs.worker.hypercorn_config`, the app `tether.programs.worker.asgi:app`), all started
@@ -10,6 +11,13 @@ Kubernetes Service in front of a Deployment of 2 does: two process groups that e
 same loopback port with SO_REUSEPORT (the kernel spreads new connections between them; once one is
 dead, new connections reach the other). Restate registers that one URL. Each replica also listens
 on a port of its own, which the script polls for its readiness.
+
+`--routing service` puts a Kubernetes Service's routing in front instead (`tether.testing.
+ServiceFront`): each new connection goes to a replica picked at random, the killed one included,
+whose connections are refused until it is started again on its own port at once (after
+`--start-delay`), as the kubelet restarts a SIGKILLed container in a pod whose address stays an
+endpoint. There every attempt
+before the restart is a coin flip, so a retry policy's first intervals decide the tail.
 
 The agent is scripted (provider `scripted`): `--tool-turns` tool turns, each a safe tool that
 stamps its start (step, process group, `time.time()`) to a file and sleeps `--tool-seconds`
@@ -73,7 +81,7 @@ from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
 from tether.programs.restate_server import RestateServer, free_port
 from tether.programs.worker.retries import RETRY_AFTER_WORKER_LOSS
-from tether.testing import HypercornWorker, RestateHarness, wait_until
+from tether.testing import HypercornWorker, RestateHarness, ServiceFront, wait_until
 
 AGENT = "bench-loss"
 POLL = 0.005
@@ -146,13 +154,15 @@ async def app(scope, receive, send):
 LISTEN_AND_EXEC = """
 import os, socket, sys, time
 time.sleep(float(os.environ["BENCH_START_DELAY"]))
-sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-sock.bind(("127.0.0.1", int(sys.argv[1])))
-os.set_inheritable(sock.fileno(), True)
-argv = [a.replace("fd://SHARED", "fd://%d" % sock.fileno()) for a in sys.argv[2:]]
+argv = sys.argv[2:]
+if sys.argv[1] != "-":
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", int(sys.argv[1])))
+    os.set_inheritable(sock.fileno(), True)
+    argv = [a.replace("fd://SHARED", "fd://%d" % sock.fileno()) for a in argv]
 os.execv(sys.executable, [sys.executable, *argv])
 """
 """`python -c LISTEN_AND_EXEC <port> <args>`: a socket bound to the shared port with SO_REUSEPORT,
@@ -160,7 +170,8 @@ handed to `python <args>` (hypercorn, `--bind fd://SHARED`) in the same process 
 `$BENCH_START_DELAY` seconds: a pod being scheduled, its container started), so the replica's
 process group holds it. Hypercorn's worker listens on it once it has loaded the app, as it does on
 a port it binds itself; until then a connection is refused, as a Service with no ready endpoint
-refuses it. No braces: `HypercornWorker` formats the command (`{port}`)."""
+refuses it. With `-` for the port, no shared socket (`--routing service`: the replica listens on
+its own port only). No braces: `HypercornWorker` formats the command (`{port}`)."""
 
 
 def policy_name(policy: str) -> str:
@@ -247,7 +258,8 @@ class Stamps:
 
 @dataclass
 class Replicas:
-    """Worker process groups listening on one shared port (one deployment URL)."""
+    """Worker process groups behind one front port (one deployment URL): a port they share
+    (`--routing reuseport`), or a `ServiceFront`'s (`--routing service`)."""
 
     port: int
     workers: list[HypercornWorker] = field(default_factory=list)
@@ -287,10 +299,15 @@ def replicas(
         "BENCH_TOOL_SECONDS": str(args.tool_seconds),
         "BENCH_START_DELAY": str(start_delay),
     }
-    command = [sys.executable, "-c", LISTEN_AND_EXEC, str(group.port)]
+    shared = args.routing == "reuseport"
+    command = [sys.executable, "-c", LISTEN_AND_EXEC, str(group.port) if shared else "-"]
     command += ["-m", "hypercorn", "--config", "python:tether.programs.worker.hypercorn_config"]
-    command += ["--bind", "127.0.0.1:{port}", "--bind", "fd://SHARED", app]
+    command += ["--bind", "127.0.0.1:{port}", *(["--bind", "fd://SHARED"] if shared else []), app]
     with ExitStack() as stack:
+        if not shared:  # a Service: a replica picked at random per connection, dead or alive
+            pick = random.Random(args.seed)
+            route = lambda: pick.choice([w.port for w in group.workers])  # noqa: E731
+            stack.enter_context(ServiceFront(route, port=group.port))
         for _ in range(count):
             worker = HypercornWorker(app, env=env, command=command, log_dir=spec.parent)
             group.workers.append(stack.enter_context(worker))
@@ -389,8 +406,9 @@ class Bench:
 
     def kill(self, group: Replicas, *, replace_first: bool) -> Sample:
         """SIGKILL the group running a run at a random moment of a random step's body; with
-        `replace_first` (1 replica) start its replacement at once, else (2 replicas) once the run
-        is back."""
+        `replace_first` start its replacement at once (1 replica; 2 behind a `ServiceFront`,
+        where the replacement is the killed container restarted on its address), else once the
+        run is back."""
         invocation, start, step = self.start_run()
         cut = self.stamps.wait(start, lambda s: s.step == step, f"step {step}")
         time.sleep(
@@ -408,7 +426,7 @@ class Bench:
         sample = self.back(start, killed_at, step, cut.pgid)
         sample.attempts = self.invocation(invocation).get("retry_count")
         sample.startup = startup
-        if up_at is not None:
+        if up_at is not None and len(group.workers) == 1:
             sample.after_up = killed_at + sample.pause - up_at
         if not replace_first:
             victim.start()
@@ -465,7 +483,15 @@ def main() -> None:
         "--start-delay",
         type=float,
         default=0.0,
-        help="1 replica: seconds a replacement waits before it starts (a pod being scheduled)",
+        help="seconds a replacement waits before it starts (a pod being scheduled, a container "
+        "restarted): 1 replica, and 2 with --routing service",
+    )
+    parser.add_argument(
+        "--routing",
+        choices=("reuseport", "service"),
+        default="reuseport",
+        help="how the replicas share the URL: one port (only live ones get connections), or a "
+        "Service's random pick per connection, a killed one included until it restarts",
     )
     parser.add_argument("--seed", type=int, default=12)
     args = parser.parse_args()
@@ -486,15 +512,18 @@ def main() -> None:
         bench = Bench(args, harness, Stamps(Path(temp) / "stamps"))
         print(
             f"restate-server {DEFAULT_RESTATE_VERSION}; runs of {args.tool_turns} tool turns of "
-            f"{args.tool_seconds * 1000:.0f} ms; {args.kills} kills per case; seed {args.seed}",
+            f"{args.tool_seconds * 1000:.0f} ms; {args.kills} kills per case; routing "
+            f"{args.routing}; seed {args.seed}",
             flush=True,
         )
         for policy in policies if "2" in cases else []:
             paired[policy] = []
-            with replicas(2, policy, spec, bench.stamps, server, args) as group:
+            delay = args.start_delay if args.routing == "service" else 0.0
+            with replicas(2, policy, spec, bench.stamps, server, args, delay) as group:
                 bench.warm_up()
                 for _ in range(args.kills):
-                    paired[policy].append(bench.kill(group, replace_first=False))
+                    restart = args.routing == "service"
+                    paired[policy].append(bench.kill(group, replace_first=restart))
             print(report(f"2 replicas, {policy_name(policy)}", paired[policy]), flush=True)
         if paired:
             floor = statistics.median(s.pause for s in paired[FLOOR])

@@ -43,8 +43,9 @@ IDLE_AFTER = "2s"
 RESTATE_ENV = {
     # A run parked on an awakeable suspends after a second (default: a minute).
     "RESTATE_WORKER__INVOKER__INACTIVITY_TIMEOUT": "1s",
-    # The retry policy tether's worker registers for the agent's services (100 ms doubling to
-    # 1 s), with fewer attempts, so that a run nobody wakes pauses within seconds.
+    # Retries at most a second apart, as tether's worker registers for the agent's services
+    # (`tether.programs.worker.retries`), with fewer attempts, so that a run nobody wakes pauses
+    # within seconds.
     "RESTATE_DEFAULT_RETRY_POLICY__INITIAL_INTERVAL": "100ms",
     "RESTATE_DEFAULT_RETRY_POLICY__MAX_INTERVAL": "1s",
     "RESTATE_DEFAULT_RETRY_POLICY__MAX_ATTEMPTS": "10",

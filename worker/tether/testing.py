@@ -13,6 +13,9 @@ stop at exit, process groups and temporary directories included:
   sidecar next to it (``tether.programs.dev.DevStack``): start runs, list the calls parked for a
   person, answer them with signed webhooks, read the session.
 
+And :class:`ServiceFront`, a port that routes to your worker's replicas as a Kubernetes Service
+does, a dead replica's address refusing, to test how soon a run is back after its worker dies.
+
 As a pytest plugin (``pytest_plugins = ["tether.testing"]`` in your ``conftest.py``) it gives
 the fixtures ``tether_restate`` (a :class:`RestateHarness` on one server per test session; what a
 test served is stopped and unregistered after it) and ``tether_agent`` (a factory:
@@ -43,6 +46,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -79,6 +83,7 @@ __all__ = [
     "HypercornWorker",
     "RestateHarness",
     "Served",
+    "ServiceFront",
     "group_alive",
     "wait_until",
 ]
@@ -316,6 +321,75 @@ class HypercornWorker(Lifecycle):
         self.stop()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+class ServiceFront(Lifecycle):
+    """A loopback port in front of a worker's replicas that routes as a Kubernetes Service does:
+    each new connection goes to the port ``route()`` returns (kube-proxy picks an endpoint per
+    connection) and is reset when it returns None or nothing listens there, as the address of a
+    pod whose container is down answers. Register its :attr:`url` instead of the replicas' to
+    test how soon a run is back after its worker dies (``route`` runs on the front's thread)::
+
+        with ServiceFront(lambda: random.choice([a.port, b.port])) as front:
+            server.register(front.url)
+    """
+
+    def __init__(self, route: Callable[[], int | None], port: int | None = None) -> None:
+        self.route = route
+        self.port = port if port is not None else free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"tether-front-{self.port}", daemon=True
+        )
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._thread.start()
+        listen = asyncio.start_server(self._connect, "127.0.0.1", self.port)
+        self._server = asyncio.run_coroutine_threadsafe(listen, self._loop).result(30)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+        self._loop.close()
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = self.route()
+        try:
+            if port is None:
+                raise ConnectionRefusedError
+            upstream = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:  # reset, not closed: what a port nobody listens on answers
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return
+        await asyncio.gather(
+            _copy(reader, upstream[1]), _copy(upstream[0], writer), return_exceptions=True
+        )
+
+
+async def _copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    try:
+        while data := await source.read(65536):
+            sink.write(data)
+            await sink.drain()
+    finally:  # one side gone: the other goes too, as a dead peer's connection does
+        sink.transport.abort()
 
 
 class _ThreadServer:

@@ -1,0 +1,129 @@
+"""A worker SIGKILLed mid-tool behind a Kubernetes Service that still routes to it.
+
+On Kubernetes a SIGKILLed worker's pod keeps its address among the Service's endpoints while its
+container restarts, so Restate's retries of the interrupted run land on it (refused) or on a live
+replica, at random per connection. Here two `tether worker` replicas sit behind a front port
+that, once the first is killed, refuses the next connections as the dead pod's address would,
+then routes to the second: the run must be back on the second within half a second, which only
+a retry policy with quick early attempts gives (`tether.programs.worker.retries`; at 100 ms
+doubling, three refusals cost 1.5 s).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.restate.support import attach, send_run
+from tests.restate.test_worker import manifest
+from tether.programs.restate_identity import IDENTITY_KEYS_ENV
+from tether.programs.restate_server import RestateServer
+from tether.testing import HypercornWorker, ServiceFront, wait_until
+
+AGENT = "loss-agent"
+REFUSED = 3
+"""Connections refused after the kill: a 1-in-8 draw of a Service's coin flips between 2 pods."""
+BACK_WITHIN = 0.5
+
+TOOL = '''
+import asyncio, os, time
+
+from tether import tool
+
+
+@tool
+async def slow(n: int) -> str:
+    """Works on step n for a while."""
+    with open(os.environ["LOSS_STAMPS"], "a") as stamps:
+        stamps.write("%d %s %.6f\\n" % (n, os.environ["LOSS_REPLICA"], time.time()))
+    await asyncio.sleep(float(os.environ["LOSS_TOOL_SECONDS"]))
+    return "step %d done" % n
+'''
+
+
+class Scripted:
+    """A `ServiceFront`'s route: every connection to replica `a` until `cut()`, then the next
+    `REFUSED` reset (the dead pod's address), the rest to `b`."""
+
+    def __init__(self, a: int, b: int) -> None:
+        self.ports = {"a": a, "b": b}
+        self.cut_at: float | None = None
+        self.refused_at: list[float] = []
+
+    def cut(self) -> None:
+        self.cut_at = time.time()
+
+    def __call__(self) -> int | None:
+        if self.cut_at is None:
+            return self.ports["a"]
+        if len(self.refused_at) < REFUSED:
+            self.refused_at.append(time.time() - self.cut_at)
+            return None
+        return self.ports["b"]
+
+
+@pytest.fixture
+def replicas(restate_server: RestateServer, tmp_path: Path) -> Iterator[dict[str, HypercornWorker]]:
+    (tmp_path / "loss_tools.py").write_text(TOOL)
+    script = [
+        {"text": f"step {n}", "tool_calls": [{"name": "slow", "input": {"n": n}}]} for n in range(3)
+    ]
+    tools = [{"name": "slow", "python": "loss_tools:slow", "replay": "safe"}]
+    document = manifest(AGENT, [*script, {"text": "done"}], tools=tools)
+    spec = tmp_path / "agent.yaml"
+    spec.write_text(yaml.safe_dump(document))
+    command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
+    command += ["--host", "127.0.0.1", "--port", "{port}"]
+    workers: dict[str, HypercornWorker] = {}
+    try:
+        for name in ("a", "b"):
+            env = {
+                "TETHER_WORKSPACE": str(tmp_path),
+                "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
+                IDENTITY_KEYS_ENV: restate_server.identity_public_key,
+                "LOSS_STAMPS": str(tmp_path / "stamps"),
+                "LOSS_REPLICA": name,
+                "LOSS_TOOL_SECONDS": "2",
+            }
+            workers[name] = HypercornWorker("", command=command, env=env, log_dir=tmp_path)
+            workers[name].start()
+        yield workers
+    finally:
+        for worker in workers.values():
+            worker.close()
+
+
+def stamps(path: Path) -> list[tuple[int, str, float]]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(n), replica, float(at)) for n, replica, at in (line.split() for line in lines)]
+
+
+def test_a_run_is_back_on_the_live_replica_soon_after_refusals_from_the_dead_ones_address(
+    restate_server: RestateServer, replicas: dict[str, HypercornWorker], tmp_path: Path
+) -> None:
+    path = tmp_path / "stamps"
+    route = Scripted(replicas["a"].port, replicas["b"].port)
+    with ServiceFront(route) as front:
+        restate_server.register(front.url)
+        invocation = send_run(restate_server.ingress_url, AGENT, "s-loss", "go")
+        wait_until(lambda: any(n == 1 for n, _, _ in stamps(path)), timeout=60, what="step 1")
+        route.cut()
+        replicas["a"].kill()
+        again = wait_until(
+            lambda: next((at for n, r, at in stamps(path) if n == 1 and r == "b"), None),
+            timeout=30,
+            what="step 1 again, on replica b",
+        )
+        result = attach(restate_server.ingress_url, invocation, timeout=60)
+    assert result["status"] == "completed", result
+    assert len(route.refused_at) == REFUSED, route.refused_at
+    assert [(n, r) for n, r, _ in stamps(path)] == [(0, "a"), (1, "a"), (1, "b"), (2, "b")]
+    assert route.cut_at is not None
+    back = again - route.cut_at
+    refused = [round(at, 3) for at in route.refused_at]
+    assert back < BACK_WITHIN, f"back {back:.2f} s after the kill; refused at {refused} s"
