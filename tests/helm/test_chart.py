@@ -12,7 +12,7 @@ import yaml
 
 from tests.helm.chart import CHART, REPO, by_kind, env_of, helm, one, pod_specs, render
 from tether.programs.restate_identity import public_key_of
-from tether.programs.restate_server import EAGER_STATE_LIMIT
+from tether.programs.restate_server import EAGER_STATE_LIMIT, STREAMS_PER_CONNECTION
 from tether.spec.crd import CRD_NAME, durableagent_crd
 from tether_operator.names import version_labels
 
@@ -112,6 +112,8 @@ def test_default_install_renders_the_crd_the_operator_and_restate(helm_bin: Path
     assert restate_env["DO_NOT_TRACK"] == "1"
     # as `tether dev` and the test harness run it: a long session's state is sent on demand
     assert restate_env["RESTATE_WORKER__INVOKER__EAGER_STATE_SIZE_LIMIT"] == EAGER_STATE_LIMIT
+    streams = restate_env["RESTATE_WORKER__INVOKER__HTTP2_STREAMS_PER_CONNECTION_LIMIT"]
+    assert streams == str(STREAMS_PER_CONNECTION)
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,13 @@ it reads it. A long session's object holds megabytes (its turns, run records and
 a run reads a few keys of it; sent whole, it made a run on a 5,000-turn session start 3-4x
 slower than on a 12-turn one (`bench/long_sessions.py`). The Helm chart sets the same
 (`restate.eagerStateLimit`)."""
+STREAMS_PER_CONNECTION = 16
+"""Invocations Restate multiplexes on one HTTP/2 connection to a deployment (its default: 128).
+A Kubernetes Service balances connections, not streams, so at 128 one of 2 replicas took every
+run while fewer than ~90 ran (40 concurrent runs: 160 tool bodies to 0); at 16 Restate opens
+another connection per ~11 running invocations and the pods share them (92 to 68; 8 spread
+more, but cost a busy worker ~4% more CPU a turn). The Helm chart sets the same
+(`restate.workerConnections.streamsPerConnection`; `tests/restate/test_worker_replicas.py`)."""
 _SERVER_ENV_PREFIXES = ("RESTATE_",)
 _SERVER_ENV_DROP = ("RUST_LOG", "RESTATE_CONFIG")
 _NODE_IDENTITY_ENV = ("RESTATE_NODE_NAME", "RESTATE_CLUSTER_NAME", "RESTATE_AUTO_PROVISION")
@@ -245,6 +252,9 @@ class RestateServer(Lifecycle):
                 "RESTATE_LOG_FORMAT": "compact",
                 "RESTATE_LOG_DISABLE_ANSI_CODES": "true",
                 "RESTATE_WORKER__INVOKER__EAGER_STATE_SIZE_LIMIT": EAGER_STATE_LIMIT,
+                "RESTATE_WORKER__INVOKER__HTTP2_STREAMS_PER_CONNECTION_LIMIT": str(
+                    STREAMS_PER_CONNECTION
+                ),
                 # The invoker makes a temp dir per start (invoker-<ulid>) and never removes it.
                 "TMPDIR": str(base_dir / "tmp"),
                 PRIVATE_KEY_ENV: str(base_dir / IDENTITY_KEY_FILE),

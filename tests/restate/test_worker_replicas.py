@@ -1,16 +1,20 @@
-"""A worker SIGKILLed mid-tool behind a Kubernetes Service that still routes to it.
+"""Two `tether worker` replicas behind a Kubernetes Service (`tether.testing.ServiceFront`).
 
-On Kubernetes a SIGKILLed worker's pod keeps its address among the Service's endpoints while its
-container restarts, so Restate's retries of the interrupted run land on it (refused) or on a live
-replica, at random per connection. Here two `tether worker` replicas sit behind a front port
-that, once the first is killed, refuses the next connections as the dead pod's address would,
-then routes to the second: the run must be back on the second within half a second, which only
-a retry policy with quick early attempts gives (`tether.programs.worker.retries`; at 100 ms
-doubling, three refusals cost 1.5 s).
+- Runs spread over both: a Service balances connections, not requests, and Restate multiplexes
+  its invocations on HTTP/2 connections, so at its default of 128 streams a connection one
+  replica got every run while fewer than ~90 ran. The server here runs with the chart's
+  setting (`tether.programs.restate_server.STREAMS_PER_CONNECTION`).
+- A worker SIGKILLed mid-tool: its pod keeps its address among the Service's endpoints while its
+  container restarts, so Restate's retries of the interrupted run land on it (refused) or on a
+  live replica, at random per connection. Here the front refuses the next connections after the
+  kill, as the dead pod's address would, then routes to the other replica: the run must be back
+  within half a second, which only a retry policy with quick early attempts gives
+  (`tether.programs.worker.retries`; at 100 ms doubling, three refusals cost 1.5 s).
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Iterator
@@ -127,3 +131,18 @@ def test_a_run_is_back_on_the_live_replica_soon_after_refusals_from_the_dead_one
     back = again - route.cut_at
     refused = [round(at, 3) for at in route.refused_at]
     assert back < BACK_WITHIN, f"back {back:.2f} s after the kill; refused at {refused} s"
+
+
+def test_concurrent_runs_spread_over_the_replicas(
+    restate_server: RestateServer, replicas: dict[str, HypercornWorker], tmp_path: Path
+) -> None:
+    ports = itertools.cycle([replicas["a"].port, replicas["b"].port])  # connections alternate
+    with ServiceFront(lambda: next(ports)) as front:
+        restate_server.register(front.url)
+        runs = [send_run(restate_server.ingress_url, AGENT, f"s{i}", "go") for i in range(24)]
+        results = [attach(restate_server.ingress_url, run, timeout=120) for run in runs]
+    assert all(result["status"] == "completed" for result in results), results
+    bodies = [replica for _, replica, _ in stamps(tmp_path / "stamps")]
+    assert len(bodies) == 24 * 3
+    shares = {replica: bodies.count(replica) / len(bodies) for replica in ("a", "b")}
+    assert min(shares.values()) >= 0.25, shares
