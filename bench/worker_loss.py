@@ -16,8 +16,8 @@ on a port of its own, which the script polls for its readiness.
 ServiceFront`): each new connection goes to a replica picked at random, the killed one included,
 whose connections are refused until it is started again on its own port at once (after
 `--start-delay`), as the kubelet restarts a SIGKILLed container in a pod whose address stays an
-endpoint. There every attempt
-before the restart is a coin flip, so a retry policy's first intervals decide the tail.
+endpoint. There every attempt before the restart is a coin flip, so a retry policy's first
+intervals decide the tail.
 
 The agent is scripted (provider `scripted`): `--tool-turns` tool turns, each a safe tool that
 stamps its start (step, process group, `time.time()`) to a file and sleeps `--tool-seconds`
