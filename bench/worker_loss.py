@@ -516,13 +516,14 @@ def main() -> None:
             f"{args.routing}; seed {args.seed}",
             flush=True,
         )
+        # Behind a Service the killed container restarts on its address (after --start-delay).
+        restart = args.routing == "service"
         for policy in policies if "2" in cases else []:
             paired[policy] = []
-            delay = args.start_delay if args.routing == "service" else 0.0
+            delay = args.start_delay if restart else 0.0
             with replicas(2, policy, spec, bench.stamps, server, args, delay) as group:
                 bench.warm_up()
                 for _ in range(args.kills):
-                    restart = args.routing == "service"
                     paired[policy].append(bench.kill(group, replace_first=restart))
             print(report(f"2 replicas, {policy_name(policy)}", paired[policy]), flush=True)
         if paired:
