@@ -68,7 +68,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -263,6 +263,8 @@ class Replicas:
 
     port: int
     workers: list[HypercornWorker] = field(default_factory=list)
+    add: Callable[[], HypercornWorker] | None = None
+    """Start one more replica behind the front (a scale-out), stopped with the others."""
 
     @property
     def url(self) -> str:
@@ -281,12 +283,13 @@ def replicas(
     server: RestateServer,
     args: argparse.Namespace,
     start_delay: float = 0.0,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Replicas]:
-    """`count` replicas of the worker with `policy` on a new shared port, registered; stopped
-    (process groups, ports) at exit, whatever happens."""
+    """`count` replicas of the worker with `policy` (and `env`) on a new shared port, registered;
+    stopped (process groups, ports) at exit, whatever happens; `add` starts one more."""
     group = Replicas(free_port())
     app = f"{spec.parent / 'loss_app.py'}:app"
-    env = {
+    settings = {
         "TETHER_SPEC": str(spec),
         "TETHER_WORKSPACE": str(spec.parent),
         "TETHER_WORKER_PROCESSES": "1",
@@ -298,6 +301,7 @@ def replicas(
         "BENCH_STAMPS": str(stamps.path),
         "BENCH_TOOL_SECONDS": str(args.tool_seconds),
         "BENCH_START_DELAY": str(start_delay),
+        **(env or {}),
     }
     shared = args.routing == "reuseport"
     command = [sys.executable, "-c", LISTEN_AND_EXEC, str(group.port) if shared else "-"]
@@ -308,9 +312,15 @@ def replicas(
             pick = random.Random(args.seed)
             route = lambda: pick.choice([w.port for w in group.workers])  # noqa: E731
             stack.enter_context(ServiceFront(route, port=group.port))
-        for _ in range(count):
-            worker = HypercornWorker(app, env=env, command=command, log_dir=spec.parent)
+
+        def add() -> HypercornWorker:
+            worker = HypercornWorker(app, env=settings, command=command, log_dir=spec.parent)
             group.workers.append(stack.enter_context(worker))
+            return worker
+
+        group.add = add
+        for _ in range(count):
+            add()
         server.register(group.url)
         yield group
 

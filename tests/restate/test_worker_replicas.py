@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -71,35 +73,42 @@ class Scripted:
         return self.ports["b"]
 
 
-@pytest.fixture
-def replicas(restate_server: RestateServer, tmp_path: Path) -> Iterator[dict[str, HypercornWorker]]:
-    (tmp_path / "loss_tools.py").write_text(TOOL)
+@contextmanager
+def serving(
+    restate_server: RestateServer, directory: Path, tool_seconds: float, **env: str
+) -> Iterator[dict[str, HypercornWorker]]:
+    """Replicas `a` and `b` of one `tether worker`, on ports of their own; stopped at exit."""
+    (directory / "loss_tools.py").write_text(TOOL)
     script = [
         {"text": f"step {n}", "tool_calls": [{"name": "slow", "input": {"n": n}}]} for n in range(3)
     ]
     tools = [{"name": "slow", "python": "loss_tools:slow", "replay": "safe"}]
     document = manifest(AGENT, [*script, {"text": "done"}], tools=tools)
-    spec = tmp_path / "agent.yaml"
+    spec = directory / "agent.yaml"
     spec.write_text(yaml.safe_dump(document))
     command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
     command += ["--host", "127.0.0.1", "--port", "{port}"]
-    workers: dict[str, HypercornWorker] = {}
-    try:
+    with ExitStack() as stack:
+        workers: dict[str, HypercornWorker] = {}
         for name in ("a", "b"):
-            env = {
-                "TETHER_WORKSPACE": str(tmp_path),
+            settings = {
+                "TETHER_WORKSPACE": str(directory),
                 "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
                 IDENTITY_KEYS_ENV: restate_server.identity_public_key,
-                "LOSS_STAMPS": str(tmp_path / "stamps"),
+                "LOSS_STAMPS": str(directory / "stamps"),
                 "LOSS_REPLICA": name,
-                "LOSS_TOOL_SECONDS": "2",
+                "LOSS_TOOL_SECONDS": str(tool_seconds),
+                **env,
             }
-            workers[name] = HypercornWorker("", command=command, env=env, log_dir=tmp_path)
-            workers[name].start()
+            worker = HypercornWorker("", command=command, env=settings, log_dir=directory)
+            workers[name] = stack.enter_context(worker)
         yield workers
-    finally:
-        for worker in workers.values():
-            worker.close()
+
+
+@pytest.fixture
+def replicas(restate_server: RestateServer, tmp_path: Path) -> Iterator[dict[str, HypercornWorker]]:
+    with serving(restate_server, tmp_path, tool_seconds=2) as workers:
+        yield workers
 
 
 def stamps(path: Path) -> list[tuple[int, str, float]]:
@@ -146,3 +155,62 @@ def test_concurrent_runs_spread_over_the_replicas(
     assert len(bodies) == 24 * 3
     shares = {replica: bodies.count(replica) / len(bodies) for replica in ("a", "b")}
     assert min(shares.values()) >= 0.25, shares
+
+
+def failed_attempts(server: RestateServer) -> int:
+    rows = server.query(
+        "SELECT count(*) AS n FROM sys_journal_events WHERE event_type = 'TransientError'"
+    )
+    return int(rows[0]["n"])
+
+
+def cut_responses(server: RestateServer) -> int:
+    """Responses whose end never came: Restate gives up on them after 5 s, and logs it."""
+    return server.log_path.read_text(errors="replace").count("Response stream draining timeout")
+
+
+def test_a_replica_that_joins_under_steady_load_gets_runs(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    """A Service's new pod (a scale-out) under steady load: Restate puts each invocation on an
+    open connection with a free stream, so without connections that retire with age
+    (`tether.programs.worker.connection_age`) replica b gets nothing. None is cut off either:
+    every run completes, every tool body runs once and no attempt fails."""
+    path = tmp_path / "stamps"
+    joined = threading.Event()
+    stop = threading.Event()
+    results: list[dict[str, str]] = []
+    max_age = {"TETHER_WORKER_CONNECTION_MAX_AGE": "1"}
+    failed_before = failed_attempts(restate_server)  # the server is the module's
+    cut_before = cut_responses(restate_server)
+    with serving(restate_server, tmp_path, tool_seconds=0.1, **max_age) as replicas:
+        ports = itertools.cycle([replicas["a"].port, replicas["b"].port])
+        with ServiceFront(lambda: next(ports) if joined.is_set() else replicas["a"].port) as front:
+            restate_server.register(front.url)
+
+            def runs(client: int) -> None:  # one after another, until stopped
+                for n in itertools.count():
+                    if stop.is_set():
+                        return
+                    run = send_run(restate_server.ingress_url, AGENT, f"c{client}-{n}", "go")
+                    results.append(attach(restate_server.ingress_url, run, timeout=60))
+
+            clients = [threading.Thread(target=runs, args=(c,), daemon=True) for c in range(8)]
+            for client in clients:
+                client.start()
+            try:
+                wait_until(lambda: len(stamps(path)) >= 30, timeout=60, what="runs on replica a")
+                joined.set()
+                wait_until(
+                    lambda: sum(r == "b" for _, r, _ in stamps(path)) >= 30,
+                    timeout=20,
+                    what="30 tool bodies on replica b, which joined under load",
+                )
+            finally:
+                stop.set()
+                for client in clients:
+                    client.join(timeout=60)
+    assert results and all(result["status"] == "completed" for result in results), results
+    assert len(stamps(path)) == 3 * len(results)  # no body ran twice: nothing was cut off
+    assert failed_attempts(restate_server) == failed_before
+    assert cut_responses(restate_server) == cut_before

@@ -18,6 +18,7 @@ from .. import redact
 from ..gc_tuning import settle_heap
 from ..hardening import make_undumpable
 from ..restate_identity import IDENTITY_KEYS_ENV
+from . import connection_age
 from .lifespan import answering_lifespan
 from .metrics_port import with_metrics_port
 from .served import served_services
@@ -37,6 +38,7 @@ if not settings.identity_keys:
     )
 endpoint = restate.app(served_services(settings), identity_keys=list(settings.identity_keys))
 app = answering_lifespan(endpoint)
+connection_age.install()  # a pod that joins its Service gets invocations (`connection_age`)
 if settings.metrics_port is not None:
     app = with_metrics_port(app, settings.metrics_port)
 settle_heap()  # last: what is imported and built by now lives as long as the process

@@ -33,6 +33,9 @@ graceful_timeout = float(os.environ.get("TETHER_WORKER_GRACEFUL_TIMEOUT", "20"))
 h2_max_concurrent_streams = 2147483647
 keep_alive_max_requests = 2147483647
 keep_alive_timeout = 2147483647
+# Not hypercorn's: the age at which a connection takes no new invocations and closes once its own
+# have ended (`tether.programs.worker.connection_age`); 0 keeps connections for good.
+connection_max_age = float(os.environ.get("TETHER_WORKER_CONNECTION_MAX_AGE", "10")) or None
 accesslog = None
 errorlog = "-"
 
