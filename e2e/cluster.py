@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -144,11 +145,13 @@ class Kubectl:
 
 class PortForward:
     """`kubectl port-forward` to a Service (or a `kind/name` such as `pod/x`) on a free local
-    port, started again when it dies (a port-forward ends with the pod it picked)."""
+    port, started again when it dies (a port-forward ends with the pod it picked). A step's
+    threads may share one: a lock keeps them from starting it twice."""
 
     def __init__(self, kubectl: Kubectl, namespace: str, service: str, port: int) -> None:
         self.kubectl, self.namespace, self.service, self.port = kubectl, namespace, service, port
         self._process: subprocess.Popen[str] | None = None
+        self._lock = threading.RLock()
         self.local_port = 0
 
     @property
@@ -157,6 +160,10 @@ class PortForward:
         return f"http://127.0.0.1:{self.local_port}"
 
     def ensure(self) -> None:
+        with self._lock:
+            self._ensure()
+
+    def _ensure(self) -> None:
         if self._process is not None and self._process.poll() is None:
             return
         cluster = self.kubectl.cluster
@@ -183,14 +190,16 @@ class PortForward:
         self.local_port = int(match.group(1))
 
     def restart(self) -> None:
-        self.close()
-        self.ensure()
+        with self._lock:
+            self.close()
+            self._ensure()
 
     def close(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-            self._process = None
+        with self._lock:
+            if self._process is not None:
+                self._process.kill()
+                self._process.wait()
+                self._process = None
 
 
 def http(

@@ -18,6 +18,7 @@ The steps, in order (each checks what a user would look at, and times what a use
     a drain evicts one worker and its PodDisruptionBudget refuses the second;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
+    a worker pod added while runs keep coming (a scale-out) runs its share of them;
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
     through the egress rule the operator adds for it;
     every panel of the chart's Grafana dashboard has data in Prometheus;
@@ -41,6 +42,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -68,7 +70,7 @@ CLIENTS_NS = "tether-e2e-clients"  # listed in the chart: may start runs through
 MONITORING_NS = "tether-e2e-monitoring"
 RELEASE = "tether"
 RESTATE = f"{RELEASE}-restate"
-CLERK, RESUME, FANOUT = "e2e-clerk", "e2e-resume", "e2e-fanout"
+CLERK, RESUME, FANOUT, SCALE = "e2e-clerk", "e2e-resume", "e2e-fanout", "e2e-scale"
 MCP_AGENT, MCP_SERVER = "clock-agent", "clock-mcp"  # examples/kubernetes/mcp-clock.yaml
 E2E = Path(__file__).resolve().parent
 TETHER = ROOT / ".venv" / "bin" / "tether"
@@ -567,6 +569,97 @@ def fan_out(p: Platform) -> None:
     p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
 
 
+SHARED_RUNS = 300
+"""Runs counted after the scale-out: ~30 s of the step's load, three of a connection's ages."""
+ADDED_SHARE = 0.25
+"""The least share of them the added pod must run (half is fair; without retiring it got 0)."""
+
+
+def scale_out_under_load(p: Platform, clients: int = 8) -> None:
+    """A worker pod added while runs keep coming (a scale-out, as an HPA makes) runs its share:
+    the Service routes new connections, and Restate opens one only when its open ones are busy,
+    or when a worker retires one at its age (`tether.programs.worker.connection_age`)."""
+    p.apply_agent(E2E / "scale-agent.yaml", worker={"replicas": 1})
+    selector = worker_pods(SCALE)
+    wait_for(
+        f"{SCALE} Ready on 1 pod",
+        lambda: p.ready(SCALE) and len(p.kubectl.ready_pods(AGENTS_NS, selector)) == 1,
+        300,
+    )
+    (first,) = p.kubectl.ready_pods(AGENTS_NS, selector)
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def run(session: str) -> None:
+        """One run to its end. The clients share one port-forward, whose connections can drop:
+        a start is sent again under its idempotency key (one run still), an attach again."""
+
+        def send() -> str | None:
+            url = f"{p.ingress.url}/{SCALE}/{session}/run/send"
+            status, body = http("POST", url, {"prompt": "go"}, {"idempotency-key": session})
+            if status not in (0, 200, 202):
+                raise StepFailed(f"starting a run answered {status}: {body}")
+            return str(body["invocationId"]) if status else None
+
+        def attach(invocation: str) -> dict[str, Any] | None:
+            url = f"{p.ingress.url}/restate/invocation/{invocation}/attach"
+            status, body = http("GET", url, timeout=30)
+            return body if status == 200 else None
+
+        invocation = wait_for(f"run {session} started", send, 60, 1)
+        result = wait_for(f"the end of run {session}", lambda: attach(invocation), 120, 1)
+        if result.get("status") != "completed":
+            raise StepFailed(f"run {session} ended {result}")
+
+    def client(number: int) -> None:  # one run after another, until stopped
+        try:
+            for n in range(10**6):
+                if stop.is_set():
+                    return
+                run(f"scale-{number}-{n}")
+        except StepFailed as failure:
+            failures.append(str(failure))
+
+    def runs_on(pod: str) -> float:
+        return p.metric(f'sum(tether_runs_total{{agent="{SCALE}", pod="{pod}"}})') or 0.0
+
+    def until(what: str, done: Callable[[], bool], timeout: float) -> None:
+        wait_for(what, lambda: done() or failures, timeout, 1)
+        if failures:
+            raise StepFailed(f"runs failed while the agent scaled out: {failures[:3]}")
+
+    run("scale-first")  # from this thread first: it starts the port-forward if need be
+    threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        until(f"runs on {first}", lambda: runs_on(first) >= 20, 120)
+        p.apply_agent(E2E / "scale-agent.yaml", worker={"replicas": 2})
+        until(
+            "a second pod Ready", lambda: len(p.kubectl.ready_pods(AGENTS_NS, selector)) == 2, 180
+        )
+        before = runs_on(first)
+        (added,) = set(p.kubectl.ready_pods(AGENTS_NS, selector)) - {first}
+
+        def since() -> tuple[float, float]:  # runs on the added pod, and on both
+            on_added = runs_on(added)
+            return on_added, on_added + runs_on(first) - before
+
+        until(f"{SHARED_RUNS} runs since {added} was added", lambda: since()[1] >= SHARED_RUNS, 300)
+        on_added, runs = since()
+        p.report.fact("scale-out", f"the added pod ran {on_added:.0f} of the next {runs:.0f} runs")
+        if on_added < ADDED_SHARE * runs:
+            raise StepFailed(
+                f"the pod added under load ran {on_added:.0f} of the {runs:.0f} runs since; "
+                f"expected at least {ADDED_SHARE:.0%}"
+            )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=180)
+    p.kubectl("-n", AGENTS_NS, "delete", "durableagent", SCALE, "--wait=false")
+
+
 def mcp_tools(p: Platform) -> None:
     """The example agent and its MCP server: the agent's pods reach the server's pods only
     through the rule the operator adds to their egress policy; the call is journaled, its
@@ -1057,6 +1150,7 @@ def steps() -> list[Step]:
         ("a worker killed mid-tool, 2 replicas", lambda p: kill_mid_tool(p, 2)),
         ("Restate's pod killed mid-run", kill_restate),
         ("a run fans out to sub-agents", fan_out),
+        ("a worker pod added under load runs its share", scale_out_under_load),
         ("an agent calls the MCP server next to it", mcp_tools),
         ("every panel of the Grafana dashboard has data", dashboard_has_data),
         ("NetworkPolicy in front of Restate's admin API", network_policy),

@@ -10,6 +10,10 @@
   kill, as the dead pod's address would, then routes to the other replica: the run must be back
   within half a second, which only a retry policy with quick early attempts gives
   (`tether.programs.worker.retries`; at 100 ms doubling, three refusals cost 1.5 s).
+- A replica that joins under steady load (a scale-out) gets runs: Restate keeps invoking over
+  the connections it has open while they have free streams, so only a worker retiring its
+  connections with age (`tether.programs.worker.connection_age`) sends new ones through the
+  Service again.
 """
 
 from __future__ import annotations
