@@ -571,8 +571,10 @@ def fan_out(p: Platform) -> None:
 
 SHARED_RUNS = 300
 """Runs counted after the scale-out: ~30 s of the step's load, three of a connection's ages."""
-ADDED_SHARE = 0.25
-"""The least share of them the added pod must run (half is fair; without retiring it got 0)."""
+ADDED_SHARE = 0.15
+"""The least share of them the added pod must run. Half is fair; it ran 32-45% in three runs, and
+4% with connections that never retire. A connection's traffic moves as one, so the share is
+lumpy: the bar sits well below the fair share."""
 
 
 def scale_out_under_load(p: Platform, clients: int = 8) -> None:
