@@ -174,7 +174,12 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
     assert spec["tools"][3]["mcp"]["transport"] == "streamable-http"
     assert spec["tools"][4]["mcp"]["env"] == [{"name": "TZ", "value": ""}]
     assert spec["observability"] == {"otlpEndpoint": "http://otel-collector.observability:4318"}
-    assert spec["scaling"] == {"idleAfter": "10m", "minReplicas": 1, "maxReplicas": 4}
+    assert spec["scaling"] == {
+        "idleAfter": "10m",
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "scaleDownAfter": "5m",
+    }
 
     minimal = create(api, namespace, agent("minimal"), dry_run=False)["spec"]
     assert minimal["approvals"] == {"timeout": "1h", "onTimeout": "deny"}
@@ -466,6 +471,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "zero-min-replicas",
         {**_model(**KEY), "scaling": {"minReplicas": 0}},
         "spec.scaling.minReplicas",
+    ),
+    (
+        "autoscaled-without-max-replicas",
+        {**_model(**KEY), "scaling": {"activeRunsPerReplica": 10}},
+        "spec.scaling.activeRunsPerReplica",
+    ),
+    (
+        "zero-active-runs-per-replica",
+        {**_model(**KEY), "scaling": {"activeRunsPerReplica": 0, "maxReplicas": 2}},
+        "spec.scaling.activeRunsPerReplica",
     ),
     (
         "too-many-max-replicas",

@@ -127,8 +127,9 @@ async def apply_version(
     namespace = str(body["metadata"]["namespace"])
     objects = render.version_objects(agent, namespace, settings)
     sidecar = render.sidecar_objects(agent, namespace, settings)
-    if await _scaled_to_zero(kube, namespace, objects.name):
-        del objects.deployment["spec"]["replicas"]  # the scaler's (`scaling`), until it wakes it
+    kept = await _scalers_replicas(kube, namespace, objects.name, agent)
+    if kept is not None:
+        objects.deployment["spec"]["replicas"] = kept
     manifests = [*sidecar.manifests, *objects.manifests]
     egress = await egress_policy(kube, settings, agent, namespace)
     if egress is not None:  # before the pods it confines start
@@ -139,12 +140,22 @@ async def apply_version(
     return objects.hash, url_of(settings, service, agent.metadata.name, objects.hash)
 
 
-async def _scaled_to_zero(kube: Kube, namespace: str, name: str) -> bool:
+async def _scalers_replicas(
+    kube: Kube, namespace: str, name: str, agent: DurableAgent
+) -> int | None:
+    """The replicas of the version's Deployment when they are the scaler's (`scaling`), not
+    `worker.replicas`: at zero until it wakes the version, and always with autoscaling. The
+    apply keeps them (leaving the field out would let the API server default it to 1)."""
     found = await kube.get("apps/v1", "Deployment", namespace, name)
     if found is None:
-        return False
+        return None
+    replicas = int(found["spec"].get("replicas", 1))
     annotations = found["metadata"].get("annotations") or {}
-    return SCALED_TO_ZERO_ANNOTATION in annotations and found["spec"].get("replicas") == 0
+    if SCALED_TO_ZERO_ANNOTATION in annotations and replicas == 0:
+        return 0
+    scaling = agent.spec.scaling
+    autoscaled = scaling is not None and scaling.active_runs_per_replica is not None
+    return replicas if autoscaled else None
 
 
 async def egress_policy(

@@ -65,6 +65,9 @@ class AgentMemory:
     mcp_checked_at: float = 0.0
     resume_due: set[str] = field(default_factory=set)
     """Versions woken from zero whose paused runs are resumed once they have pods."""
+    recommended: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    """Per version, the replicas its active runs needed at each pass within scaleDownAfter
+    (`scaling.autoscale`): it loses pods only down to the most of them."""
     scaling_restored: bool = False
     """The scaler took what it must remember from the status and the Deployments once."""
     gauges: set[str] = field(default_factory=set)

@@ -1,5 +1,5 @@
-"""Scale to zero: a version's worker pods go while its runs only wait, and come back as soon as
-one of them has work again.
+"""Autoscaling and scale to zero: a version has as many worker pods as its active runs need,
+none while its runs only wait, and they come back as soon as one of them has work again.
 
 Every supervision pass reads Restate's one cached count of unfinished invocations by deployment
 and status (`RestateObserver.in_flight`), and for each version:
@@ -19,14 +19,18 @@ and status (`RestateObserver.in_flight`), and for each version:
   between attempts for about an hour, then pauses the run), when it has paused runs (their
   retries ran out while nobody woke it), when it is the spec's version but not registered (a
   rollback: registration needs its pods) or when the agent no longer sets `idleAfter`. Its
-  paused runs are resumed once it has pods.
+  paused runs are resumed once it has pods;
+- with `spec.scaling.activeRunsPerReplica`, a version with pods gets ceil(active runs / that)
+  of them within `minReplicas` and `maxReplicas` (`autoscale`): more at once, fewer only once
+  its runs have needed fewer for `scaleDownAfter`. A pod added under load gets runs because
+  workers retire Restate's connections (`tether.programs.worker.connection_age`).
 
 Who owns `spec.replicas`: the scaler applies `spec.replicas` alone (and two annotations: when,
 and from how many) with a field manager of its own, `tether-operator-scale`. The version
-objects' own apply (`children.apply_version`, field manager `tether-operator`) leaves
-`spec.replicas` out while the Deployment is at zero, so applying the agent again does not wake
-its active version; on a rollback to a version at zero, the scaler wakes it (it is the spec's
-version and not registered).
+objects' own apply (`children.apply_version`, field manager `tether-operator`) keeps the
+Deployment's `spec.replicas` while it is at zero, and always with autoscaling, so applying the
+agent again neither wakes its active version nor undoes the scaler; on a rollback to a version
+at zero, the scaler wakes it (it is the spec's version and not registered).
 """
 
 from __future__ import annotations
@@ -40,7 +44,13 @@ from typing import Any
 
 import kopf
 
-from tether.spec import DurableAgent, VersionStatus, parse_duration, restate_services
+from tether.spec import (
+    DurableAgent,
+    ScalingSpec,
+    VersionStatus,
+    parse_duration,
+    restate_services,
+)
 
 from .children import WorkerDeployment, observed
 from .conditions import parse_rfc3339
@@ -141,6 +151,41 @@ def decide(
     return Decision(asleep, 0, "ScaledToZero", message)
 
 
+def autoscale(
+    version: VersionStatus,
+    runs: Runs,
+    *,
+    scaling: ScalingSpec,
+    current: int,
+    recommended: list[tuple[float, int]],
+    now: float,
+) -> Decision:
+    """The autoscaling rule for a version with pods: the replicas its active runs need now
+    (`ScalingSpec.autoscaled`) at once if more than it has, else the most they needed within
+    scaleDownAfter. `recommended` holds that window's needs, oldest first (updated here); a
+    new one starts with the replicas the version has, so an operator that just took over waits
+    a whole window before it takes any pod away."""
+    needed = scaling.autoscaled(runs.active)
+    if not recommended:
+        recommended.append((now, current))
+    recommended.append((now, needed))
+    window = parse_duration(scaling.scale_down_after)
+    while now - recommended[0][0] > window:
+        recommended.pop(0)
+    target = max(replicas for _, replicas in recommended)
+    if target == current:
+        return Decision(version)
+    why = (
+        f"{runs.active} active runs, {scaling.active_runs_per_replica} per replica "
+        "(spec.scaling.activeRunsPerReplica)"
+    )
+    if target < current:
+        why += f", for at least {scaling.scale_down_after} (spec.scaling.scaleDownAfter)"
+    reason = "ScaledUp" if target > current else "ScaledDown"
+    message = f"version {version.hash} scaled from {current} to {target} replicas: {why}"
+    return Decision(version.model_copy(update={"replicas": target}), target, reason, message)
+
+
 def _stamp(epoch: float) -> str:
     """RFC 3339 with milliseconds: an idle period of a few seconds is measured, not rounded."""
     moment = datetime.datetime.fromtimestamp(epoch, datetime.UTC)
@@ -216,6 +261,8 @@ async def scale(
     if not mem.scaling_restored:
         restore_memory(mem, versions, by_hash)
     seconds = idle_after(agent)
+    scaling = agent.spec.scaling
+    autoscaled = scaling if scaling is not None and scaling.active_runs_per_replica else None
     now = time.time()
     for digest, version in list(versions.items()):
         runs = runs_of(agent.metadata.name, version, in_flight)
@@ -237,6 +284,17 @@ async def scale(
             now=now,
             hold=digest in mem.resume_due,
         )
+        if autoscaled and decision.replicas is None and not needed and deployment.replicas:
+            decision = autoscale(
+                decision.version,
+                runs,
+                scaling=autoscaled,
+                current=deployment.replicas,
+                recommended=mem.recommended.setdefault(digest, []),
+                now=now,
+            )
+        else:  # at zero, woken or not yet its own: a new window once it autoscales again
+            mem.recommended.pop(digest, None)
         if decision.replicas is not None:
             try:
                 await apply_replicas(

@@ -5,13 +5,15 @@ Restate reaches the version `<hash>` of agent `<agent>` in `<namespace>` at
 The Restate SDK routes by path suffix, so one ASGI app serves every agent: each gets a virtual
 object named after it with the real worker's protocol: `run` (`{"prompt": str}`) and a shared
 `pending` that lists the calls parked in the `tether:parked` state. A prompt starting with
-`park` parks the run on an awakeable (recorded like the real worker does) until it is resolved.
+`park` parks the run on an awakeable (recorded like the real worker does) until it is resolved;
+`busy:<seconds>` keeps it running (in a step) that long.
 `run` answers which version served it, so a test can tell old from new. The agent's sidecar
 (`<hash>` is `sidecar`) serves stand-ins of its index and live objects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import time
 from typing import Any
@@ -28,6 +30,10 @@ def _serving_version() -> str:
 
 def _now() -> float:
     return time.time()
+
+
+async def _busy(seconds: float) -> None:
+    await asyncio.sleep(seconds)
 
 
 def _agent_object(agent: str) -> restate.VirtualObject:
@@ -56,6 +62,8 @@ def _agent_object(agent: str) -> restate.VirtualObject:
             answer = await decision
             parked.pop(awakeable_id, None)
             ctx.set(PARKED_STATE_KEY, parked)
+        elif prompt.startswith("busy:"):
+            await ctx.run_typed("busy", _busy, seconds=float(prompt.removeprefix("busy:")))
         return {"agent": agent, "version": version, "prompt": prompt, "answer": answer}
 
     @obj.handler(kind="shared")

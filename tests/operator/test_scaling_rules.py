@@ -8,12 +8,19 @@ from typing import Any
 import pytest
 
 from tests.operator.test_settings import agent
-from tether.spec import SpecError, VersionStatus
+from tether.spec import ScalingSpec, SpecError, VersionStatus
 from tether_operator.children import WorkerDeployment, observed
 from tether_operator.conditions import parse_rfc3339
 from tether_operator.context import AgentMemory
 from tether_operator.restate_admin import InFlight, Runs
-from tether_operator.scaling import Decision, decide, restore_memory, restore_replicas, runs_of
+from tether_operator.scaling import (
+    Decision,
+    autoscale,
+    decide,
+    restore_memory,
+    restore_replicas,
+    runs_of,
+)
 
 NOW = parse_rfc3339("2026-12-01T12:00:00Z")
 SUSPENDED = Runs(suspended=1)
@@ -205,3 +212,69 @@ def test_after_a_restart_the_scaler_finds_what_it_did() -> None:
     restore_memory(mem, versions, {"abc": at_zero})
     assert versions["abc"].scaled_to_zero_at == "2026-12-01T11:00:00.000Z"
     assert mem.resume_due == {"def"} and mem.scaling_restored
+
+
+def scaling(per: int = 10, low: int = 1, high: int = 4, down: str = "60s") -> ScalingSpec:
+    return ScalingSpec(
+        active_runs_per_replica=per, min_replicas=low, max_replicas=high, scale_down_after=down
+    )
+
+
+def test_autoscaling_adds_pods_at_once_and_removes_them_after_the_window() -> None:
+    window: list[tuple[float, int]] = []
+    version = draining(replicas=1)
+
+    def tick(active: int, current: int, at: float) -> Decision:
+        return autoscale(
+            version,
+            Runs(active=active),
+            scaling=scaling(),
+            current=current,
+            recommended=window,
+            now=NOW + at,
+        )
+
+    assert tick(10, 1, 0).replicas is None  # 10 runs at 10 per pod: the one it has
+    up = tick(25, 1, 1)
+    assert up.replicas == 3 and up.reason == "ScaledUp"
+    assert up.message == (
+        "version abc scaled from 1 to 3 replicas: 25 active runs, 10 per replica "
+        "(spec.scaling.activeRunsPerReplica)"
+    )
+    assert up.version.replicas == 3
+    assert tick(500, 3, 2).replicas == 4  # maxReplicas
+    assert tick(0, 4, 3).replicas is None  # 4 were needed within the window
+    assert tick(12, 4, 61).replicas is None  # the 500 runs' need at 2 s is still in it
+    down = tick(12, 4, 62.5)  # gone: the most needed since 2.5 s is 2 (12 runs)
+    assert down.replicas == 2 and down.reason == "ScaledDown"
+    assert "for at least 60s (spec.scaling.scaleDownAfter)" in down.message
+    assert tick(0, 2, 200).replicas == 1  # minReplicas, when nothing ran for a window
+
+
+def test_an_autoscaler_that_just_started_keeps_the_pods_for_a_window() -> None:
+    """A new memory (an operator that took over) starts from the replicas the version has."""
+    window: list[tuple[float, int]] = []
+
+    def tick(at: float) -> int | None:
+        decided = autoscale(
+            draining(),
+            Runs(),
+            scaling=scaling(),
+            current=4,
+            recommended=window,
+            now=NOW + at,
+        )
+        return decided.replicas
+
+    assert tick(0) is None and tick(59) is None
+    assert tick(61) == 1
+
+
+@pytest.mark.parametrize(("active", "replicas"), [(0, 2), (1, 2), (30, 3), (31, 4), (900, 5)])
+def test_the_replicas_runs_need_are_within_the_bounds(active: int, replicas: int) -> None:
+    assert scaling(low=2, high=5).autoscaled(active) == replicas
+
+
+def test_autoscaling_needs_max_replicas() -> None:
+    with pytest.raises(ValueError, match="activeRunsPerReplica needs maxReplicas"):
+        ScalingSpec(active_runs_per_replica=10)

@@ -650,9 +650,9 @@ class DrainSpec(_Model):
 
 
 class ScalingSpec(_Model):
-    """How many worker pods a version keeps while its runs only wait (for a person, a timer,
-    another call) or it has none: none, once it has been idle long enough. Waiting runs hold no
-    worker memory; Restate keeps them, and the version stays registered."""
+    """How many worker pods a version has: as many as its active runs need (autoscaling), and
+    none once its runs have only waited (for a person, a timer, another call) long enough.
+    Waiting runs hold no worker memory; Restate keeps them, and the version stays registered."""
 
     idle_after: Duration | None = Field(
         default=None,
@@ -668,17 +668,33 @@ class ScalingSpec(_Model):
         default=None,
         ge=1,
         le=100,
-        description="Fewest worker pods an HPA or KEDA may give a version while its runs are "
-        "active (scaling on the operator's tether_version_active_runs gauge); a version woken "
-        "from zero gets at least this many. The operator itself only moves a version between 0 "
-        "and its replicas.",
+        description="Fewest worker pods a version has while its runs are active (the "
+        "operator's with activeRunsPerReplica, else an HPA's or KEDA's on the operator's "
+        "tether_version_active_runs gauge); a version woken from zero gets at least this many.",
     )
     max_replicas: int | None = Field(
         default=None,
         ge=1,
         le=100,
-        description="Most worker pods an HPA or KEDA may give a version while its runs are "
-        "active; a version woken from zero gets at most this many.",
+        description="Most worker pods a version has while its runs are active; a version woken "
+        "from zero gets at most this many. Required with activeRunsPerReplica.",
+    )
+    active_runs_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Autoscale: the operator gives each version with pods ceil(its active runs "
+        "/ this) of them (running, ready, backing off or pending in Restate, counted at most "
+        "10 s ago), within minReplicas and maxReplicas: more at once, fewer once the lower "
+        "count has held for scaleDownAfter. It then owns the Deployments' replicas, and "
+        "worker.replicas is only what a new version starts with. Unset: versions keep "
+        "worker.replicas (or what an HPA or KEDA gives them).",
+    )
+    scale_down_after: Duration = Field(
+        default="5m",
+        description="With activeRunsPerReplica: how long a version's active runs must have "
+        "needed fewer pods before it loses any (the most they needed in this window is kept), "
+        "so a burst that comes and goes does not churn pods.",
     )
 
     @field_validator("idle_after")
@@ -693,7 +709,14 @@ class ScalingSpec(_Model):
         low, high = self.min_replicas, self.max_replicas
         if low is not None and high is not None and low > high:
             raise ValueError("minReplicas must not be greater than maxReplicas")
+        if self.active_runs_per_replica is not None and high is None:
+            raise ValueError("activeRunsPerReplica needs maxReplicas")
         return self
+
+    def autoscaled(self, active_runs: int) -> int:
+        """The replicas `active_runs` need with `active_runs_per_replica`, within the bounds."""
+        assert self.active_runs_per_replica is not None
+        return self.bounded(-(-active_runs // self.active_runs_per_replica))
 
     def bounded(self, replicas: int) -> int:
         """`replicas` within minReplicas and maxReplicas, and at least 1."""

@@ -301,6 +301,11 @@ def _spec_schema() -> Schema:
             "spec.scaling.minReplicas must not be greater than spec.scaling.maxReplicas",
             ".minReplicas",
         ),
+        _rule(
+            "!has(self.activeRunsPerReplica) || has(self.maxReplicas)",
+            "spec.scaling.activeRunsPerReplica needs spec.scaling.maxReplicas",
+            ".activeRunsPerReplica",
+        ),
     )
 
     output = (
