@@ -17,6 +17,7 @@ from tests.operator.local_proxy import LocalProxy
 from tests.operator.op_harness import Cluster, OperatorFactory, Restate, wait_for
 from tests.operator.test_children import AGENT, manifest, registered, with_secrets
 from tests.operator.test_scale_to_zero import (
+    apply_and_wait,
     deployment,
     event,
     invocation_status,
@@ -63,17 +64,7 @@ def test_a_version_gets_the_pods_its_active_runs_need_and_gives_them_back(
     # A change that is not a new version applies the version's objects again: the apply keeps
     # the scaler's replicas instead of setting worker.replicas (1), which the scaler would then
     # undo (the Deployment's generation counts both).
-    cluster.apply_agent(autoscaled(scale_down_after="5s"))
-    wait_for(
-        lambda: (
-            '"5s"'
-            in (cluster.agent(AGENT) or {})["metadata"]["annotations"].get(
-                "tether.dev/last-handled-configuration", ""
-            )
-        ),
-        timeout=30,
-        what="the change handled",
-    )
+    apply_and_wait(cluster, autoscaled(scale_down_after="5s"), '"5s"')
     assert cluster.status(AGENT)["activeVersion"] == active
     assert deployment(cluster, active).metadata.generation == generation
     assert replicas(cluster, active) == 3

@@ -94,6 +94,22 @@ def roll(cluster: Cluster, system: str, previous: str | None) -> str:
     return found
 
 
+def apply_and_wait(cluster: Cluster, changed: dict[str, Any], marker: str) -> None:
+    """Apply the agent and wait until the operator handled it (kopf's record of the last
+    handled spec has `marker`)."""
+    cluster.apply_agent(changed)
+    wait_for(
+        lambda: (
+            marker
+            in (cluster.agent(AGENT) or {})["metadata"]["annotations"].get(
+                "tether.dev/last-handled-configuration", ""
+            )
+        ),
+        timeout=30,
+        what="the change handled",
+    )
+
+
 def version(cluster: Cluster, digest: str) -> dict[str, Any]:
     return next((v for v in cluster.versions(AGENT) if v["hash"] == digest), {})
 
@@ -280,17 +296,7 @@ def test_the_active_version_scales_to_zero_and_a_new_run_wakes_it(
     # restart does): that apply leaves spec.replicas to the scaler while it is at zero.
     changed = agent("v1")
     changed["spec"]["drain"]["timeout"] = "11m"
-    cluster.apply_agent(changed)
-    wait_for(
-        lambda: (
-            '"11m"'
-            in (cluster.agent(AGENT) or {})["metadata"]["annotations"].get(
-                "tether.dev/last-handled-configuration", ""
-            )
-        ),
-        timeout=30,
-        what="the change handled",
-    )
+    apply_and_wait(cluster, changed, '"11m"')
     assert cluster.status(AGENT)["activeVersion"] == active and replicas(cluster, active) == 0
 
     # A new run: Restate cannot reach v1 and backs off, unpinned; the operator counts it for
