@@ -18,7 +18,8 @@ The steps, in order (each checks what a user would look at, and times what a use
     a drain evicts one worker and its PodDisruptionBudget refuses the second;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
-    a worker pod added while runs keep coming (a scale-out) runs its share of them;
+    under load the operator adds a worker pod (autoscaling), which runs its share of the runs,
+    and takes it away once the load ended;
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
     through the egress rule the operator adds for it;
     every panel of the chart's Grafana dashboard has data in Prometheus;
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import secrets
@@ -577,11 +579,22 @@ ADDED_SHARE = 0.15
 lumpy: the bar sits well below the fair share."""
 
 
+AUTOSCALING = {
+    "activeRunsPerReplica": 3,
+    "minReplicas": 1,
+    "maxReplicas": 2,
+    "scaleDownAfter": "20s",
+}
+"""The scale agent's: its 8 clients keep 4-8 runs active, which need the second pod."""
+
+
 def scale_out_under_load(p: Platform, clients: int = 8) -> None:
-    """A worker pod added while runs keep coming (a scale-out, as an HPA makes) runs its share:
-    the Service routes new connections, and Restate opens one only when its open ones are busy,
-    or when a worker retires one at its age (`tether.programs.worker.connection_age`)."""
-    p.apply_agent(E2E / "scale-agent.yaml", worker={"replicas": 1})
+    """The operator scales the agent's version out under load (`spec.scaling.
+    activeRunsPerReplica`), and the added pod runs its share: the Service routes new
+    connections, and Restate opens one only when its open ones are busy, or when a worker
+    retires one at its age (`tether.programs.worker.connection_age`). Once the load ends, the
+    version goes back to one pod after `scaleDownAfter`, and no run failed on the way."""
+    p.apply_agent(E2E / "scale-agent.yaml", worker={"replicas": 1}, scaling=AUTOSCALING)
     selector = worker_pods(SCALE)
     wait_for(
         f"{SCALE} Ready on 1 pod",
@@ -615,7 +628,7 @@ def scale_out_under_load(p: Platform, clients: int = 8) -> None:
 
     def client(number: int) -> None:  # one run after another, until stopped
         try:
-            for n in range(10**6):
+            for n in itertools.count():
                 if stop.is_set():
                     return
                 run(f"scale-{number}-{n}")
@@ -628,18 +641,23 @@ def scale_out_under_load(p: Platform, clients: int = 8) -> None:
     def until(what: str, done: Callable[[], bool], timeout: float) -> None:
         wait_for(what, lambda: done() or failures, timeout, 1)
         if failures:
-            raise StepFailed(f"runs failed while the agent scaled out: {failures[:3]}")
+            raise StepFailed(f"runs failed while the agent scaled: {failures[:3]}")
+
+    def ready_pods() -> int:
+        return len(p.kubectl.ready_pods(AGENTS_NS, selector))
+
+    def wanted_pods() -> int:  # what the operator gives the version (its Deployment's replicas)
+        found = p.kubectl.json("-n", AGENTS_NS, "get", "deployments", "-l", selector)
+        return sum(int(d["spec"].get("replicas", 1)) for d in found["items"])
 
     run("scale-first")  # from this thread first: it starts the port-forward if need be
     threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
+    loaded = time.monotonic()
     for thread in threads:
         thread.start()
     try:
-        until(f"runs on {first}", lambda: runs_on(first) >= 20, 120)
-        p.apply_agent(E2E / "scale-agent.yaml", worker={"replicas": 2})
-        until(
-            "a second pod Ready", lambda: len(p.kubectl.ready_pods(AGENTS_NS, selector)) == 2, 180
-        )
+        until("the operator to add a second pod, Ready", lambda: ready_pods() == 2, 180)
+        p.report.time("load starts -> the autoscaled pod Ready", time.monotonic() - loaded)
         before = runs_on(first)
         (added,) = set(p.kubectl.ready_pods(AGENTS_NS, selector)) - {first}
 
@@ -659,6 +677,16 @@ def scale_out_under_load(p: Platform, clients: int = 8) -> None:
         stop.set()
         for thread in threads:
             thread.join(timeout=180)
+    if failures:
+        raise StepFailed(f"runs failed as the load ended: {failures[:3]}")
+    ended = time.monotonic()
+    wait_for("the operator to take the second pod away", lambda: wanted_pods() == 1, 120, 1)
+    p.report.time("load ends -> back to 1 pod (scaleDownAfter 20s)", time.monotonic() - ended)
+    events = p.kubectl.json("-n", AGENTS_NS, "get", "events", "--field-selector",
+                            f"involvedObject.name={SCALE}")["items"]  # fmt: skip
+    reasons = [event["reason"] for event in events]
+    if "ScaledUp" not in reasons or "ScaledDown" not in reasons:
+        raise StepFailed(f"expected the operator's ScaledUp and ScaledDown events: {reasons}")
     p.kubectl("-n", AGENTS_NS, "delete", "durableagent", SCALE, "--wait=false")
 
 
@@ -1152,7 +1180,7 @@ def steps() -> list[Step]:
         ("a worker killed mid-tool, 2 replicas", lambda p: kill_mid_tool(p, 2)),
         ("Restate's pod killed mid-run", kill_restate),
         ("a run fans out to sub-agents", fan_out),
-        ("a worker pod added under load runs its share", scale_out_under_load),
+        ("the operator adds a worker pod under load; it runs its share", scale_out_under_load),
         ("an agent calls the MCP server next to it", mcp_tools),
         ("every panel of the Grafana dashboard has data", dashboard_has_data),
         ("NetworkPolicy in front of Restate's admin API", network_policy),
