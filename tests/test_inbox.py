@@ -19,7 +19,7 @@ def texts(content: list[dict[str, Any]]) -> list[str]:
     return [b["text"] for b in content if b["type"] == "text"]
 
 
-async def test_a_message_posted_while_a_tool_runs_joins_its_results() -> None:
+async def test_a_message_posted_while_a_tool_runs_comes_before_the_next_model_call() -> None:
     inbox = MemoryInbox()
 
     @tool
@@ -29,17 +29,19 @@ async def test_a_message_posted_while_a_tool_runs_joins_its_results() -> None:
         return "deployed"
 
     provider = RecordingProvider([calls("deploy"), {"text": "done"}])
-    agent = make_agent(MemoryJournal(), provider, [deploy], inbox)
+    journal = MemoryJournal()
+    agent = make_agent(journal, provider, [deploy], inbox)
     stats = await agent.run("deploy it")
     assert stats.status == "completed" and stats.turns == 2
     assert agent.session is not None
-    results = agent.session.turns[2]
-    assert results.role == "user"
-    assert [b["type"] for b in results.content] == ["tool_result", "text"]
-    assert texts(results.content) == ["use the blue cluster"]
-    # The model's second request carries the message after the tool result.
-    last = provider.requests[1].messages[-1]
-    assert texts(last["content"]) == ["use the blue cluster"]
+    results, message = agent.session.turns[2:4]
+    assert [b["type"] for b in results.content] == ["tool_result"]
+    assert (message.role, texts(message.content)) == ("user", ["use the blue cluster"])
+    # The model's second request carries the message after the tool result: the step that
+    # would have called the model looked at the inbox first, and journaled that instead.
+    assert [m["role"] for m in provider.requests[1].messages[-2:]] == ["user", "user"]
+    assert texts(provider.requests[1].messages[-1]["content"]) == ["use the blue cluster"]
+    assert journal.names()[-3:] == ["model:1:0", "inbox:0", "model:1:1"]
 
 
 async def test_a_message_after_the_answer_is_a_follow_up() -> None:
@@ -94,7 +96,7 @@ async def test_without_an_inbox_the_journal_is_unchanged() -> None:
     assert names and not [name for name in names if name.startswith("inbox:")]
 
 
-async def test_quick_tool_turns_take_the_inbox_once_a_second_and_the_answer_always(
+async def test_quick_tool_turns_look_at_the_inbox_once_a_second_and_the_answer_always(
     monkeypatch: Any,
 ) -> None:
     journal = MemoryJournal()
@@ -111,12 +113,10 @@ async def test_quick_tool_turns_take_the_inbox_once_a_second_and_the_answer_alwa
     script.append({"text": "done, blue"})
     agent = make_agent(journal, RecordingProvider(script), [step], inbox)
     stats = await agent.run("go")
-    # the first boundary takes; the next ones come within a second of it; the answer takes
-    assert [n for n in journal.names() if n.startswith("inbox:")] == [
-        "inbox:0",
-        "inbox:4",
-        "inbox:5",
-    ]
+    # The first boundary looks (in the next model step): nothing yet. The next ones come
+    # within a second of it. The answer's step looks and finds the message: a take, and a
+    # follow-up, whose answer's look finds nothing. A look costs no step of its own.
+    assert [n for n in journal.names() if n.startswith("inbox:")] == ["inbox:4"]
     assert (stats.status, stats.text) == ("completed", "done, blue")
     assert agent.session is not None
     assert [texts(t.content) for t in agent.session.turns[-3:]] == [
@@ -125,13 +125,12 @@ async def test_quick_tool_turns_take_the_inbox_once_a_second_and_the_answer_alwa
         ["done, blue"],
     ]
 
-    # turns a second apart take at every boundary: the message joins the tool's results
+    # Turns a second apart look at every boundary: the message follows the tool's results.
     monkeypatch.setattr("tether.agent.loop.STEERING_EVERY_MS", 0.0)
     journal, inbox = MemoryJournal(), MemoryInbox()
     agent = make_agent(journal, RecordingProvider(script), [step], inbox)
     await agent.run("go")
-    assert [n for n in journal.names() if n.startswith("inbox:")] == [
-        f"inbox:{n}" for n in range(5)
-    ]
+    assert [n for n in journal.names() if n.startswith("inbox:")] == ["inbox:1"]
     assert agent.session is not None
-    assert texts(agent.session.turns[4].content) == ["use the blue cluster"]
+    assert texts(agent.session.turns[5].content) == ["use the blue cluster"]
+    assert [t.role for t in agent.session.turns[4:7]] == ["user", "user", "assistant"]

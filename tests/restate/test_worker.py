@@ -219,9 +219,22 @@ def test_a_run_calls_its_inbox_first_and_then_only_once_a_post_rang(
     agent_worker(manifest(agent, script, tools=tools))
     ingress = restate_server.ingress_url
 
-    # Nothing posted: the first boundary takes (and leaves a doorbell), the answer's looks.
-    assert result_of(restate_server, send_run(restate_server, agent, "s1", "one"))["text"]
+    # Nothing posted: the first boundary takes (and leaves a doorbell), the answer's looks,
+    # inside the answer's model step: no step of its own.
+    first_run = send_run(restate_server, agent, "s1", "one")
+    assert result_of(restate_server, first_run)["text"]
     assert inbox_takes(restate_server, agent) == 1
+    steps = restate_server.query(
+        f"SELECT name FROM sys_journal WHERE id = '{first_run}' AND entry_type = 'Command: Run'"
+    )
+    assert sorted(r["name"] for r in steps) == [
+        "model:0:0",
+        "model:1:0",
+        "model:2:0",
+        "timestamp",
+        "tool:call_0_0",
+        "tool:call_1_0",
+    ]
 
     # Only runs take: through the ingress, `take` is refused (it would hand over the messages
     # and hang a doorbell of the caller's choosing).

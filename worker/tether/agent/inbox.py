@@ -1,12 +1,17 @@
 """Messages for a running agent: a person (or a system) adds to the conversation while the agent
 works, without waiting for the run to end.
 
-The loop takes what arrived at turn boundaries: after a turn's tool calls, the messages join
-that turn's tool results (the model reads them before it goes on), at the first such boundary
-and then at most once a second (`STEERING_EVERY_MS` of journaled time: quick tool turns do not
-pay a take each); when the model has finished, always, and they start another turn (a
-follow-up). What was taken is journaled, so a replay sees the same messages at the same places
-and a message is never taken twice.
+The loop takes what arrived at turn boundaries: after a turn's tool calls, at the first such
+boundary and then at most once a second (`STEERING_EVERY_MS` of journaled time: quick tool
+turns do not pay a take each), the messages come after that turn's tool results, before the
+model goes on; when the model has finished, always, and they start another turn (a follow-up).
+What was taken is journaled, so a replay sees the same messages at the same places and a
+message is never taken twice.
+
+A take costs a journaled step (on Restate a call), so the loop first looks (`Inbox.look`, a
+local read) inside the model step it journals anyway: before the model call at a tool turn's
+boundary (when something came, the step journals that instead of calling the model, and the
+loop takes), and after it at the answer. A boundary where nothing came costs no step.
 
 `MemoryInbox` is the in-process inbox (any durable runtime); on Restate the worker keeps the
 inbox in a virtual object of its own (`tether.programs.worker.inbox`).
@@ -22,6 +27,12 @@ from ..messages import JSON
 
 
 class Inbox(Protocol):
+    def look(self) -> bool | None:
+        """Whether a message may have arrived since the last take; None when only a take can
+        tell (that answer is replay-stable, so the loop may act on it anywhere). True or False
+        depend on when it is asked: the loop reads them only inside a journaled step."""
+        ...
+
     async def take(self, durable: DurableRuntime, where: str) -> list[str]:
         """The messages that arrived since the last take, journaled as the step `where`."""
         ...
@@ -35,6 +46,9 @@ class MemoryInbox:
 
     def post(self, message: str) -> None:
         self._waiting.append(message)
+
+    def look(self) -> bool:
+        return bool(self._waiting)
 
     async def take(self, durable: DurableRuntime, where: str) -> list[str]:
         async def drain() -> JSON:

@@ -81,6 +81,8 @@ class AgentRun:
         self._warned: set[str] = set()
         self._steered_at: float | None = None
         """When the inbox was last taken after a turn's tool calls (journaled time, ms)."""
+        self._look_first = False
+        """The next model step looks at the inbox before it calls the model (`_steering`)."""
         self.limits = Limits(behavior.max_cost_usd, behavior.max_tokens)
         self.ledger: BudgetLedger | None = None
         self.budget_tree: str | None = None
@@ -222,7 +224,9 @@ class AgentRun:
             await self._publish(*self._model_events(turn, response, text, calls))
             if not calls:
                 await self._turn_end(turn, response, response["at"])
-                follow_ups = await self._take_messages(turn)
+                # the answer's step looked at the inbox once the model had answered
+                looked = response.get("inbox")
+                follow_ups = [] if looked is False else await self._take_messages(turn)
                 if not follow_ups:
                     return "completed", None, response["at"]
                 await self._append("user", follow_ups, created_at=response["at"])
@@ -233,7 +237,7 @@ class AgentRun:
             await self._publish(
                 *[event("tool_finished", self.run_id, finished_at, **o) for o in outcomes]
             )
-            steering = await self._steering(turn, finished_at)
+            steering = await self._take_messages(turn) if self._steering(finished_at) else []
             await self._append("user", [*results, *steering], created_at=finished_at)
             turn += 1
 
@@ -306,15 +310,21 @@ class AgentRun:
         messages = await inbox.take(self.durable, f"inbox:{turn}")
         return [text_block(message) for message in messages]
 
-    async def _steering(self, turn: int, finished_at: float) -> list[Any]:
-        """The inbox's messages after `turn`'s tool calls: at the first such boundary, then at
-        most every `STEERING_EVERY_MS` of the calls' journaled end times. A take is a journaled
-        step (on Restate a look at the inbox's doorbell, and a call to the inbox once it rang);
-        turns quicker than people write skip it, and the answer's boundary always takes."""
-        if self._steered_at is not None and finished_at - self._steered_at < STEERING_EVERY_MS:
-            return []
+    def _steering(self, finished_at: float) -> bool:
+        """Whether to take the inbox's messages now, after a turn's tool calls. Its messages
+        are wanted at the first such boundary, then at most every `STEERING_EVERY_MS` of the
+        calls' journaled end times (turns quicker than people write skip them; the answer's
+        boundary always looks). When the inbox can tell without a take (`Inbox.look`), the
+        next model step looks first instead, and a take follows only if something came."""
+        inbox = self.agent.inbox
+        due = self._steered_at is None or finished_at - self._steered_at >= STEERING_EVERY_MS
+        if inbox is None or not due:
+            return False
         self._steered_at = finished_at
-        return await self._take_messages(turn)
+        if inbox.look() is None:
+            return True
+        self._look_first = True
+        return False
 
     def _decide(self, worst: Spend | None) -> str:
         if self.abort.is_set():
@@ -337,38 +347,57 @@ class AgentRun:
     async def _model_call(self, turn: int) -> dict[str, Any]:
         """One model step, retried with journaled backoff while the error is retryable. A
         final error comes back as `{"error": ...}`."""
-        attempt = 0
+        attempt = retries = 0  # every step of the turn; those after an error
         while True:
             name = f"model:{turn}:{attempt}"
             budgeted = bool(self.limits or self.ledger)
             worst = self._worst_case() if budgeted else None
             granted = await self._reserve(name, worst) if budgeted else True
+            look_first, self._look_first = self._look_first, False
             result: dict[str, Any] = await self.durable.step(
-                "model", name, self._model_fn(turn, attempt, worst, granted)
+                "model", name, self._model_fn(turn, attempt, retries, worst, granted, look_first)
             )
             if budgeted:
                 await self._settle(name, result)
+            if result.get("steer"):  # messages came after the last turn's tools: they go first
+                messages = await self._take_messages(turn - 1)
+                if messages:
+                    await self._append("user", messages, created_at=result["at"])
+                attempt += 1
+                continue  # decided again: the messages make the request larger
             if "error" not in result or not result["retry"]:
                 return result
             await self.durable.sleep(
-                backoff_ms(attempt, result.get("retry_after")), f"backoff:{turn}:{attempt}"
+                backoff_ms(retries, result.get("retry_after")), f"backoff:{turn}:{attempt}"
             )
             attempt += 1
+            retries += 1
 
     def _model_fn(
-        self, turn: int, attempt: int, worst: Spend | None, granted: bool
+        self,
+        turn: int,
+        attempt: int,
+        retries: int,
+        worst: Spend | None,
+        granted: bool,
+        look_first: bool,
     ) -> Callable[[], Awaitable[JSON]]:
+        inbox = self.agent.inbox
+
         async def call() -> JSON:
             # Whether the turn happens at all is decided in its model step, not a step of its
             # own: a stop (aborted, max turns, budget) is journaled in place of the model's
             # answer, so a replay takes the same path even if the budgets in the code changed.
-            decision = self._decide(worst) if attempt == 0 else "continue"
+            decision = self._decide(worst) if not retries else "continue"
             if decision == "continue" and not granted:
                 decision = "budget_exceeded"  # the ledger holds no room for this call
             if decision != "continue":
                 return {"decision": decision, "at": now_ms()}
             if self.abort.is_set():
                 return {"aborted": True, "at": now_ms()}
+            # Looked at here, the inbox costs no step of its own when nothing came.
+            if look_first and inbox is not None and inbox.look() is not False:
+                return {"steer": True, "at": now_ms()}
             request = await self._request(turn)
             hooks = self.agent.hooks
             streamed: list[str] = []
@@ -396,7 +425,7 @@ class AgentRun:
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
                 failed = {
                     "error": f"{error.provider}: {error}",
-                    "retry": error.retryable and attempt < self.behavior.max_retries,
+                    "retry": error.retryable and retries < self.behavior.max_retries,
                     "retry_after": error.retry_after,
                     "at": now_ms(),
                 }
@@ -415,6 +444,8 @@ class AgentRun:
                 "latency_ms": ended - started,
                 "at": ended,
             }
+            if inbox is not None and not tool_uses(response.content):
+                value["inbox"] = inbox.look()  # for the answer's boundary
             if hooks.wants("turn:after"):
                 await hooks.call(
                     "turn:after",

@@ -9,8 +9,8 @@ the same messages and a message is taken once.
 A call is an invocation of the inbox object, which costs the worker about as much as a turn of
 the run. So a run calls `take` at its first boundary only, and after that only once something
 was posted: each take leaves a doorbell in the inbox (an awakeable of the run), which the next
-`post` rings, and the run looks at it first. The look is a journaled step, so a replay takes
-where the run took.
+`post` rings, and the run looks at it first (`look`, inside a model step the loop journals
+anyway, so a replay takes where the run took).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import restate
 from restate.exceptions import TerminalError
 
 from ...durable.protocol import DurableRuntime
-from ...messages import JSON
 from ...spec import restate_services
 from .retries import RETRY_AFTER_WORKER_LOSS
 
@@ -44,15 +43,11 @@ class RestateInbox:
         self._doorbell: Any = None
         """The awakeable the inbox resolves at the next post, once a take has left it there."""
 
+    def look(self) -> bool | None:
+        # No doorbell before the first take: the inbox may hold what came before the run.
+        return None if self._doorbell is None else bool(self._doorbell.is_completed())
+
     async def take(self, durable: DurableRuntime, where: str) -> list[str]:
-        doorbell = self._doorbell
-        if doorbell is not None:
-
-            async def look() -> JSON:
-                return {"rung": doorbell.is_completed()}
-
-            if not (await durable.step("decision", f"{where}:doorbell", look))["rung"]:
-                return []
         doorbell_id, self._doorbell = self._ctx.awakeable()
         messages: list[str] = await self._ctx.object_call(
             self._take, key=self._ctx.key(), arg={"doorbell": doorbell_id}
