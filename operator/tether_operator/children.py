@@ -16,6 +16,7 @@ from .kube import Kube
 from .mcp_egress import mcp_egress_rules
 from .names import (
     AGENT_LABEL,
+    FIELD_MANAGER,
     REPLICAS_ANNOTATION,
     SCALED_TO_ZERO_ANNOTATION,
     SIDECAR_VERSION,
@@ -127,7 +128,7 @@ async def apply_version(
     namespace = str(body["metadata"]["namespace"])
     objects = render.version_objects(agent, namespace, settings)
     sidecar = render.sidecar_objects(agent, namespace, settings)
-    kept = await _scalers_replicas(kube, namespace, objects.name, agent)
+    kept = await _replicas_scaled_elsewhere(kube, namespace, objects.name)
     if kept is not None:
         objects.deployment["spec"]["replicas"] = kept
     manifests = [*sidecar.manifests, *objects.manifests]
@@ -140,22 +141,19 @@ async def apply_version(
     return objects.hash, url_of(settings, service, agent.metadata.name, objects.hash)
 
 
-async def _scalers_replicas(
-    kube: Kube, namespace: str, name: str, agent: DurableAgent
-) -> int | None:
-    """The replicas of the version's Deployment when they are the scaler's (`scaling`), not
-    `worker.replicas`: at zero until it wakes the version, and always with autoscaling. The
-    apply keeps them (leaving the field out would let the API server default it to 1)."""
+async def _replicas_scaled_elsewhere(kube: Kube, namespace: str, name: str) -> int | None:
+    """The replicas of the version's Deployment when another field manager owns them, not
+    `worker.replicas`: the scaler (`scaling`: at zero, autoscaled), an HPA or KEDA (through
+    the scale subresource), `kubectl scale`. The apply keeps them: leaving the field out would
+    let the API server default it to 1 where this operator owned it alone."""
     found = await kube.get("apps/v1", "Deployment", namespace, name)
     if found is None:
         return None
-    replicas = int(found["spec"].get("replicas", 1))
-    annotations = found["metadata"].get("annotations") or {}
-    if SCALED_TO_ZERO_ANNOTATION in annotations and replicas == 0:
-        return 0
-    scaling = agent.spec.scaling
-    autoscaled = scaling is not None and scaling.active_runs_per_replica is not None
-    return replicas if autoscaled else None
+    for entry in found["metadata"].get("managedFields") or []:
+        owned = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if entry.get("manager") != FIELD_MANAGER and "f:replicas" in owned:
+            return int(found["spec"].get("replicas", 1))
+    return None
 
 
 async def egress_policy(

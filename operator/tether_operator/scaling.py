@@ -28,9 +28,9 @@ and status (`RestateObserver.in_flight`), and for each version:
 Who owns `spec.replicas`: the scaler applies `spec.replicas` alone (and two annotations: when,
 and from how many) with a field manager of its own, `tether-operator-scale`. The version
 objects' own apply (`children.apply_version`, field manager `tether-operator`) keeps the
-Deployment's `spec.replicas` while it is at zero, and always with autoscaling, so applying the
-agent again neither wakes its active version nor undoes the scaler; on a rollback to a version
-at zero, the scaler wakes it (it is the spec's version and not registered).
+Deployment's `spec.replicas` whenever another manager owns them (this scaler, or an HPA), so
+applying the agent again neither wakes its active version nor undoes a scaler; on a rollback to
+a version at zero, the scaler wakes it (it is the spec's version and not registered).
 """
 
 from __future__ import annotations

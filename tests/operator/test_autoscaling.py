@@ -86,3 +86,29 @@ def test_a_version_gets_the_pods_its_active_runs_need_and_gives_them_back(
     )
     assert waited >= 5 - 1  # the window, less the last pass's lag behind the runs' end
     assert restate.call(AGENT, "after", "hello")["version"] == active
+
+
+def test_replicas_another_scaler_set_survive_applying_the_agent_again(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, proxy: LocalProxy
+) -> None:
+    """An HPA, KEDA or `kubectl scale` sets replicas through the scale subresource: the
+    operator's apply of the version keeps them (it applied worker.replicas, 1, forced)."""
+    with_secrets(cluster)
+    run_operator(**local_proxy.url_template())
+    cluster.apply_agent(manifest(system="v1"))
+    active: str = wait_for(
+        lambda: registered(cluster) and cluster.status(AGENT).get("activeVersion"),
+        timeout=60,
+        what="v1 active",
+    )
+    name = f"{AGENT}-{active}"
+    cluster.apps.patch_namespaced_deployment_scale(
+        name, cluster.namespace, {"spec": {"replicas": 3}}, field_manager="hpa-standin"
+    )
+    generation = deployment(cluster, active).metadata.generation
+    changed = manifest(system="v1")
+    changed["spec"]["drain"]["timeout"] = "11m"
+    apply_and_wait(cluster, changed, '"11m"')
+    assert cluster.status(AGENT)["activeVersion"] == active
+    assert deployment(cluster, active).metadata.generation == generation
+    assert replicas(cluster, active) == 3

@@ -573,7 +573,13 @@ class WorkerSpec(_Model):
     """The worker pods of each version."""
 
     image: str | None = Field(default=None, description="Worker image (default: operator's).")
-    replicas: int = Field(default=1, ge=0, le=100, description="Worker pods per version.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=100,
+        description="Worker pods per version: what a version starts with; replicas an "
+        "autoscaler sets later (spec.scaling.activeRunsPerReplica, an HPA, KEDA) are kept.",
+    )
     workspace_claim: str | None = Field(
         default=None,
         pattern=OBJECT_NAME,
