@@ -21,6 +21,10 @@ do), then measures, alternating ours and the floor in every repetition:
     the journal entries of each.
 (d) the journal entries per tool turn when each turn is stored before the next model call, as a
     slow model's turns are (the state writes of quick turns go together at the run's end).
+(e) the Run commands of a run on Tether's worker (`tether worker`, with its session inbox) whose
+    tool turns are a second apart, as real ones are (`--paced-turns` shell calls of `sleep 1.05`,
+    unsafe, and an answer): the floor is 3 per tool turn and 1 for the answer; what it journals
+    once per run (the start's clock read; a call to the inbox) comes on top.
 
 Times are wall-clock at the client (a call through the ingress, or resolve -> attach result);
 the fixed cost of a call is the same on both sides. Medians of `--repeat` repetitions.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import tempfile
 import time
@@ -254,11 +259,50 @@ def entries_per_stored_turn(server: RestateServer, *, unsafe: bool) -> float:
     return (counts[1] - counts[0]) / 10
 
 
+def paced_run_commands(server: RestateServer, directory: Path, tool_turns: int) -> list[str]:
+    """The names of the Run commands of one run of (e), in journal order."""
+    call = {"tool_calls": [{"name": "pause", "input": {"command": "sleep 1.05"}}]}
+    manifest = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "paced"},
+        "spec": {
+            "model": {
+                "provider": "scripted",
+                "name": "s",
+                "script": [call] * tool_turns + [{"text": "done"}],
+            },
+            "tools": [{"name": "pause", "builtin": "shell"}],
+            "limits": {"maxTurns": tool_turns + 1},
+        },
+    }
+    spec = directory / "paced.yaml"
+    spec.write_text(json.dumps(manifest))
+    env = {
+        "TETHER_SPEC": str(spec),
+        "TETHER_WORKSPACE": str(directory),
+        "TETHER_WEBHOOK_SECRET": "bench",
+        "TETHER_WEBHOOK_BASE_URL": "http://sidecar.invalid",
+    }
+    app = "tether.programs.worker.asgi:app"
+    with HypercornWorker(app, log_dir=directory, env=env) as worker:
+        server.register(worker.url)
+        session = key("paced")
+        ok(http("POST", f"{server.ingress_url}/paced/{session}/run", {"prompt": "go"}))
+    rows = server.query(
+        "SELECT j.name FROM sys_journal j JOIN sys_invocation i ON j.id = i.id "
+        f"WHERE i.target = 'paced/{session}/run' AND j.entry_type = 'Command: Run' "
+        "ORDER BY j.index"
+    )
+    return [str(row["name"]) for row in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="journaled steps per run in (a)")
     parser.add_argument("--resume-steps", type=int, default=1000, help="steps replayed in (b)")
     parser.add_argument("--tool-turns", type=int, default=100, help="tool turns per run in (c)")
+    parser.add_argument("--paced-turns", type=int, default=4, help="tool turns in (e)")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     if args.repeat < 1:
@@ -315,6 +359,13 @@ def main() -> None:
                     f"each turn is stored before the next model call (a slow model's): "
                     f"{entries_per_stored_turn(server, unsafe=unsafe):.1f} (floor {floor})"
                 )
+        runs = paced_run_commands(server, directory, args.paced_turns)
+        others = [name for name in runs if not name.startswith(("model:", "tool"))]
+        print(
+            f"  (e) a worker's run of {args.paced_turns} unsafe tool turns a second apart: "
+            f"{len(runs)} Run commands (floor {3 * args.paced_turns + 1}); besides the "
+            f"floor's: {', '.join(others) or 'none'}"
+        )
 
 
 if __name__ == "__main__":
