@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx2
 import yaml
+from scripted_agent import scripted_agent
 
 from tether.programs.watch import events_url, sse_events
 from tether.testing import AgentHarness
@@ -45,20 +46,8 @@ async def echo(text: str) -> str:
 def write_agent(directory: Path, turns: int) -> Path:
     (directory / "echo_tools.py").write_text(TOOL)
     call = {"tool_calls": [{"name": "echo", "input": {"text": "x"}}], "text": "echoing"}
-    manifest = {
-        "apiVersion": "tether.dev/v1alpha1",
-        "kind": "DurableAgent",
-        "metadata": {"name": "bench-events"},
-        "spec": {
-            "model": {
-                "provider": "scripted",
-                "name": "s",
-                "script": [call] * turns + [{"text": "done"}],
-            },
-            "tools": [{"name": "echo", "python": "echo_tools:echo", "replay": "safe"}],
-            "limits": {"maxTurns": turns + 5},
-        },
-    }
+    tools = [{"name": "echo", "python": "echo_tools:echo", "replay": "safe"}]
+    manifest = scripted_agent("bench-events", [call] * turns + [{"text": "done"}], tools, turns + 5)
     path = directory / "agent.yaml"
     path.write_text(yaml.safe_dump(manifest))
     return path

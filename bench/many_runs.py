@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from scripted_agent import scripted_agent
 
 from tether.programs.local_http import request_json as http
 from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
@@ -191,16 +192,8 @@ def worker_spec(directory: Path, turns: int, unsafe: bool, ingress_url: str) -> 
     from restate_bench_service import script
 
     tool = "record" if unsafe else "lookup"
-    manifest = {
-        "apiVersion": "tether.dev/v1alpha1",
-        "kind": "DurableAgent",
-        "metadata": {"name": AGENT},
-        "spec": {
-            "model": {"provider": "scripted", "name": "s", "script": script(turns + 1, tool)},
-            "tools": [{"name": tool, "python": f"restate_bench_service:{tool}"}],
-            "limits": {"maxTurns": turns + 1},
-        },
-    }
+    tools = [{"name": tool, "python": f"restate_bench_service:{tool}"}]
+    manifest = scripted_agent(AGENT, script(turns + 1, tool), tools, turns + 1)
     path = directory / "agent.yaml"
     path.write_text(yaml.safe_dump(manifest))
     return {

@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from scripted_agent import scripted_agent
+
 from tether.programs.local_http import Response
 from tether.programs.local_http import request_json as http
 from tether.programs.restate_install import DEFAULT_RESTATE_VERSION
@@ -262,20 +264,9 @@ def entries_per_stored_turn(server: RestateServer, *, unsafe: bool) -> float:
 def paced_run_commands(server: RestateServer, directory: Path, tool_turns: int) -> list[str]:
     """The names of the Run commands of one run of (e), in journal order."""
     call = {"tool_calls": [{"name": "pause", "input": {"command": "sleep 1.05"}}]}
-    manifest = {
-        "apiVersion": "tether.dev/v1alpha1",
-        "kind": "DurableAgent",
-        "metadata": {"name": "paced"},
-        "spec": {
-            "model": {
-                "provider": "scripted",
-                "name": "s",
-                "script": [call] * tool_turns + [{"text": "done"}],
-            },
-            "tools": [{"name": "pause", "builtin": "shell"}],
-            "limits": {"maxTurns": tool_turns + 1},
-        },
-    }
+    script = [call] * tool_turns + [{"text": "done"}]
+    tools = [{"name": "pause", "builtin": "shell"}]
+    manifest = scripted_agent("paced", script, tools, tool_turns + 1)
     spec = directory / "paced.yaml"
     spec.write_text(json.dumps(manifest))
     env = {
