@@ -19,7 +19,7 @@ The steps, in order (each checks what a user would look at, and times what a use
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
     under load the operator adds a worker pod (autoscaling), which runs its share of the runs,
-    and takes it away once the load ended;
+    and takes it away once the load dropped, while runs go on;
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
     through the egress rule the operator adds for it;
     every panel of the chart's Grafana dashboard has data in Prometheus;
@@ -585,15 +585,18 @@ AUTOSCALING = {
     "maxReplicas": 2,
     "scaleDownAfter": "20s",
 }
-"""The scale agent's: its 8 clients keep 4-8 runs active, which need the second pod."""
+"""The scale agent's: its 8 clients keep 4-8 runs active, which need the second pod; 2 of them
+need one."""
+STAYING_CLIENTS = 2
 
 
 def scale_out_under_load(p: Platform, clients: int = 8) -> None:
     """The operator scales the agent's version out under load (`spec.scaling.
     activeRunsPerReplica`), and the added pod runs its share: the Service routes new
     connections, and Restate opens one only when its open ones are busy, or when a worker
-    retires one at its age (`tether.programs.worker.connection_age`). Once the load ends, the
-    version goes back to one pod after `scaleDownAfter`, and no run failed on the way."""
+    retires one at its age (`tether.programs.worker.connection_age`). Once the load drops to
+    two clients, the version goes back to one pod after `scaleDownAfter`, while runs go on (a
+    run on the pod that goes continues on the other), and no run failed on the way."""
     p.apply_agent(E2E / "scale-agent.yaml", worker={"replicas": 1}, scaling=AUTOSCALING)
     selector = worker_pods(SCALE)
     wait_for(
@@ -602,8 +605,9 @@ def scale_out_under_load(p: Platform, clients: int = 8) -> None:
         300,
     )
     (first,) = p.kubectl.ready_pods(AGENTS_NS, selector)
-    stop = threading.Event()
+    stop, fewer = threading.Event(), threading.Event()
     failures: list[str] = []
+    completed: list[int] = []
 
     def run(session: str) -> None:
         """One run to its end. The clients share one port-forward, whose connections can drop:
@@ -629,9 +633,10 @@ def scale_out_under_load(p: Platform, clients: int = 8) -> None:
     def client(number: int) -> None:  # one run after another, until stopped
         try:
             for n in itertools.count():
-                if stop.is_set():
+                if stop.is_set() or (fewer.is_set() and number >= STAYING_CLIENTS):
                     return
                 run(f"scale-{number}-{n}")
+                completed.append(number)
         except StepFailed as failure:
             failures.append(str(failure))
 
@@ -673,15 +678,22 @@ def scale_out_under_load(p: Platform, clients: int = 8) -> None:
                 f"the pod added under load ran {on_added:.0f} of the {runs:.0f} runs since; "
                 f"expected at least {ADDED_SHARE:.0%}"
             )
+        fewer.set()
+        dropped = time.monotonic()
+        until("the operator to take the second pod away", lambda: wanted_pods() == 1, 120)
+        p.report.time(
+            f"load drops to {STAYING_CLIENTS} clients -> 1 pod wanted (scaleDownAfter 20s)",
+            time.monotonic() - dropped,
+        )
+        until("the second pod gone", lambda: ready_pods() == 1, 120)
+        after = len(completed)
+        until("runs after the pod went", lambda: len(completed) >= after + 10, 120)
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=180)
     if failures:
         raise StepFailed(f"runs failed as the load ended: {failures[:3]}")
-    ended = time.monotonic()
-    wait_for("the operator to take the second pod away", lambda: wanted_pods() == 1, 120, 1)
-    p.report.time("load ends -> back to 1 pod (scaleDownAfter 20s)", time.monotonic() - ended)
     events = p.kubectl.json("-n", AGENTS_NS, "get", "events", "--field-selector",
                             f"involvedObject.name={SCALE}")["items"]  # fmt: skip
     reasons = [event["reason"] for event in events]
