@@ -75,7 +75,7 @@ class Decision:
     replicas: int | None = None
     """Scale its Deployment to this many replicas now; None: leave it as it is."""
     reason: str = ""
-    """The event's reason when it is scaled: ScaledToZero or WokeUp."""
+    """The event's reason when it is scaled: ScaledToZero, WokeUp, ScaledUp or ScaledDown."""
     message: str = ""
 
 
@@ -162,17 +162,21 @@ def autoscale(
 ) -> Decision:
     """The autoscaling rule for a version with pods: the replicas its active runs need now
     (`ScalingSpec.autoscaled`) at once if more than it has, else the most they needed within
-    scaleDownAfter. `recommended` holds that window's needs, oldest first (updated here); a
-    new one starts with the replicas the version has, so an operator that just took over waits
-    a whole window before it takes any pod away."""
+    scaleDownAfter. `recommended` holds that window's needs, oldest first, each lower than the
+    one before (an older need no higher than a newer one can no longer be the most: at most
+    maxReplicas entries, however long the window); it is updated here. A new one starts with
+    the replicas the version has, so an operator that just took over waits a whole window
+    before it takes any pod away."""
     needed = scaling.autoscaled(runs.active)
     if not recommended:
         recommended.append((now, current))
+    while recommended and recommended[-1][1] <= needed:
+        recommended.pop()
     recommended.append((now, needed))
     window = parse_duration(scaling.scale_down_after)
     while now - recommended[0][0] > window:
         recommended.pop(0)
-    target = max(replicas for _, replicas in recommended)
+    target = recommended[0][1]
     if target == current:
         return Decision(version)
     why = (

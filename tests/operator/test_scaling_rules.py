@@ -278,3 +278,19 @@ def test_the_replicas_runs_need_are_within_the_bounds(active: int, replicas: int
 def test_autoscaling_needs_max_replicas() -> None:
     with pytest.raises(ValueError, match="activeRunsPerReplica needs maxReplicas"):
         ScalingSpec(active_runs_per_replica=10)
+
+
+def test_the_window_keeps_only_the_needs_that_can_still_be_the_most() -> None:
+    window: list[tuple[float, int]] = []
+    for second, active in enumerate([35, 10, 20, 5, 0, 12]):
+        autoscale(
+            draining(),
+            Runs(active=active),
+            scaling=scaling(),
+            current=4,
+            recommended=window,
+            now=NOW + second,
+        )
+    # 4 (35 runs) at 0 s; of the later needs only the last 2 (12 runs, at 5 s): each earlier
+    # one is matched or exceeded by a later one, so it can no longer be the window's most
+    assert window == [(NOW, 4), (NOW + 5, 2)]
