@@ -196,7 +196,6 @@ def _worker_container(
         resources["requests"] = dict(spec.worker.resources.requests)
     if spec.worker.resources.limits:
         resources["limits"] = dict(spec.worker.resources.limits)
-    check = {"tcpSocket": {"port": "restate"}}
     return {
         "name": "worker",
         "image": image,
@@ -209,27 +208,36 @@ def _worker_container(
         ],
         "env": env,
         "resources": resources,
-        **_probes(check),
+        **_probes(WORKER_LISTENS, WORKER_SERVES),
         "securityContext": _container_security(),
         "volumeMounts": _mounts({"name": "workspace", "mountPath": WORKSPACE_DIR}),
     }
 
 
-def _probes(check: Manifest) -> Manifest:
+def _probes(check: Manifest, serving: Manifest | None = None) -> Manifest:
     """Probes that find a started process within a second: the kubelet probes readiness at
     once when the startup probe passes, where a readiness probe alone that first met a process
     not yet listening waited a whole period (a replaced worker stood still up to 12 s). The
-    first probe waits a second: no process listens sooner, and each miss is a Warning event."""
+    first probe waits a second: no process listens sooner, and each miss is a Warning event.
+    `serving`, when given, is what startup and readiness ask instead of `check` (liveness):
+    the hypercorn master listens before its child has imported the app, and a pod Ready then
+    takes Restate's retries into a backlog that waits out the import."""
+    ready = serving or check
     return {
         "startupProbe": {
-            **check,
+            **ready,
             "initialDelaySeconds": 1,
             "periodSeconds": 1,
             "failureThreshold": 120,
         },
-        "readinessProbe": {**check, "periodSeconds": 10},
+        "readinessProbe": {**ready, "periodSeconds": 10, "timeoutSeconds": 5},
         "livenessProbe": {**check, "periodSeconds": 10, "failureThreshold": 6},
     }
+
+
+WORKER_LISTENS = {"tcpSocket": {"port": "restate"}}
+WORKER_SERVES = {"httpGet": {"path": "/health", "port": "restate"}}
+"""The worker's app answers (the Restate SDK's `/health`, which needs no signature)."""
 
 
 def _sidecar_container(

@@ -153,9 +153,14 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
     assert not {"RESTATE_ADMIN_URL"} & (env_of(sidecar).keys() | env_of(worker).keys())
     assert "/workspace" in {m.mount_path for m in worker.volume_mounts or []}
     assert "/workspace" not in {m.mount_path for m in sidecar.volume_mounts or []}
-    assert worker.readiness_probe is not None and worker.readiness_probe.tcp_socket is not None
-    assert worker.readiness_probe.tcp_socket.port == "restate"
+    # Ready once the app answers, not once the hypercorn master listens (before its child has
+    # imported the app); alive while it listens.
+    assert worker.readiness_probe is not None and worker.readiness_probe.http_get is not None
+    assert worker.readiness_probe.http_get.path == "/health"
+    assert worker.readiness_probe.http_get.port == "restate"
     assert worker.startup_probe is not None and worker.startup_probe.period_seconds == 1
+    assert worker.startup_probe.http_get is not None
+    assert worker.liveness_probe is not None and worker.liveness_probe.tcp_socket is not None
     assert sidecar.startup_probe is not None and sidecar.startup_probe.period_seconds == 1
     # Readiness never asks Restate: a Restate restart must not pull the index's endpoint.
     assert sidecar.readiness_probe is not None and sidecar.readiness_probe.http_get is not None
