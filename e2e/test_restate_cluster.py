@@ -359,9 +359,8 @@ def lose_the_leader(p: Platform, report: Report) -> None:
             raise StepFailed(f"{victim} came back while its Kubernetes node was cordoned")
 
         # A whole run while the node is down: started, parked, approved, completed. On a settled
-        # cluster: a second round of leader moves came 1-2 s after the first (every partition's
-        # epoch went up), and a leader moving while a run awaits its tool intent's acknowledgement
-        # gets the tool reported interrupted (the price of never running it twice).
+        # cluster (a second round of leader moves came 1-2 s after the first, every partition's
+        # epoch went up), so that its times are those of a cluster short of a node.
         steady_leaders(p, nodes=NODES - 1)
         second = f"rc-down-{secrets.token_hex(4)}"
         started = time.time()

@@ -266,6 +266,7 @@ def _small_container(
     port: tuple[str, int],
     env: list[Manifest],
     check: Manifest,
+    serving: Manifest | None = None,
 ) -> Manifest:
     """A container of the sidecar's pods: one port, small requests, no workspace."""
     port_name, number = port
@@ -281,7 +282,7 @@ def _small_container(
             "requests": {"cpu": "10m", "memory": "64Mi"},
             "limits": {"memory": "256Mi"},
         },
-        **_probes(check),
+        **_probes(check, serving),
         "securityContext": _container_security(),
         "volumeMounts": _mounts(),
     }
@@ -297,8 +298,10 @@ def _index_container(
     if settings.restate_identity_keys:  # only Restate may invoke it
         env.append({"name": IDENTITY_KEYS_ENV, "value": ",".join(settings.restate_identity_keys)})
     command = ["tether", "worker", "--spec", f"{SPEC_DIR}/{SPEC_FILE}", "--serve", "index"]
-    check = {"tcpSocket": {"port": "restate"}}
-    return _small_container("index", image, settings, command, ("restate", WORKER_PORT), env, check)
+    port = ("restate", WORKER_PORT)
+    return _small_container(
+        "index", image, settings, command, port, env, WORKER_LISTENS, WORKER_SERVES
+    )
 
 
 def _pod_security() -> Manifest:

@@ -155,12 +155,14 @@ def test_an_agent_gets_its_objects_registers_and_serves_runs(
     assert "/workspace" not in {m.mount_path for m in sidecar.volume_mounts or []}
     # Ready once the app answers, not once the hypercorn master listens (before its child has
     # imported the app); alive while it listens.
-    assert worker.readiness_probe is not None and worker.readiness_probe.http_get is not None
-    assert worker.readiness_probe.http_get.path == "/health"
-    assert worker.readiness_probe.http_get.port == "restate"
-    assert worker.startup_probe is not None and worker.startup_probe.period_seconds == 1
-    assert worker.startup_probe.http_get is not None
-    assert worker.liveness_probe is not None and worker.liveness_probe.tcp_socket is not None
+    for hypercorn in (worker, index):
+        ready = hypercorn.readiness_probe
+        assert ready is not None and ready.http_get is not None
+        assert (ready.http_get.path, ready.http_get.port) == ("/health", "restate")
+        assert hypercorn.startup_probe is not None and hypercorn.startup_probe.period_seconds == 1
+        assert hypercorn.startup_probe.http_get is not None
+        alive = hypercorn.liveness_probe
+        assert alive is not None and alive.tcp_socket is not None
     assert sidecar.startup_probe is not None and sidecar.startup_probe.period_seconds == 1
     # Readiness never asks Restate: a Restate restart must not pull the index's endpoint.
     assert sidecar.readiness_probe is not None and sidecar.readiness_probe.http_get is not None

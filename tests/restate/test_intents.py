@@ -1,20 +1,24 @@
 """The hand-over between two attempts of one invocation in one worker process (`restate.intents`):
 a later attempt that replays an intent whose earlier attempt is still awaiting its
-acknowledgement waits for it to settle, instead of reporting the bodies interrupted at once.
+acknowledgement waits for it to settle, instead of reporting the bodies interrupted at once; a
+body whose attempt ended while it ran runs on, and a later attempt journals its result instead
+of running it again or reporting it interrupted.
 
-On a stand-in context (no server): the earlier attempt journals the intent and is cut off while
-it awaits (as a Restate partition whose leader moved tears down the old stream) only after the
-later one, replaying the intent, has started. The real-stack side is
+On a stand-in context (no server): the earlier attempt is cut off (as a Restate partition whose
+leader moved tears down the old stream) while it awaits the intent's acknowledgement, or while
+its body runs. The real-stack side is `tests/restate/test_restate_cluster.py`,
+`tests/restate/test_restate_crash_matrix.py` (a restate-server killed while bodies run) and
 `e2e/test_restate_cluster.py`'s lost node."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 from tether.durable import StepCall
-from tether.restate.intents import UnstartedBodies
+from tether.restate.intents import NOT_HERE, Intents
 from tether.restate.runtime import restate_runtime
 
 
@@ -85,29 +89,104 @@ async def test_a_later_attempt_waits_for_the_earlier_one_and_runs_the_bodies_it_
     assert earlier.cancelled() or isinstance(earlier.exception(), asyncio.CancelledError)
 
 
-async def test_bodies_that_began_in_the_earlier_attempt_are_reported_interrupted() -> None:
-    bodies = UnstartedBodies()
-    bodies.awaiting("n1")
-    later = asyncio.create_task(bodies.take("n1"))
+class CutWhileBodiesRun(Attempt):
+    """An attempt whose intent is acknowledged and whose bodies' results never are: its stream
+    is torn down (`cut`) while they run; the SDK then cancels the run actions."""
+
+    async def _run(self, name: str, action: Any) -> Any:
+        if name in self.journal:
+            return self.journal[name]
+        if name.startswith("tool-start"):
+            self.journal[name] = await action()
+            return self.journal[name]
+        work = asyncio.ensure_future(action())
+        self.journaled.set()
+        await self.cut.wait()
+        work.cancel()
+        raise asyncio.CancelledError
+
+
+async def test_a_body_that_outlives_its_attempt_gives_its_result_to_the_next_and_runs_once() -> (
+    None
+):
+    journal: dict[str, Any] = {}
+    gate, started = asyncio.Event(), []
+
+    async def held() -> dict[str, Any]:
+        started.append(1)
+        await gate.wait()
+        return {"ok": "held"}
+
+    calls = [StepCall("tool", "tool:c1", held)]
+    first, second = CutWhileBodiesRun(journal), Attempt(journal)
+    earlier = asyncio.create_task(
+        restate_runtime(first).guarded("tool-start:c1", calls, interrupted)  # type: ignore[arg-type]
+    )
+    await first.journaled.wait()
+    first.cut.set()  # the stream ends while the body runs
+    with contextlib.suppress(asyncio.CancelledError):
+        await earlier
+    later = asyncio.create_task(
+        restate_runtime(second).guarded("tool-start:c1", calls, interrupted)  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(0.05)
+    assert not later.done()  # awaiting the body the earlier attempt started
+    gate.set()
+    assert await later == [{"ok": "held"}]
+    assert started == [1]  # never run again, never reported interrupted
+    # acknowledged: the record is gone, a third attempt (another replica's) would report it
+    third = Attempt(journal)
+    journal.pop("tool:c1", None)
+    assert await restate_runtime(third).guarded("tool-start:c1", calls, interrupted) == [  # type: ignore[arg-type]
+        {"interrupted": 0}
+    ]
+
+
+async def test_without_a_record_a_started_body_is_reported_interrupted() -> None:
+    journal = {"tool-start:c1": {"calls": ["tool:c1"], "nonce": "seen-elsewhere"}}
+    attempt = Attempt(journal)
+    values = await restate_runtime(attempt).guarded("tool-start:c1", CALLS, interrupted)  # type: ignore[arg-type]
+    assert values == [{"interrupted": 0}] and attempt.ran == ["tool:c1"]
+
+
+async def test_a_body_cancelled_unfinished_is_not_here() -> None:
+    intents = Intents()
+    intents.journaling("n1")
+    intents.settle("n1", unstarted=False)
+    blocked = asyncio.Event()
+    run = asyncio.create_task(intents.body("n1", "tool:c1", blocked.wait)())
+    await asyncio.sleep(0)
+    next(iter(intents._records["n1"].bodies.values())).cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await run
+    assert await intents.result("n1", "tool:c1") is NOT_HERE
+    assert await intents.result("n1", "tool:c2") is NOT_HERE
+
+
+async def test_bodies_that_began_in_the_earlier_attempt_are_not_unstarted() -> None:
+    intents = Intents()
+    intents.journaling("n1")
+    later = asyncio.create_task(intents.unstarted("n1"))
     await asyncio.sleep(0.01)
-    bodies.settle("n1", unstarted=False)  # acknowledged: the bodies started
+    intents.settle("n1", unstarted=False)  # acknowledged: the bodies started
     assert await later is False
 
 
 async def test_an_earlier_attempt_that_never_settles_is_waited_for_a_bounded_time() -> None:
-    bodies = UnstartedBodies()
-    bodies.awaiting("n1")
+    intents = Intents()
+    intents.journaling("n1")
     started = time.monotonic()
-    assert await bodies.take("n1", wait=0.2) is False
+    assert await intents.unstarted("n1", wait=0.2) is False
     assert 0.2 <= time.monotonic() - started < 2
 
 
-async def test_a_record_is_taken_once_and_nothing_is_waited_for_without_an_attempt() -> None:
-    bodies = UnstartedBodies()
-    bodies.awaiting("n1")
-    bodies.settle("n1", unstarted=True)
+async def test_unstarted_is_taken_once_and_nothing_is_waited_for_without_an_attempt() -> None:
+    intents = Intents()
+    intents.journaling("n1")
+    intents.settle("n1", unstarted=True)
     started = time.monotonic()
-    assert await bodies.take("n1") is True
-    assert await bodies.take("n1") is False
-    assert await bodies.take(None) is False
+    assert await intents.unstarted("n1") is True
+    assert await intents.unstarted("n1") is False
+    assert await intents.unstarted(None) is False
+    assert await intents.unstarted("never") is False
     assert time.monotonic() - started < 0.1

@@ -20,14 +20,14 @@ Each node starts again on its data directory before the next loss, and each loss
 the leaders to stay put for a while first.
 
 Restate moves a partition's leadership when its leader dies (and again when a node rejoins, as
-its scheduler rebalances), and every move starts the invocation again from the journal and
-re-runs the `ctx.run` bodies that were in flight. So: the unsafe body a loss cut off is reported
-interrupted (`INTERRUPTED_RESULT`) and never runs again, the safe one runs again; every run
-completes with exactly one result per tool call; no unsafe body (parent or spawned child) ran
-twice; every approval reached its call; every client whose ingress died got its result through
-another node. The pause each loss causes is printed and bounded: from the SIGKILL to the held
-body running again on the new leader (the runs it cut), and to the next journal entry of the
-ticking run (`sys_journal.appended_at`).
+its scheduler rebalances), and every move starts the invocation again from the journal, while
+the `ctx.run` bodies that were in flight still run in the worker. So: the held bodies a loss cut
+off run on, and the new leader's attempt, served by the same worker, journals their results
+(`restate/intents.py`): neither runs again nor is reported interrupted; every run completes
+with exactly one result per tool call; no unsafe body (parent or spawned child) ran twice; every
+approval reached its call; every client whose ingress died got its result through another node.
+The pause each loss causes is printed and bounded: from the SIGKILL to the new leader's attempt
+(the runs it cut), and to the next journal entry of the ticking run (`sys_journal.appended_at`).
 """
 
 from __future__ import annotations
@@ -331,10 +331,9 @@ class Loss:
     clients: list[Run]
     """The runs whose client was attached through the node when it died."""
     steps_at_kill: dict[str, int]
-    safe_runs_at_kill: dict[str, int]
     pauses: dict[str, float] = field(default_factory=dict)
-    """Run -> seconds from the kill to its next step, the node still down: its held safe body
-    running again (a run the loss cut), or its next journal entry (a ticking run)."""
+    """Run -> seconds from the kill to its next step, the node still down: the new leader's
+    attempt (a run the loss cut), or its next journal entry (a ticking run)."""
     approvals: dict[str, str] = field(default_factory=dict)
     leaders_while_down: dict[int, int] = field(default_factory=dict)
     attempts_while_down: dict[str, int] = field(default_factory=dict)
@@ -361,7 +360,7 @@ class Loss:
             if pause is None:
                 shown = "held on"
             elif run.gate is not None:
-                shown = f"its held lookup ran again {pause:.2f} s after the kill"
+                shown = f"the new leader's attempt {pause:.2f} s after the kill"
             else:
                 shown = f"next journal entry {pause:.2f} s after the kill"
             lines.append(
@@ -378,10 +377,9 @@ def kill(cluster: RestateCluster, node: int, in_flight: list[Run], every: list[R
     assert len(leaders) == cluster.partitions, leaders
     clients = [r for r in every if r.result is None and r.through == node]
     steps = {r.name: len(read_lines(r.steps)) for r in in_flight}
-    safe_runs = {r.name: r.ran(HELD_SAFE) for r in in_flight}
     killed_at = time.time()
     cluster.kill(node)
-    return Loss(node, leaders, killed_at, in_flight, clients, steps, safe_runs)
+    return Loss(node, leaders, killed_at, in_flight, clients, steps)
 
 
 def wait_progress(cluster: RestateCluster, loss: Loss, runs: list[Run]) -> None:
@@ -423,17 +421,13 @@ def wait_held(runs: list[Run]) -> None:
 
 
 def wait_cut(loss: Loss) -> None:
-    """Wait, the node still down, until the new leader of each run the loss cut ran its held
-    safe body again: the pause the loss caused it (`loss.pauses`). (Its next journal entry
-    would not do: a leadership move before the kill may have journaled the unsafe body's
-    interrupted result already, and the safe one stays held.)"""
+    """Wait, the node still down, until the new leader of each run the loss cut started an
+    attempt of it: the pause the loss caused it (`loss.pauses`). (Its next journal entry would
+    not do: the attempt awaits the held bodies, which run until their gate opens.)"""
     deadline = time.monotonic() + DEADLINE
     while True:
         for run in loss.cut:
-            if (
-                run.name not in loss.pauses
-                and run.ran(HELD_SAFE) > loss.safe_runs_at_kill[run.name]
-            ):
+            if run.name not in loss.pauses and attempts(run, loss.steps_at_kill[run.name]):
                 loss.pauses[run.name] = time.time() - loss.killed_at
         if all(r.name in loss.pauses for r in loss.cut):
             return
@@ -619,14 +613,13 @@ def test_runs_survive_losing_one_node_at_a_time(
     # Every run completes, and passes `check_run`.
     interrupted = {run.name: check_run(cluster, run) for run in every}
     print(f"interrupted: { {k: sorted(v) for k, v in interrupted.items() if v} }")
-    # The held unsafe body each loss cut off was reported interrupted and never ran again; the
-    # safe one ran again.
+    # The held bodies each loss cut off ran once, and their results were journaled.
     for loss in (loss1, loss2):
         for run in loss.cut:
             assert loss.attempts_while_down[run.name] >= 1, (run.name, read_lines(run.steps))
     for run in [*loss1.cut, *loss2.cut]:
-        assert HELD_UNSAFE in interrupted[run.name], (run.name, interrupted, report)
-        assert run.ran(HELD_UNSAFE) == 1, (run.name, read_lines(run.effects))
+        assert HELD_UNSAFE not in interrupted[run.name], (run.name, interrupted, report)
+        assert run.ran(HELD_UNSAFE) == run.ran(HELD_SAFE) == 1, (run.name, read_lines(run.effects))
     # Every client whose ingress died got its result through another node.
     for loss in (loss1, loss2):
         assert loss.clients, f"no client used n{loss.node + 1}'s ingress"

@@ -37,7 +37,7 @@ from .chain import Values
 from .clock import DEFAULT_REANCHOR_EVERY, CoalescedClock
 from .errors import is_restate_control_error
 from .events import RestateEventLog
-from .intents import UNSTARTED_BODIES
+from .intents import INTENTS, NOT_HERE
 from .session import restate_session_store
 from .tool_state import restate_tool_state_store
 from .types import RestateCombinators, RestateContextLike, RestateRuntimeOptions
@@ -223,34 +223,41 @@ class RestateRuntime:
         # body with no result after a *replayed* intent may have run: a restate-server crash can
         # lose a body's own command along with its result, and an attempt that died after the
         # acknowledgement leaves the same journal as one that suspended before it. Such a body
-        # is reported interrupted (a safe call runs again there), unless this process saw the
-        # attempt end before any body started, or sees it end so now (`intents`).
+        # is reported interrupted (a safe call runs again there), unless this process ran the
+        # attempt that journaled the intent (`intents`): it then runs the bodies that attempt
+        # never started, and journals the result of each one it did start.
         nonce = uuid.uuid4().hex
 
         async def mark() -> JSON:
             return {"calls": [c.name for c in calls], "nonce": nonce}
 
         marker = self._start("tool", intent, mark)
-        UNSTARTED_BODIES.awaiting(nonce)
+        INTENTS.journaling(nonce)
         try:
             value = await marker.future
         except BaseException:
             # journaled maybe, acknowledged not: no body started
-            UNSTARTED_BODIES.settle(nonce, unstarted=marker.executed)
+            INTENTS.settle(nonce, unstarted=marker.executed)
             raise
-        UNSTARTED_BODIES.settle(nonce, unstarted=False)
+        INTENTS.settle(nonce, unstarted=False)
         self._finish("tool", marker, value)
-        if marker.executed or await UNSTARTED_BODIES.take(_nonce_of(value)):
-            return await self.all(calls)
+        journaled = _nonce_of(value)
+        if marker.executed or await INTENTS.unstarted(journaled):
+            bodies = [c._replace(fn=INTENTS.body(journaled, c.name, c.fn)) for c in calls]
+        else:
 
-        def reported(index: int, call: StepCall) -> StepCall:
-            async def fn() -> JSON:
-                return await interrupted(index)
+            def kept(index: int, call: StepCall) -> StepCall:
+                async def fn() -> JSON:
+                    result = await INTENTS.result(journaled, call.name)
+                    return await interrupted(index) if result is NOT_HERE else result
 
-            return call._replace(fn=fn)
+                return call._replace(fn=fn)
 
-        # A body whose result is journaled replays it: `fn` runs only for one without.
-        return await self.all([reported(i, c) for i, c in enumerate(calls)])
+            # A body whose result is journaled replays it: `fn` runs only for one without.
+            bodies = [kept(i, c) for i, c in enumerate(calls)]
+        values = await self.all(bodies)
+        INTENTS.forget(journaled)
+        return values
 
     # Held writes --------------------------------------------------------------------------
 
