@@ -17,6 +17,9 @@ import contextlib
 import time
 from typing import Any
 
+import pytest
+from restate.exceptions import TerminalError
+
 from tether.durable import StepCall
 from tether.restate.intents import NOT_HERE, Intents
 from tether.restate.runtime import restate_runtime
@@ -140,6 +143,45 @@ async def test_a_body_that_outlives_its_attempt_gives_its_result_to_the_next_and
     assert await restate_runtime(third).guarded("tool-start:c1", calls, interrupted) == [  # type: ignore[arg-type]
         {"interrupted": 0}
     ]
+
+
+class CancelledWhileBodiesRun(Attempt):
+    """An attempt whose invocation is cancelled while its body runs: the SDK raises the
+    cancellation where the bodies' results are awaited."""
+
+    async def _run(self, name: str, action: Any) -> Any:
+        if name.startswith("tool-start"):
+            self.journal[name] = await action()
+            return self.journal[name]
+        self.action = asyncio.ensure_future(action())  # left to the SDK's attempt teardown
+        self.journaled.set()
+        await self.cut.wait()
+        raise TerminalError("cancelled", 409)
+
+
+async def test_a_cancelled_invocation_cancels_the_bodies_it_left_running() -> None:
+    attempt, running = CancelledWhileBodiesRun({}), asyncio.Event()
+    outcome: list[str] = []
+
+    async def held() -> dict[str, Any]:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        return {}
+
+    calls = [StepCall("tool", "tool:c1", held)]
+    guarded = asyncio.create_task(
+        restate_runtime(attempt).guarded("tool-start:c1", calls, interrupted)  # type: ignore[arg-type]
+    )
+    await running.wait()
+    attempt.cut.set()
+    with pytest.raises(TerminalError):
+        await guarded
+    await asyncio.sleep(0)
+    assert outcome == ["cancelled"]
 
 
 async def test_without_a_record_a_started_body_is_reported_interrupted() -> None:

@@ -126,10 +126,14 @@ class Intents:
                 return NOT_HERE
             raise
 
-    def forget(self, nonce: str | None) -> None:
-        """Every body's result of `nonce` is acknowledged: no later attempt needs the record."""
-        if nonce is not None:
-            self._records.pop(nonce, None)
+    def forget(self, nonce: str | None, *, cancel: bool = False) -> None:
+        """Every body's result of `nonce` is acknowledged, or (`cancel`) the invocation ends
+        without them (cancelled: its bodies are cancelled, as the SDK would have): no later
+        attempt needs the record."""
+        record = self._records.pop(nonce, None) if nonce is not None else None
+        if cancel and record is not None:
+            for task in record.bodies.values():
+                task.cancel()
 
     def _mine(self, nonce: str | None) -> _Record | None:
         record = self._records.get(nonce) if nonce is not None else None

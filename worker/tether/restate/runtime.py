@@ -255,7 +255,11 @@ class RestateRuntime:
 
             # A body whose result is journaled replays it: `fn` runs only for one without.
             bodies = [kept(i, c) for i, c in enumerate(calls)]
-        values = await self.all(bodies)
+        try:
+            values = await self.all(bodies)
+        except TerminalError:  # cancelled: the invocation ends here, and so do its bodies
+            INTENTS.forget(journaled, cancel=True)
+            raise
         INTENTS.forget(journaled)
         return values
 
