@@ -2,9 +2,10 @@
 SDK's calls, for live turns and for replayed ones (issue 12: what a resume replays, and the part
 of a worker's CPU per turn that is ours).
 
-    python bench/restate_loop_cost.py [--turns 100] [--repeat 5] [--instructions]
+    python bench/restate_loop_cost.py [--turns 100] [--repeat 5] [--instructions] [--unsafe]
 
-A scripted agent of `--turns` turns, one safe tool call each but the last, on `restate_runtime`
+A scripted agent of `--turns` turns, one safe tool call each but the last (`--unsafe`: one
+unsafe call, journaled behind its intent), on `restate_runtime`
 over a stand-in context. Live, the stand-in runs each step, encodes its value with the step's
 serde and decodes it again, as the SDK hands a journaled value back; replayed, it hands back the
 bytes the live run recorded without running the step. State writes go nowhere and reads find
@@ -81,34 +82,36 @@ async def _ready(value: Any) -> Any:
     return value
 
 
-async def agent_run(ctx: StandIn, turns: int) -> None:
+async def agent_run(ctx: StandIn, turns: int, unsafe: bool) -> None:
     durable = restate_runtime(ctx, id_seed=ctx.key(), promises=None)
-    await run_scripted_agent(durable, ctx.key(), turns)
+    await run_scripted_agent(durable, ctx.key(), turns, unsafe)
 
 
-def recorded_journal(turns: int) -> list[bytes]:
+def recorded_journal(turns: int, unsafe: bool) -> list[bytes]:
     ctx = StandIn()
-    asyncio.run(agent_run(ctx, turns))
+    asyncio.run(agent_run(ctx, turns, unsafe))
     return ctx.recorded
 
 
-async def runs(count: int, turns: int, journal: list[bytes] | None) -> None:
+async def runs(count: int, turns: int, unsafe: bool, journal: list[bytes] | None) -> None:
     for _ in range(count):
-        await agent_run(StandIn(journal), turns)
+        await agent_run(StandIn(journal), turns, unsafe)
 
 
-def microseconds_per_turn(turns: int, repeat: int, journal: list[bytes] | None) -> float:
-    asyncio.run(runs(2, turns, journal))  # warm-up
+def microseconds_per_turn(
+    turns: int, unsafe: bool, repeat: int, journal: list[bytes] | None
+) -> float:
+    asyncio.run(runs(2, turns, unsafe, journal))  # warm-up
     best = float("inf")
     for _ in range(repeat):
         started = time.perf_counter()
-        asyncio.run(runs(5, turns, journal))
+        asyncio.run(runs(5, turns, unsafe, journal))
         best = min(best, time.perf_counter() - started)
     return best / (5 * turns) * 1e6
 
 
-def instructions(mode: str, count: int, turns: int) -> int:
-    env = {**os.environ, CHILD: f"{mode}:{count}:{turns}", "PYTHONHASHSEED": "0"}
+def instructions(mode: str, count: int, turns: int, unsafe: bool) -> int:
+    env = {**os.environ, CHILD: f"{mode}:{count}:{turns}:{int(unsafe)}", "PYTHONHASHSEED": "0"}
     command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
     done = subprocess.run(
         [*command, sys.executable, __file__], env=env, capture_output=True, text=True, check=True
@@ -118,14 +121,15 @@ def instructions(mode: str, count: int, turns: int) -> int:
     return int(found[1])
 
 
-def instructions_per_turn(mode: str, turns: int) -> float:
-    return (instructions(mode, 4, turns) - instructions(mode, 1, turns)) / (3 * turns)
+def instructions_per_turn(mode: str, turns: int, unsafe: bool) -> float:
+    counted = [instructions(mode, count, turns, unsafe) for count in (4, 1)]
+    return (counted[0] - counted[1]) / (3 * turns)
 
 
 def child(spec: str) -> None:
-    mode, count, turns = spec.split(":")
-    journal = recorded_journal(int(turns)) if mode == "replay" else None
-    asyncio.run(runs(int(count), int(turns), journal))
+    mode, count, turns, unsafe = spec.split(":")
+    journal = recorded_journal(int(turns), unsafe == "1") if mode == "replay" else None
+    asyncio.run(runs(int(count), int(turns), unsafe == "1", journal))
 
 
 def main() -> None:
@@ -133,16 +137,19 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--instructions", action="store_true", help="count them (valgrind)")
+    parser.add_argument("--unsafe", action="store_true", help="unsafe tool calls")
     args = parser.parse_args()
-    print(f"Tether's own cost per turn on a stand-in Restate context, {args.turns}-turn runs")
+    kind = "unsafe" if args.unsafe else "safe"
+    print(
+        f"Tether's own cost per turn on a stand-in Restate context, {args.turns}-turn runs ({kind})"
+    )
     for mode in ("live", "replay"):
         if args.instructions:
-            print(
-                f"  {mode:6}: {instructions_per_turn(mode, args.turns) / 1000:7.1f}k instructions"
-            )
+            counted = instructions_per_turn(mode, args.turns, args.unsafe)
+            print(f"  {mode:6}: {counted / 1000:7.1f}k instructions")
         else:
-            journal = recorded_journal(args.turns) if mode == "replay" else None
-            cost = microseconds_per_turn(args.turns, args.repeat, journal)
+            journal = recorded_journal(args.turns, args.unsafe) if mode == "replay" else None
+            cost = microseconds_per_turn(args.turns, args.unsafe, args.repeat, journal)
             print(f"  {mode:6}: {cost:7.1f} µs (best of {args.repeat})")
 
 

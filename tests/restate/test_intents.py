@@ -21,7 +21,7 @@ import pytest
 from restate.exceptions import TerminalError
 
 from tether.durable import StepCall
-from tether.restate.intents import NOT_HERE, Intents
+from tether.restate.intents import INTENTS, NOT_HERE, Intents
 from tether.restate.runtime import restate_runtime
 
 
@@ -182,6 +182,25 @@ async def test_a_cancelled_invocation_cancels_the_bodies_it_left_running() -> No
         await guarded
     await asyncio.sleep(0)
     assert outcome == ["cancelled"]
+
+
+class Acknowledged(Attempt):
+    """An attempt whose every step is journaled and acknowledged (or replayed)."""
+
+    async def _run(self, name: str, action: Any) -> Any:
+        if name not in self.journal:
+            self.journal[name] = await action()
+        return self.journal[name]
+
+
+async def test_no_record_is_kept_once_the_results_are_acknowledged_or_replayed() -> None:
+    journal: dict[str, Any] = {}
+    kept = len(INTENTS._records)
+    for _ in range(2):  # live, then replayed
+        values = await restate_runtime(Acknowledged(journal)).guarded(  # type: ignore[arg-type]
+            "tool-start:c1", CALLS, interrupted
+        )
+        assert values == [{"ok": True}] and len(INTENTS._records) == kept
 
 
 async def test_without_a_record_a_started_body_is_reported_interrupted() -> None:

@@ -71,7 +71,7 @@ class Intents:
 
     def settle(self, nonce: str, *, unstarted: bool) -> None:
         """The attempt awaiting `nonce` goes on to its bodies, or (`unstarted`) ended before
-        any started."""
+        any started. (Nothing if it journaled no such intent.)"""
         record = self._records.get(nonce)
         if record is None:
             return

@@ -229,15 +229,15 @@ class RestateRuntime:
         nonce = uuid.uuid4().hex
 
         async def mark() -> JSON:
+            INTENTS.journaling(nonce)  # live only: a replayed intent has its journaled nonce
             return {"calls": [c.name for c in calls], "nonce": nonce}
 
         marker = self._start("tool", intent, mark)
-        INTENTS.journaling(nonce)
         try:
             value = await marker.future
         except BaseException:
             # journaled maybe, acknowledged not: no body started
-            INTENTS.settle(nonce, unstarted=marker.executed)
+            INTENTS.settle(nonce, unstarted=True)
             raise
         INTENTS.settle(nonce, unstarted=False)
         self._finish("tool", marker, value)
