@@ -251,3 +251,69 @@ async def test_unstarted_is_taken_once_and_nothing_is_waited_for_without_an_atte
     assert await intents.unstarted(None) is False
     assert await intents.unstarted("never") is False
     assert time.monotonic() - started < 0.1
+
+
+class Handoff:
+    """A `tether.restate.intents.Handoff` in memory: what was handed over, what is asked."""
+
+    def __init__(self, answer: Any = NOT_HERE) -> None:
+        self.handed: dict[str, dict[str, asyncio.Task[Any]]] = {}
+        self.asked: list[tuple[str, str]] = []
+        self.answer = answer
+
+    def hand_over(self, nonce: str, bodies: Any) -> None:
+        self.handed[nonce] = dict(bodies)
+
+    async def result(self, nonce: str, name: str) -> Any:
+        self.asked.append((nonce, name))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+async def test_an_attempt_that_ends_while_its_body_runs_hands_the_body_over() -> None:
+    journal: dict[str, Any] = {}
+    gate = asyncio.Event()
+
+    async def held() -> dict[str, Any]:
+        await gate.wait()
+        return {"ok": "held"}
+
+    handoff = Handoff()
+    attempt = CutWhileBodiesRun(journal)
+    runtime = restate_runtime(attempt, handoff=handoff)  # type: ignore[arg-type]
+    guarded = asyncio.create_task(
+        runtime.guarded("tool-start:c1", [StepCall("tool", "tool:c1", held)], interrupted)
+    )
+    await attempt.journaled.wait()
+    attempt.cut.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await guarded
+    nonce = journal["tool-start:c1"]["nonce"]
+    body = handoff.handed[nonce]["tool:c1"]
+    assert not body.done()  # handed over running
+    gate.set()
+    assert await body == {"ok": "held"}
+    INTENTS.forget(nonce)
+
+
+async def test_a_replay_without_a_record_journals_what_was_handed_over() -> None:
+    journal = {"tool-start:c1": {"calls": ["tool:c1"], "nonce": "not-of-this-process"}}
+    ran: list[str] = []
+
+    async def once() -> dict[str, Any]:
+        ran.append("body")
+        return {}
+
+    handoff = Handoff(answer={"ok": "from replica a"})
+    runtime = restate_runtime(Attempt(journal), handoff=handoff)  # type: ignore[arg-type]
+    calls = [StepCall("tool", "tool:c1", once)]
+    assert await runtime.guarded("tool-start:c1", calls, interrupted) == [{"ok": "from replica a"}]
+    assert handoff.asked == [("not-of-this-process", "tool:c1")]
+    assert ran == []  # never run again
+
+    # nothing handed over, or asking fails: interrupted, as without a handoff
+    for answer in (NOT_HERE, OSError("no answer")):
+        runtime = restate_runtime(Attempt(dict(journal)), handoff=Handoff(answer))  # type: ignore[arg-type]
+        assert await runtime.guarded("tool-start:c1", calls, interrupted) == [{"interrupted": 0}]
+    assert ran == []

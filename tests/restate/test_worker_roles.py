@@ -200,7 +200,7 @@ def test_an_approval_is_listed_and_answered_through_the_index_apart_from_the_age
 ) -> None:
     assert services_of(split) == {
         "agent": {AGENT},
-        "index": {f"{AGENT}-parked", f"{AGENT}-live", f"{AGENT}-watchers", f"{AGENT}-inbox"},
+        "index": {f"{AGENT}-{name}" for name in ("parked", "live", "watchers", "inbox", "handoff")},
     }
     write = ToolCall("write_file", {"path": "a.txt", "content": "x"})
     split.model.script(Reply(text=["Writing ", "it"], tool_calls=[write]), Reply(text=["done"]))

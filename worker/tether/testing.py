@@ -337,6 +337,7 @@ class ServiceFront(Lifecycle):
     def __init__(self, route: Callable[[], int | None], port: int | None = None) -> None:
         self.route = route
         self.port = port if port is not None else free_port()
+        self._carried: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"tether-front-{self.port}", daemon=True
@@ -367,6 +368,17 @@ class ServiceFront(Lifecycle):
             self._thread.join(30)
         self._loop.close()
 
+    def cut(self) -> None:
+        """Reset every connection open through the front, both ways, as a lost network path
+        (or a Restate node gone) cuts them: each side sees its streams end, and Restate's next
+        connections are routed again."""
+
+        async def reset() -> None:
+            for writer in list(self._carried):
+                _reset(writer)
+
+        asyncio.run_coroutine_threadsafe(reset(), self._loop).result(30)
+
     async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         port = self.route()
         try:
@@ -374,13 +386,23 @@ class ServiceFront(Lifecycle):
                 raise ConnectionRefusedError
             upstream = await asyncio.open_connection("127.0.0.1", port)
         except OSError:  # reset, not closed: what a port nobody listens on answers
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
+            _reset(writer)
             return
-        await asyncio.gather(
-            _copy(reader, upstream[1]), _copy(upstream[0], writer), return_exceptions=True
-        )
+        ends = (writer, upstream[1])
+        self._carried.update(ends)
+        try:
+            await asyncio.gather(
+                _copy(reader, upstream[1]), _copy(upstream[0], writer), return_exceptions=True
+            )
+        finally:
+            self._carried.difference_update(ends)
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 async def _copy(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

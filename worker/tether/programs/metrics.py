@@ -100,6 +100,13 @@ INTERRUPTED_TOOL_CALLS = Counter(
     "Tool calls cut off by a crash and reported to the model as interrupted.",
     ["agent", "tool"],
 )
+TOOL_BODIES_HANDED_OVER = Counter(
+    "tether_tool_bodies_handed_over_total",
+    "Unsafe tool bodies whose attempt ended while they ran, handed to another worker replica "
+    "through Restate: sent (by the replica that ran one), received (journaled by another "
+    "instead of reported interrupted), stale (the sender went quiet: reported interrupted).",
+    ["agent", "way"],
+)
 MCP_CALLS = Counter(
     "tether_mcp_calls_total",
     "Calls to MCP servers' tools, by outcome (ok, error, timeout, unreachable).",
@@ -244,6 +251,8 @@ def agent_series_at_zero(agent: str, *, provider: str, model: str) -> None:
     for kind in ("input", "output"):
         MODEL_TOKENS.labels(agent, provider, model, kind)
     COST_USD.labels(agent, provider, model)
+    for way in ("sent", "received", "stale"):
+        TOOL_BODIES_HANDED_OVER.labels(agent, way)
 
 
 def multiprocess_enabled() -> bool:

@@ -267,6 +267,23 @@ def live_signed(secrets: Sequence[bytes], session: str, events: object, signatur
     return any(signatures_equal(live_signature(s, session, events), signature) for s in secrets)
 
 
+def handoff_signature(secret: bytes, nonce: str, call: str, note: Mapping[str, Any]) -> str:
+    """HMAC(secret, ["tether-handoff:v1", nonce, call, done, result] as canonical JSON): a
+    worker hands the result of the tool body `call` of the intent `nonce` over (or says that it
+    still runs) to another replica (`tether.programs.worker.handoff`)."""
+    fields = ["tether-handoff:v1", nonce, call, bool(note.get("done")), note.get("result")]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hmac_hex(secret, canonical.encode())
+
+
+def handoff_peek_signature(
+    secret: bytes, nonce: str, call: str, _: Mapping[str, Any] | None = None
+) -> str:
+    """HMAC(secret, ["tether-handoff-peek:v1", nonce, call]): a worker asks for what was handed
+    over of that body (its result is a tool's output: only a worker reads it)."""
+    return hmac_hex(secret, json.dumps(["tether-handoff-peek:v1", nonce, call]).encode())
+
+
 def watch_tag(secret: bytes, session: str) -> str:
     """HMAC(secret, "tether-watch:v1:<session>"), 32 hex digits: a watched session as the
     sidecar registers it in `<agent>-watchers` and the workers ask about it, through the

@@ -14,7 +14,9 @@ body it started, shielded from its attempt's end: a later attempt it serves runs
 never started, and journals the result of one that did (awaiting it if it still runs) instead
 of running it again. Without a record (another replica, a restarted worker, an evicted record)
 the bodies are reported interrupted: a false "interrupted" is safe, a second run of a side
-effect is not.
+effect is not. Unless a `Handoff` carries the result across processes: the process whose
+attempt ended hands over the bodies it started, and a later attempt on another replica asks
+for them there.
 
 The later attempt may come while the earlier one still awaits the intent's acknowledgement: a
 partition's leader moved between Restate nodes, and the new leader's attempt arrived before the
@@ -28,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 HANDOFF_WAIT = 10.0
 """Seconds a later attempt waits for an earlier one of this process that still awaits the
@@ -37,6 +39,24 @@ acknowledgement of the same intent."""
 
 NOT_HERE: Any = object()
 """`Intents.result`: this process started no such body, or it was cancelled unfinished."""
+
+
+class Handoff(Protocol):
+    """Tool bodies' results from the process that ran them to a later attempt of the same
+    invocation served by another (a worker replica to another; `tether.programs.worker.handoff`
+    through Restate). Both ends are best effort: a result not handed over is reported
+    interrupted, as without a handoff."""
+
+    def hand_over(self, nonce: str, bodies: Mapping[str, asyncio.Task[Any]]) -> None:
+        """The attempt that started `bodies` (by step name) for the intent `nonce` ended before
+        their results were all acknowledged: make each one's result available when it has one
+        (meanwhile, that it still runs)."""
+        ...
+
+    async def result(self, nonce: str, name: str) -> Any:
+        """The result of the body `name` handed over for `nonce`, awaited while its process
+        says it runs; `NOT_HERE` if none was (or its process went quiet)."""
+        ...
 
 
 class _Record:
@@ -125,6 +145,11 @@ class Intents:
             if task.cancelled():
                 return NOT_HERE
             raise
+
+    def started(self, nonce: str | None) -> dict[str, asyncio.Task[Any]]:
+        """The bodies this process started for `nonce`, by step name (running or not)."""
+        record = self._mine(nonce)
+        return dict(record.bodies) if record is not None else {}
 
     def forget(self, nonce: str | None, *, cancel: bool = False) -> None:
         """Every body's result of `nonce` is acknowledged, or (`cancel`) the invocation ends

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -37,10 +38,12 @@ from .chain import Values
 from .clock import DEFAULT_REANCHOR_EVERY, CoalescedClock
 from .errors import is_restate_control_error
 from .events import RestateEventLog
-from .intents import INTENTS, NOT_HERE
+from .intents import INTENTS, NOT_HERE, Handoff
 from .session import restate_session_store
 from .tool_state import restate_tool_state_store
 from .types import RestateCombinators, RestateContextLike, RestateRuntimeOptions
+
+log = logging.getLogger(__name__)
 
 
 class FastJsonSerde(JsonSerde[Any]):
@@ -122,6 +125,16 @@ class _Started:
     def __init__(self, future: Any) -> None:
         self.future = future
         self.executed = False
+
+
+async def handed_over(handoff: Handoff, nonce: str, name: str) -> Any:
+    """What another process handed over of the body `name` (`NOT_HERE` if nothing): best
+    effort, so a failure to learn it is a body reported interrupted, never a failed step."""
+    try:
+        return await handoff.result(nonce, name)
+    except Exception:
+        log.warning("asking for a tool result handed over failed", exc_info=True)
+        return NOT_HERE
 
 
 class RestateRuntime:
@@ -245,10 +258,13 @@ class RestateRuntime:
         if marker.executed or await INTENTS.unstarted(journaled):
             bodies = [c._replace(fn=INTENTS.body(journaled, c.name, c.fn)) for c in calls]
         else:
+            handoff = self.options.handoff
 
             def kept(index: int, call: StepCall) -> StepCall:
                 async def fn() -> JSON:
                     result = await INTENTS.result(journaled, call.name)
+                    if result is NOT_HERE and handoff is not None and journaled is not None:
+                        result = await handed_over(handoff, journaled, call.name)
                     return await interrupted(index) if result is NOT_HERE else result
 
                 return call._replace(fn=fn)
@@ -259,6 +275,12 @@ class RestateRuntime:
             values = await self.all(bodies)
         except TerminalError:  # cancelled: the invocation ends here, and so do its bodies
             INTENTS.forget(journaled, cancel=True)
+            raise
+        except BaseException:
+            # The attempt ended before every result was acknowledged; its next may be served
+            # by another process, which can only learn them through the handoff.
+            if self.options.handoff is not None and journaled is not None:
+                self.options.handoff.hand_over(journaled, INTENTS.started(journaled))
             raise
         INTENTS.forget(journaled)
         return values

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..budget import BudgetLedger
     from ..session.store import Clock, SessionStore
     from ..tools.base import ToolContext, ToolOutput
+    from .intents import Handoff
 
 T = TypeVar("T")
 Token = TypeVar("Token")
@@ -153,6 +154,9 @@ class RestateRuntimeOptions:
       its durable events) and sends them before a model call once the steps journaled since
       they were last sent span this long (their journaled times); 0: before every model call.
       A wait (a park, a sleep, a spawn's children) and the run's end always send them.
+    - `handoff`: carries unsafe tool bodies' results between processes (`intents.Handoff`):
+      when a run's next attempt lands on another worker replica than the one that ran them,
+      they are journaled instead of reported interrupted. None: only within a process.
     """
 
     promises: RestateCombinators | Literal["sdk"] | None = "sdk"
@@ -166,6 +170,7 @@ class RestateRuntimeOptions:
     events_retain: int = DEFAULT_RETAIN
     budget: BudgetLedger | None = None
     checkpoint_every_ms: float = 500.0
+    handoff: Handoff | None = None
 
 
 @dataclass

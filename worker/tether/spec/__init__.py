@@ -961,6 +961,9 @@ class RestateServices(NamedTuple):
     under its one key `WATCHERS_KEY`."""
     budget: str
     """The budget ledgers of its root runs, with sub-agents (`tether.restate.budget`)."""
+    handoff: str
+    """Tool results handed from one worker replica to another, by intent
+    (`tether.programs.worker.handoff`)."""
 
     @property
     def of_versions(self) -> tuple[str, ...]:
@@ -981,6 +984,7 @@ def restate_services(agent: str) -> RestateServices:
         f"{agent}-live",
         f"{agent}-watchers",
         f"{agent}-budget",
+        f"{agent}-handoff",
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import restate
 
 from ...spec import DurableAgentSpec, EventsSpec
+from .handoff import handoff_object
 from .inbox import inbox_object
 from .live import live_object
 from .parked_index import ParkedIndex
@@ -33,8 +34,9 @@ def shares_a_budget(spec: DurableAgentSpec) -> bool:
 
 
 def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
-    """`<agent>-parked` and `<agent>-live` (checked with the webhook secrets),
-    `<agent>-watchers`, `<agent>-inbox`, and `<agent>-budget` when the runs share a budget."""
+    """`<agent>-parked`, `<agent>-live` and `<agent>-handoff` (checked with the webhook
+    secrets), `<agent>-watchers`, `<agent>-inbox`, and `<agent>-budget` when the runs share a
+    budget."""
     agent, secrets, spec = settings.agent_name, settings.webhook_secrets, settings.manifest.spec
     kept = spec.events or EventsSpec()
     served = [
@@ -42,6 +44,7 @@ def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         live_object(agent, secrets, kept.live_batches),
         watchers_object(agent),
         inbox_object(agent)[0],
+        handoff_object(agent, secrets),
     ]
     if shares_a_budget(spec):
         # Imported here: both load the agent's loop, which an index without a ledger needs

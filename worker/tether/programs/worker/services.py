@@ -65,6 +65,7 @@ from ...tools.base import ToolContext, ToolDef
 from ...tools.toolset import Toolset
 from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
+from .handoff_client import RestateHandoff
 from .inbox import RestateInbox, inbox_object
 from .live import LivePublisher
 from .parked_index import ParkedIndex
@@ -180,6 +181,12 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         watch_secrets=settings.webhook_secrets,
     )
     live_sink = live if settings.ingress_url else None
+    # Signed like the live events: without a secret (or an ingress), bodies stay in-process.
+    handoff = (
+        RestateHandoff(manifest.metadata.name, settings.ingress_url, settings.webhook_secret)
+        if settings.ingress_url and settings.webhook_secret
+        else None
+    )
     observe_mcp = mcp_observer(manifest.metadata.name)
     budgeted = shares_a_budget(spec)
     # The ledgers are served with the index (`served`): here only the calls to them.
@@ -261,6 +268,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             live_sink=live_sink,
             events_retain=kept.retain,
             budget=ledger_for(ctx) if budgeted else None,
+            handoff=handoff,
         )
         store = durable.stores.session
         assert store is not None
@@ -300,7 +308,9 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             system=spec.system,
             behavior=behavior,
             max_depth=subagents.max_depth if subagents is not None else 0,
-            runtime_options=RestateRuntimeOptions(budget=ledger_for(ctx) if budgeted else None),
+            runtime_options=RestateRuntimeOptions(
+                budget=ledger_for(ctx) if budgeted else None, handoff=handoff
+            ),
             hooks=lambda durable: hooks_for(durable, trace),
         )
         if subagents is not None:

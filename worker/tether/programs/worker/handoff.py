@@ -1,0 +1,87 @@
+"""Unsafe tool bodies' results handed from one worker replica to another, through Restate.
+
+A tool body behind an intent (`tether.restate.intents`) runs on after its attempt ends (a
+Restate node lost, a partition's leader moved, a connection cut), and the next attempt of the
+run journals its result instead of reporting it interrupted, when the same process serves that
+attempt. With two replicas or more, the next attempt may land on the other one. So the process
+whose attempt ended hands over the bodies it started, to `<agent>-handoff/<intent nonce>`:
+"still running" at once and every 5 s (`handoff_client`), then the result. The other replica,
+which finds the intent journaled and a body's result missing, asks there (`peek`) and waits
+while the body is said to run. It reports the body interrupted, as before, when nothing was
+handed over (the first process died, or had not yet noticed its attempt's end) or when the
+heartbeats stop for 20 s.
+
+Both ends come through the ingress (the handed-over process has no invocation left, and the
+asking one asks from inside the body's step), so every request is signed with the webhook
+secret: only a worker hands a result over or reads one. A nonce's record goes `KEEP` after it
+was made. The object is served with the index (`served`); a worker's end is `handoff_client`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import restate
+from restate.exceptions import TerminalError
+
+from ...spec import restate_services
+from ..webhooks import handoff_peek_signature, handoff_signature, signatures_equal
+
+CALLS_STATE = "calls"
+KEEP = timedelta(days=1)
+"""How long a nonce's record is kept after it was made (a body that runs longer is reported
+interrupted to an attempt that asks after that)."""
+
+
+def handoff_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
+    """`<agent>-handoff`, keyed by an intent's nonce: `put` (a process hands a body over),
+    `peek` (another asks for it), both signed with one of `secrets`."""
+    obj = restate.VirtualObject(
+        restate_services(agent).handoff,
+        description=f"Tool results of the {agent} agent handed from one worker to another.",
+    )
+
+    @obj.handler(ingress_private=True)
+    async def forget(ctx: restate.ObjectContext, _: None) -> None:
+        ctx.clear_all()
+
+    @obj.handler()
+    async def put(ctx: restate.ObjectContext, note: dict[str, Any]) -> None:
+        """`{"call": step name, "done": false}` (it runs) or `{..., "done": true, "result": the
+        step's value}`, with `"sig"`."""
+        call = _checked(secrets, ctx.key(), note, handoff_signature)
+        calls: dict[str, Any] = await ctx.get(CALLS_STATE) or {}
+        if not calls:  # a new record: it goes once it has served
+            ctx.object_send(forget, ctx.key(), None, send_delay=KEEP)
+        entry = calls.get(call) or {"done": False, "beats": 0}
+        if entry["done"]:
+            return  # a result stays as it was first handed over
+        if note.get("done"):
+            calls[call] = {"done": True, "result": note.get("result")}
+        else:
+            calls[call] = {"done": False, "beats": entry["beats"] + 1}
+        ctx.set(CALLS_STATE, calls)
+
+    @obj.handler(kind="shared")
+    async def peek(ctx: restate.ObjectSharedContext, ask: dict[str, Any]) -> dict[str, Any] | None:
+        """What was handed over of `{"call": step name, "sig": ...}`: `{"done": true, "result":
+        ...}`, `{"done": false, "beats": n}`, or null."""
+        call = _checked(secrets, ctx.key(), ask, handoff_peek_signature)
+        calls: dict[str, Any] = await ctx.get(CALLS_STATE) or {}
+        entry: dict[str, Any] | None = calls.get(call)
+        return entry
+
+    return obj
+
+
+def _checked(secrets: Sequence[bytes], nonce: str, request: Any, sign: Any) -> str:
+    """The call a request names, once one of `secrets` signed it."""
+    call = request.get("call") if isinstance(request, dict) else None
+    given = request.get("sig") if isinstance(request, dict) else None
+    if not isinstance(call, str) or not isinstance(given, str) or not secrets:
+        raise TerminalError("expected a signed {call, sig}", status_code=400)
+    if not any(signatures_equal(sign(s, nonce, call, request), given) for s in secrets):
+        raise TerminalError("not signed by a worker of this agent", status_code=401)
+    return call
