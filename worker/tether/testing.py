@@ -394,6 +394,8 @@ class ServiceFront(Lifecycle):
             await asyncio.gather(
                 _copy(reader, upstream[1]), _copy(upstream[0], writer), return_exceptions=True
             )
+        except asyncio.CancelledError:
+            pass  # the front closes: asyncio would log the connection's task as failed
         finally:
             self._carried.difference_update(ends)
 
