@@ -248,7 +248,7 @@ async def test_a_waiting_attempt_gives_up_once_the_heartbeats_stop(
     stuck = asyncio.ensure_future(asyncio.Event().wait())
     sender.hand_over("n-stuck", {"tool:c1": stuck})
     await heard_of("n-stuck")
-    for offering in list(sender._offering):  # the sender dies: no more heartbeats
+    for offering in list(sender._offering.values()):  # the sender dies: no more heartbeats
         offering.cancel()
     started = time.monotonic()
     assert await receiver.result("n-stuck", "tool:c1") is NOT_HERE

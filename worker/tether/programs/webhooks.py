@@ -276,9 +276,7 @@ def handoff_signature(secret: bytes, nonce: str, call: str, note: Mapping[str, A
     return hmac_hex(secret, canonical.encode())
 
 
-def handoff_peek_signature(
-    secret: bytes, nonce: str, call: str, _: Mapping[str, Any] | None = None
-) -> str:
+def handoff_peek_signature(secret: bytes, nonce: str, call: str) -> str:
     """HMAC(secret, ["tether-handoff-peek:v1", nonce, call]): a worker asks for what was handed
     over of that body (its result is a tool's output: only a worker reads it)."""
     return hmac_hex(secret, json.dumps(["tether-handoff-peek:v1", nonce, call]).encode())

@@ -19,7 +19,7 @@ was made. The object is served with the index (`served`); a worker's end is `han
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -51,7 +51,7 @@ def handoff_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObjec
     async def put(ctx: restate.ObjectContext, note: dict[str, Any]) -> None:
         """`{"call": step name, "done": false}` (it runs) or `{..., "done": true, "result": the
         step's value}`, with `"sig"`."""
-        call = _checked(secrets, ctx.key(), note, handoff_signature)
+        call = _checked(secrets, note, lambda s, c: handoff_signature(s, ctx.key(), c, note))
         calls: dict[str, Any] = await ctx.get(CALLS_STATE) or {}
         if not calls:  # a new record: it goes once it has served
             ctx.object_send(forget, ctx.key(), None, send_delay=KEEP)
@@ -68,7 +68,7 @@ def handoff_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObjec
     async def peek(ctx: restate.ObjectSharedContext, ask: dict[str, Any]) -> dict[str, Any] | None:
         """What was handed over of `{"call": step name, "sig": ...}`: `{"done": true, "result":
         ...}`, `{"done": false, "beats": n}`, or null."""
-        call = _checked(secrets, ctx.key(), ask, handoff_peek_signature)
+        call = _checked(secrets, ask, lambda s, c: handoff_peek_signature(s, ctx.key(), c))
         calls: dict[str, Any] = await ctx.get(CALLS_STATE) or {}
         entry: dict[str, Any] | None = calls.get(call)
         return entry
@@ -76,12 +76,12 @@ def handoff_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObjec
     return obj
 
 
-def _checked(secrets: Sequence[bytes], nonce: str, request: Any, sign: Any) -> str:
-    """The call a request names, once one of `secrets` signed it."""
+def _checked(secrets: Sequence[bytes], request: Any, signature: Callable[[bytes, str], str]) -> str:
+    """The call a request names, once one of `secrets` signed it (`signature(secret, call)`)."""
     call = request.get("call") if isinstance(request, dict) else None
     given = request.get("sig") if isinstance(request, dict) else None
     if not isinstance(call, str) or not isinstance(given, str) or not secrets:
         raise TerminalError("expected a signed {call, sig}", status_code=400)
-    if not any(signatures_equal(sign(s, nonce, call, request), given) for s in secrets):
+    if not any(signatures_equal(signature(s, call), given) for s in secrets):
         raise TerminalError("not signed by a worker of this agent", status_code=401)
     return call

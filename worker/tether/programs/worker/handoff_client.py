@@ -5,6 +5,7 @@ replica's."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -44,13 +45,20 @@ class RestateHandoff:
         self.timeout = timeout
         self._path = f"/{restate_services(agent).handoff}"
         self._client: httpx2.AsyncClient | None = None
-        self._offering: set[asyncio.Task[None]] = set()
+        self._offering: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """The bodies handed over whose result is not yet (strong references to the tasks)."""
 
     def hand_over(self, nonce: str, bodies: Mapping[str, asyncio.Task[Any]]) -> None:
         for name, body in bodies.items():
+            key = (nonce, name)
+            if key in self._offering:  # a later attempt here that ended too: offered already
+                continue
             offer = asyncio.get_running_loop().create_task(self._offer(nonce, name, body))
-            self._offering.add(offer)
-            offer.add_done_callback(self._offering.discard)
+            self._offering[key] = offer
+            offer.add_done_callback(functools.partial(self._offered, key))
+
+    def _offered(self, key: tuple[str, str], _: asyncio.Task[None]) -> None:
+        del self._offering[key]
 
     async def _offer(self, nonce: str, name: str, body: asyncio.Task[Any]) -> None:
         while not body.done():
@@ -79,7 +87,7 @@ class RestateHandoff:
             await asyncio.sleep(1.0)
 
     async def result(self, nonce: str, name: str) -> Any:
-        ask = {"call": name, "sig": handoff_peek_signature(self.secret, nonce, name, {})}
+        ask = {"call": name, "sig": handoff_peek_signature(self.secret, nonce, name)}
         beats: Any = None  # the heartbeats counted when last heard
         heard, pause = time.monotonic(), POLL_SECONDS[0]
         while True:
