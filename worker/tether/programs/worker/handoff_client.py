@@ -26,6 +26,9 @@ HEARTBEAT_SECONDS = 5.0
 """How often a process says that a body it handed over still runs."""
 STALE_SECONDS = 20.0
 """Heartbeats missed this long: the process that ran the body is taken for gone."""
+ANNOUNCE_SECONDS = 0.5
+"""How long an attempt asks before it takes a body for not handed over: Restate starts the next
+attempt 20 ms after a cut (`retries`), as the process that ran the body sends its first word."""
 POST_FOR_SECONDS = 60.0
 """How long a result is offered while Restate does not answer (a node lost: the ingress of
 another answers, or this one comes back)."""
@@ -89,13 +92,17 @@ class RestateHandoff:
     async def result(self, nonce: str, name: str) -> Any:
         ask = {"call": name, "sig": handoff_peek_signature(self.secret, nonce, name)}
         beats: Any = None  # the heartbeats counted when last heard
-        heard, pause = time.monotonic(), POLL_SECONDS[0]
+        asked = heard = time.monotonic()
+        pause = POLL_SECONDS[0]
         while True:
             response = await self._send(f"{quote(nonce, safe='')}/peek", ask)
             if response is not None and response.status_code < 500:  # else: silence
                 entry = _json(response)
-                if not isinstance(entry, dict):
-                    return NOT_HERE  # nothing handed over (or a refusal)
+                if not isinstance(entry, dict):  # nothing handed over (or a refusal)
+                    if time.monotonic() - asked >= ANNOUNCE_SECONDS:
+                        return NOT_HERE
+                    await asyncio.sleep(POLL_SECONDS[0])
+                    continue
                 if entry.get("done"):
                     TOOL_BODIES_HANDED_OVER.labels(self.agent, "received").inc()
                     return entry.get("result")
