@@ -8,8 +8,9 @@ whose attempt ended hands over the bodies it started, to `<agent>-handoff/<inten
 "still running" at once and every 5 s (`handoff_client`), then the result. The other replica,
 which finds the intent journaled and a body's result missing, asks there (`peek`) and waits
 while the body is said to run. It reports the body interrupted, as before, when nothing was
-handed over (the first process died, or had not yet noticed its attempt's end) or when the
-heartbeats stop for 20 s.
+handed over within half a second (the first process died, or had not yet noticed its attempt's
+end) or when the heartbeats stop for 20 s. A body whose attempt ended before it started (while
+the intent awaited its acknowledgement) is not handed over: only its own process may start it.
 
 Both ends come through the ingress (the handed-over process has no invocation left, and the
 asking one asks from inside the body's step), so every request is signed with the webhook
