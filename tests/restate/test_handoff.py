@@ -237,13 +237,19 @@ async def test_a_waiting_attempt_gives_up_once_the_heartbeats_stop(
             await asyncio.sleep(0.05)
         raise AssertionError(f"{nonce} was never handed over")
 
-    slow = asyncio.ensure_future(asyncio.sleep(2.5, result={"content": "slow"}))
-    sender.hand_over("n-slow", {"tool:c1": slow})
+    release = asyncio.Event()
+
+    async def slow_body() -> dict[str, str]:
+        await release.wait()
+        return {"content": "slow"}
+
+    sender.hand_over("n-slow", {"tool:c1": asyncio.ensure_future(slow_body())})
     await heard_of("n-slow")
     started = time.monotonic()
+    asyncio.get_running_loop().call_later(2.0, release.set)
     # heard from every 0.2 s: waited for past the 1 s of silence it allows
     assert await receiver.result("n-slow", "tool:c1") == {"content": "slow"}
-    assert time.monotonic() - started > 1.5
+    assert time.monotonic() - started >= 2.0
 
     stuck = asyncio.ensure_future(asyncio.Event().wait())
     sender.hand_over("n-stuck", {"tool:c1": stuck})
