@@ -8,7 +8,7 @@ Kubernetes Service (the chart's Restate) that reaches a ready node, since the Se
 connection to one. Every call Tether makes to Restate can be sent twice: its sends carry an
 idempotency key, its admin calls are idempotent (registration with `force`), the rest read.
 
-The sidecar and the operator (aiohttp) and the worker's live events (httpx2) call Restate
+The sidecar and the operator (aiohttp) and the worker (httpx2, `worker.ingress`) call Restate
 through `Endpoints.call`, each saying which of its client's errors mean "the connection failed".
 """
 

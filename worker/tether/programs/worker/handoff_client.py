@@ -17,8 +17,8 @@ import httpx2
 from ...restate.intents import NOT_HERE
 from ...spec import restate_services
 from ..metrics import TOOL_BODIES_HANDED_OVER
-from ..restate_endpoints import Endpoints
 from ..webhooks import handoff_peek_signature, handoff_signature
+from .ingress import IngressPoster
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +43,9 @@ class RestateHandoff:
 
     def __init__(self, agent: str, ingress_url: str, secret: bytes, timeout: float = 5.0) -> None:
         self.agent = agent
-        self.ingress = Endpoints(ingress_url)
+        self.ingress = IngressPoster(ingress_url, timeout)
         self.secret = secret
-        self.timeout = timeout
         self._path = f"/{restate_services(agent).handoff}"
-        self._client: httpx2.AsyncClient | None = None
         self._offering: dict[tuple[str, str], asyncio.Task[None]] = {}
         """The bodies handed over whose result is not yet (strong references to the tasks)."""
 
@@ -115,18 +113,7 @@ class RestateHandoff:
             pause = min(pause * 1.5, POLL_SECONDS[1])
 
     async def _send(self, path: str, body: Any) -> httpx2.Response | None:
-        """POST `body` to `<agent>-handoff/<path>` through the ingress; None without an answer."""
-        if self._client is None:
-            self._client = httpx2.AsyncClient(timeout=self.timeout, trust_env=False)
-        client = self._client
-        try:
-            return await self.ingress.call(
-                lambda base: client.post(f"{base}{self._path}/{path}", json=body),
-                (httpx2.ConnectError, httpx2.ConnectTimeout),
-            )
-        except httpx2.HTTPError as error:
-            log.warning("a tool result handover: Restate did not answer (%s)", type(error).__name__)
-            return None
+        return await self.ingress.post(f"{self._path}/{path}", body, "a tool result handover")
 
 
 def _json(response: httpx2.Response | None) -> Any:

@@ -35,14 +35,13 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-import httpx2
 import restate
 
 from ...messages import JSON
 from ...session.events import Cursor
 from ...spec import WATCHERS_KEY, restate_services
-from ..restate_endpoints import Endpoints
 from ..webhooks import live_signature, live_signed, watch_tags
+from .ingress import IngressPoster
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +159,8 @@ class LivePublisher:
         watch_secrets: Sequence[bytes] = (),
     ) -> None:
         self.agent = agent
-        self.ingress = Endpoints(ingress_url) if ingress_url else None
+        self.ingress = IngressPoster(ingress_url, timeout) if ingress_url else None
         self.secret = secret
-        self.timeout = timeout
         self.watch_secrets = tuple(watch_secrets)
         self._pending: dict[str, list[JSON]] = {}
         self._since: dict[str, float] = {}
@@ -181,8 +179,6 @@ class LivePublisher:
         """When each session was last asked about (monotonic), for `RENEW_SECONDS`."""
         self._asking: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._client: httpx2.AsyncClient | None = None
-        self._retired: httpx2.AsyncClient | None = None
 
     def __call__(self, session: str, after: int, event: JSON) -> None:
         pending = self._pending.get(session)
@@ -258,8 +254,9 @@ class LivePublisher:
     async def _ask(self, sessions: list[str], asked: float) -> None:
         tags = [tag for session in sessions for tag in _tags_of(self.watch_secrets, session)]
         path = f"/{restate_services(self.agent).watchers}/{WATCHERS_KEY}/watched"
+        assert self.ingress is not None  # else every session's events go, unasked
         try:
-            response = await self._send(path, tags, "the watched sessions")
+            response = await self.ingress.post(path, tags, "the watched sessions")
             answer = response.json() if response and response.status_code == 200 else None
         except Exception:  # no answer is an answer too: the events must not wait for ever
             log.exception("asking for the watched sessions failed")
@@ -281,23 +278,6 @@ class LivePublisher:
         self._watched = watched
         self._answered_at = asked
 
-    async def _send(self, path: str, body: Any, what: str) -> httpx2.Response | None:
-        """POST `body` as JSON to `path` through the ingress; None when no node answered (logged;
-        the next requests go on new connections)."""
-        assert self.ingress is not None
-        if self._client is None:
-            self._client = httpx2.AsyncClient(timeout=self.timeout, trust_env=False)
-        client = self._client
-        try:
-            return await self.ingress.call(
-                lambda base: client.post(f"{base}{path}", json=body),
-                (httpx2.ConnectError, httpx2.ConnectTimeout),
-            )
-        except httpx2.HTTPError as error:
-            log.warning("%s: no answer (%s)", what, type(error).__name__)
-            await self._renew(client)
-            return None
-
     async def _post(self, session: str, events: list[JSON]) -> None:
         if self.ingress is None:
             return
@@ -305,17 +285,9 @@ class LivePublisher:
         if self.secret:
             body["sig"] = live_signature(self.secret, session, events)
         path = f"/{restate_services(self.agent).live}/{quote(session, safe='')}/push/send"
-        response = await self._send(path, body, "live events dropped")
+        response = await self.ingress.post(path, body, "live events dropped")
         if response is not None and response.status_code >= 300:
             log.warning("live events: Restate answered HTTP %s", response.status_code)
-
-    async def _renew(self, client: httpx2.AsyncClient) -> None:
-        """New connections from now on; the client retired before `client` is closed (a post
-        still on it is dropped, as a failed one is)."""
-        if self._client is client:
-            retired, self._retired, self._client = self._retired, client, None
-            if retired is not None:
-                await retired.aclose()
 
     async def close(self) -> None:
         if self._asking is not None:
@@ -324,6 +296,5 @@ class LivePublisher:
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await self._task
-        for client in (self._retired, self._client):
-            if client is not None:
-                await client.aclose()
+        if self.ingress is not None:
+            await self.ingress.close()
