@@ -217,6 +217,14 @@ def test_only_a_worker_hands_a_result_over_or_reads_one(
         assert response.status_code in (400, 401), response.text
         assert "forged" not in response.text
 
+    # a heartbeat sent again (captured on the way) counts once: it cannot keep an asker waiting
+    beat = {"call": "tool:c1", "done": False, "beat": 1}
+    beat["sig"] = handoff_signature(SECRET, "n3", "tool:c1", beat)
+    asked = {"call": "tool:c1", "sig": handoff_peek_signature(SECRET, "n3", "tool:c1")}
+    for _ in range(3):
+        assert post(restate_server, "n3", "put", beat).status_code == 200
+        assert post(restate_server, "n3", "peek", asked).json() == {"done": False, "beats": 1}
+
 
 async def test_a_waiting_attempt_gives_up_once_the_heartbeats_stop(
     restate_server: RestateServer,

@@ -268,10 +268,12 @@ def live_signed(secrets: Sequence[bytes], session: str, events: object, signatur
 
 
 def handoff_signature(secret: bytes, nonce: str, call: str, note: Mapping[str, Any]) -> str:
-    """HMAC(secret, ["tether-handoff:v1", nonce, call, done, result] as canonical JSON): a
-    worker hands the result of the tool body `call` of the intent `nonce` over (or says that it
-    still runs) to another replica (`tether.programs.worker.handoff`)."""
-    fields = ["tether-handoff:v1", nonce, call, bool(note.get("done")), note.get("result")]
+    """HMAC(secret, ["tether-handoff:v1", nonce, call, done, beat, result] as canonical JSON): a
+    worker hands the result of the tool body `call` of the intent `nonce` over (or says, in its
+    `beat`-th heartbeat, that it still runs) to another replica
+    (`tether.programs.worker.handoff`)."""
+    done, beat, result = bool(note.get("done")), note.get("beat"), note.get("result")
+    fields = ["tether-handoff:v1", nonce, call, done, beat, result]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hmac_hex(secret, canonical.encode())
 

@@ -50,19 +50,24 @@ def handoff_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObjec
 
     @obj.handler()
     async def put(ctx: restate.ObjectContext, note: dict[str, Any]) -> None:
-        """`{"call": step name, "done": false}` (it runs) or `{..., "done": true, "result": the
-        step's value}`, with `"sig"`."""
+        """`{"call": step name, "done": false, "beat": n}` (its n-th heartbeat: it runs) or
+        `{..., "done": true, "result": the step's value}`, with `"sig"`. A heartbeat counts once
+        (an older one, sent again, is ignored), and a result stays as first handed over."""
         call = _checked(secrets, note, lambda s, c: handoff_signature(s, ctx.key(), c, note))
         calls: dict[str, Any] = await ctx.get(CALLS_STATE) or {}
+        entry = calls.get(call) or {"done": False, "beats": 0}
+        beat = note.get("beat")
+        if entry["done"]:
+            return
+        if note.get("done"):
+            entry = {"done": True, "result": note.get("result")}
+        elif isinstance(beat, int) and beat > entry["beats"]:
+            entry = {"done": False, "beats": beat}
+        else:
+            return  # an older heartbeat, sent again
         if not calls:  # a new record: it goes once it has served
             ctx.object_send(forget, ctx.key(), None, send_delay=KEEP)
-        entry = calls.get(call) or {"done": False, "beats": 0}
-        if entry["done"]:
-            return  # a result stays as it was first handed over
-        if note.get("done"):
-            calls[call] = {"done": True, "result": note.get("result")}
-        else:
-            calls[call] = {"done": False, "beats": entry["beats"] + 1}
+        calls[call] = entry
         ctx.set(CALLS_STATE, calls)
 
     @obj.handler(kind="shared")
@@ -71,8 +76,7 @@ def handoff_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObjec
         ...}`, `{"done": false, "beats": n}`, or null."""
         call = _checked(secrets, ask, lambda s, c: handoff_peek_signature(s, ctx.key(), c))
         calls: dict[str, Any] = await ctx.get(CALLS_STATE) or {}
-        entry: dict[str, Any] | None = calls.get(call)
-        return entry
+        return calls.get(call)
 
     return obj
 

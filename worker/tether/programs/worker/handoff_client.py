@@ -62,8 +62,10 @@ class RestateHandoff:
         del self._offering[key]
 
     async def _offer(self, nonce: str, name: str, body: asyncio.Task[Any]) -> None:
+        beat = 0  # numbered: a heartbeat sent again (by anyone) does not count twice
         while not body.done():
-            await self._put(nonce, name, {"done": False})
+            beat += 1
+            await self._put(nonce, name, {"done": False, "beat": beat})
             await asyncio.wait([body], timeout=HEARTBEAT_SECONDS)
         if body.cancelled() or body.exception() is not None:
             return  # no result to hand over: the other end reports the body interrupted
