@@ -84,10 +84,14 @@ def test_the_operator_starts_with_the_charts_settings(
     # have applied them already).
     crd = one(objects, "CustomResourceDefinition")
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(crd))
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}")
+    kube.kubectl(
+        "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}", "--timeout=45s"
+    )
     peering_crds = REPO / "helm" / "tether" / "crds" / "kopfpeering.yaml"
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(peering_crds))
-    kube.kubectl("wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev")
+    kube.kubectl(
+        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=45s"
+    )
     kube.kubectl("create", "namespace", namespace)
     # The replicas' peering object, as the chart renders it for the watched namespace.
     peering = one(objects, "KopfPeering")

@@ -156,7 +156,12 @@ def test_the_pod_monitors_are_valid_for_the_prometheus_operator_crd(
 ) -> None:
     kube = kube_cluster
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(podmonitor_crd))
-    kube.kubectl("wait", "--for=condition=Established", "crd/podmonitors.monitoring.coreos.com")
+    kube.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd/podmonitors.monitoring.coreos.com",
+        "--timeout=45s",
+    )
     monitors = [
         o
         for o in render(helm_bin, "monitoring.podMonitors=true", namespace=namespace)

@@ -402,15 +402,22 @@ class ControlPlane:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
-        """Run the kubectl built with the control plane against it."""
-        return subprocess.run(
-            [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=check,
-            timeout=timeout,
-        )
+        """Run the kubectl built with the control plane against it. Its discovery cache is
+        this control plane's own: another one, earlier on the same port, may have left its
+        own in the user's. A failure says what kubectl printed."""
+        command = [
+            str(self.bin_dir / "kubectl"),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--cache-dir={self.data_dir / 'kubectl-cache'}",
+            *args,
+        ]
+        done = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode:
+            raise ControlPlaneError(
+                f"kubectl {' '.join(args)} exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()[-2000:]}"
+            )
+        return done
 
 
 class KubeAPIServer:

@@ -72,7 +72,9 @@ class Route:
 
 
 @contextmanager
-def replicas(server: RestateServer, directory: Path) -> Iterator[dict[str, HypercornWorker]]:
+def replicas(
+    server: RestateServer, directory: Path, graceful_timeout: float = 1.0
+) -> Iterator[dict[str, HypercornWorker]]:
     """Replicas `a` and `b` of one `tether worker` (index included), on ports of their own."""
     (directory / "handoff_tools.py").write_text(TOOL)
     script = [
@@ -89,7 +91,7 @@ def replicas(server: RestateServer, directory: Path) -> Iterator[dict[str, Hyper
         for name in ("a", "b"):
             env = {
                 "TETHER_WORKSPACE": str(directory),
-                "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
+                "TETHER_WORKER_GRACEFUL_TIMEOUT": str(graceful_timeout),
                 "TETHER_WEBHOOK_SECRET": SECRET.decode(),
                 "RESTATE_INGRESS_URL": server.ingress_url,
                 IDENTITY_KEYS_ENV: server.identity_public_key,

@@ -302,6 +302,12 @@ class HypercornWorker(Lifecycle):
             time.sleep(0.02)
         self._proc = None
 
+    def terminate(self) -> None:
+        """SIGTERM the leader alone, as the kubelet stops a pod's PID 1, and return at once:
+        the worker drains (:meth:`returncode` tells when it has exited)."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         """SIGTERM the group, SIGKILL it if it has not exited after 15 s."""
         proc = self._proc

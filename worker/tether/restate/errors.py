@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
-from restate.exceptions import SdkInternalBaseException, TerminalError
+from restate.exceptions import RetryableError, SdkInternalBaseException, TerminalError
 
 from ..durable.errors import DurableControlError
 
 CANCELLED_STATUS = 409
+
+
+class WorkerStopping(RetryableError, DurableControlError):
+    """The run's process is stopping: its attempt ends at a turn's boundary, and Restate retries
+    it at once, on another replica (`RestateRuntimeOptions.stopping`)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this worker is stopping: the run goes on on another replica from its next model step",
+            status_code=503,
+            retry_after=timedelta(0),
+        )
 
 
 def is_restate_cancellation(error: BaseException | None) -> bool:

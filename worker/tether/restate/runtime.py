@@ -36,7 +36,7 @@ from ..messages import JSON
 from ..session.store import MemoryToolStateStore, memory_store
 from .chain import Values
 from .clock import DEFAULT_REANCHOR_EVERY, CoalescedClock
-from .errors import is_restate_control_error
+from .errors import WorkerStopping, is_restate_control_error
 from .events import RestateEventLog
 from .intents import INTENTS, NOT_HERE, Handoff
 from .session import restate_session_store
@@ -188,6 +188,11 @@ class RestateRuntime:
 
     def _start(self, kind: StepKind, name: str, fn: StepFn) -> _Started:
         options = self._run_options.get(kind, DEFAULT_RUN_OPTIONS)
+        stopping = self.options.stopping
+        # Only live (a step ran live before it): a model step here would run, not replay.
+        if kind == "model" and stopping and not self.tracker.is_replaying() and stopping():
+            log.info("run %s leaves its stopping worker before its next model step", self.run_id)
+            raise WorkerStopping()
         self._clock.step_started()
         if kind == "model" and self._checkpoints is not None:
             self._checkpoints.before_model_step()  # a model takes seconds: stored meanwhile

@@ -157,6 +157,11 @@ class RestateRuntimeOptions:
     - `handoff`: carries unsafe tool bodies' results between processes (`intents.Handoff`):
       when a run's next attempt lands on another worker replica than the one that ran them,
       they are journaled instead of reported interrupted. None: only within a process.
+    - `stopping`: true once the process is stopping (the worker's SIGTERM: a scale-down, a
+      node drain). A run that has gone live then ends its attempt before its next model step
+      (`errors.WorkerStopping`, which Restate retries at once, elsewhere): the turn in flight,
+      its model call and tool calls, ends here; none is cut off by the end of the grace
+      period and run, or paid for, again.
     """
 
     promises: RestateCombinators | Literal["sdk"] | None = "sdk"
@@ -171,6 +176,7 @@ class RestateRuntimeOptions:
     budget: BudgetLedger | None = None
     checkpoint_every_ms: float = 500.0
     handoff: Handoff | None = None
+    stopping: Callable[[], bool] | None = None
 
 
 @dataclass

@@ -24,10 +24,13 @@ import random
 import time
 from typing import Any
 
+import h2.events
 import h2.settings
 import hypercorn.protocol
 from hypercorn.protocol.events import Event, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
+
+from . import stopping
 
 JITTER = 0.1
 
@@ -37,6 +40,7 @@ class RetiringH2Protocol(H2Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        stopping.watch(self.context.terminated)
         max_age: float | None = getattr(self.config, "connection_max_age", None)
         self._retires_at = (
             time.monotonic() + max_age * random.uniform(1 - JITTER, 1 + JITTER) if max_age else None
@@ -44,6 +48,8 @@ class RetiringH2Protocol(H2Protocol):
         self._retiring = False
 
     async def _handle_events(self, events: list[Any]) -> None:
+        if self.context.terminated.is_set():
+            events = self._without_refused_bodies(events)
         await super()._handle_events(events)
         # Checked as frames arrive: a connection that carries nothing needs no retiring.
         if self._retires_at is not None and time.monotonic() >= self._retires_at:
@@ -52,6 +58,21 @@ class RetiringH2Protocol(H2Protocol):
             self.connection.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 0})
             await self._flush()
             await self._close_when_done()
+
+    def _without_refused_bodies(self, events: list[Any]) -> list[Any]:
+        """Once the worker stops, hypercorn refuses each new request (a stream reset), but the
+        request's body may come in the same read; hypercorn then looks for its stream, fails
+        (KeyError), and the connection's task group cancels every invocation in flight on it,
+        the ones the graceful timeout is for. Such a body is acknowledged and dropped here."""
+        kept = []
+        for event in events:
+            if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
+                self.connection.acknowledge_received_data(
+                    event.flow_controlled_length, event.stream_id
+                )
+                continue
+            kept.append(event)
+        return kept
 
     async def stream_send(self, event: Event) -> None:
         await super().stream_send(event)

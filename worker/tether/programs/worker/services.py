@@ -65,6 +65,7 @@ from ...tools.base import ToolContext, ToolDef
 from ...tools.toolset import Toolset
 from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
+from . import stopping
 from .handoff_client import RestateHandoff
 from .inbox import RestateInbox, inbox_object
 from .live import LivePublisher
@@ -269,6 +270,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             events_retain=kept.retain,
             budget=ledger_for(ctx) if budgeted else None,
             handoff=handoff,
+            stopping=stopping.is_stopping,
         )
         store = durable.stores.session
         assert store is not None
@@ -309,7 +311,9 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             behavior=behavior,
             max_depth=subagents.max_depth if subagents is not None else 0,
             runtime_options=RestateRuntimeOptions(
-                budget=ledger_for(ctx) if budgeted else None, handoff=handoff
+                budget=ledger_for(ctx) if budgeted else None,
+                handoff=handoff,
+                stopping=stopping.is_stopping,
             ),
             hooks=lambda durable: hooks_for(durable, trace),
         )
