@@ -9,16 +9,16 @@ at its turn's boundary, and Restate resumes it on another replica at once.
 
 from __future__ import annotations
 
-from typing import Any
+from hypercorn.typing import Event
 
-_terminated: Any = None
+_terminated: Event | None = None
 """Hypercorn's `WorkerContext.terminated` (one per serving process), once a connection came."""
 
 
-def watch(terminated: Any) -> None:
+def watch(terminated: Event) -> None:
     global _terminated
     _terminated = terminated
 
 
 def is_stopping() -> bool:
-    return _terminated is not None and bool(_terminated.is_set())
+    return _terminated is not None and _terminated.is_set()
