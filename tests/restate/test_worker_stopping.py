@@ -12,6 +12,7 @@ each model call started there meanwhile is cut off at its end, and paid for agai
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -151,3 +152,29 @@ def test_a_request_refused_while_stopping_cuts_no_run_in_flight_off(
     results = tool_results(restate_server, "s-refused")
     assert "recorded 0 on a" in str(results["call_0_0"]["content"]), results
     assert stamps(tmp_path).count("start 0 a") == 1
+
+
+def test_a_connection_to_a_stopped_worker_is_refused_not_left_unanswered(
+    restate_server: RestateServer,
+    stack: tuple[dict[str, HypercornWorker], Route],
+    tmp_path: Path,
+) -> None:
+    """A Service's endpoints change a moment after its pod starts terminating: meanwhile new
+    connections still reach the stopped worker. Hypercorn's parent keeps the listening socket
+    open; without the worker's shutting it down, such a connection is queued unanswered, and
+    Restate gave an attempt on it up only after about 10 s."""
+    workers, route = stack
+    a = workers["a"]
+    invocation = send_run(restate_server.ingress_url, AGENT, "s-late-endpoints", "go")
+    wait_until(lambda: "start 0 a" in stamps(tmp_path), timeout=60, what="body 0 on replica a")
+    a.terminate()
+    wait_until(lambda: not answering(a), timeout=10, what="replica a to stop")
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", a.port), timeout=5).close()
+    released = time.monotonic()
+    (tmp_path / "release").touch()
+    time.sleep(2.0)  # the endpoints, late: Restate's next connections meanwhile reach a
+    route.to_b()
+    assert attach(restate_server.ingress_url, invocation, timeout=60)["status"] == "completed"
+    took = time.monotonic() - released
+    assert took < 7.0, f"the run ended {took:.1f} s after its body"

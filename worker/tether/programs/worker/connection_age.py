@@ -40,7 +40,7 @@ class RetiringH2Protocol(H2Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        stopping.watch(self.context.terminated)
+        stopping.watch(self.context.terminated, self.config.bind[0])
         max_age: float | None = getattr(self.config, "connection_max_age", None)
         self._retires_at = (
             time.monotonic() + max_age * random.uniform(1 - JITTER, 1 + JITTER) if max_age else None
