@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx2
@@ -25,6 +24,7 @@ import pytest
 
 from tests.restate.support import attach, send_run
 from tests.restate.test_handoff import AGENT, Route, replicas, stamps, tool_results
+from tests.restate.test_intents import Attempt
 from tether.programs.restate_server import RestateServer
 from tether.restate import restate_runtime
 from tether.restate.errors import WorkerStopping, is_restate_control_error
@@ -33,36 +33,13 @@ from tether.testing import HypercornWorker, ServiceFront, wait_until
 GRACEFUL_TIMEOUT = 30.0
 
 
-class Journal:
-    """A stand-in context: a step in `journal` replays its value, any other runs (live)."""
-
-    def __init__(self, journal: dict[str, Any]) -> None:
-        self.journal = journal
-        self.ran: list[str] = []
-
-    def request(self) -> Any:
-        return SimpleNamespace(id="inv_1")
-
-    def uuid(self) -> str:
-        return "u"
-
-    def run_typed(self, name: str, action: Any, options: Any = None) -> Any:
-        return asyncio.ensure_future(self._run(name, action))
-
-    async def _run(self, name: str, action: Any) -> Any:
-        if name in self.journal:
-            return self.journal[name]
-        self.ran.append(name)
-        return await action()
-
-
 def test_a_live_run_leaves_before_its_next_model_step_once_its_worker_stops() -> None:
     async def value() -> Any:
         return {"at": 1.0}
 
     async def main() -> None:
         stopped = False
-        ctx = Journal({"model:0": {"at": 0.0}})
+        ctx = Attempt({"model:0": {"at": 0.0}})  # steps not in its journal run
         durable = restate_runtime(ctx, promises=None, stopping=lambda: stopped)
         stopped = True
         await durable.step("model", "model:0", value)  # replayed: not a model call here
@@ -79,8 +56,7 @@ def test_a_live_run_leaves_before_its_next_model_step_once_its_worker_stops() ->
 
 
 def answering(worker: HypercornWorker) -> bool:
-    """Whether the worker answers a request: once it stops, its serving process takes no
-    connections (they wait, unanswered, on the socket its parent holds)."""
+    """Whether the worker answers a request: once it stops, its port refuses connections."""
     try:
         return httpx2.get(f"{worker.url}/health", timeout=0.5).status_code == 200
     except httpx2.HTTPError:
@@ -103,13 +79,16 @@ def stop_a_while_its_body_runs(
     stack: tuple[dict[str, HypercornWorker], Route],
     directory: Path,
     session: str,
+    endpoints_updated: bool = True,
 ) -> tuple[str, HypercornWorker]:
     """A run of `session` whose first body is held on replica a, then a stopped (the kubelet's
-    SIGTERM) and left out of the Service's endpoints: the run's invocation id, and a."""
+    SIGTERM) and, with `endpoints_updated`, left out of the Service's endpoints: the run's
+    invocation id, and a."""
     workers, route = stack
     invocation = send_run(server.ingress_url, AGENT, session, "go")
     wait_until(lambda: "start 0 a" in stamps(directory), timeout=60, what="body 0 on replica a")
-    route.to_b()
+    if endpoints_updated:
+        route.to_b()
     workers["a"].terminate()
     wait_until(lambda: not answering(workers["a"]), timeout=10, what="replica a to stop")
     return invocation, workers["a"]
@@ -163,12 +142,10 @@ def test_a_connection_to_a_stopped_worker_is_refused_not_left_unanswered(
     connections still reach the stopped worker. Hypercorn's parent keeps the listening socket
     open; without the worker's shutting it down, such a connection is queued unanswered, and
     Restate gave an attempt on it up only after about 10 s."""
-    workers, route = stack
-    a = workers["a"]
-    invocation = send_run(restate_server.ingress_url, AGENT, "s-late-endpoints", "go")
-    wait_until(lambda: "start 0 a" in stamps(tmp_path), timeout=60, what="body 0 on replica a")
-    a.terminate()
-    wait_until(lambda: not answering(a), timeout=10, what="replica a to stop")
+    _, route = stack
+    invocation, a = stop_a_while_its_body_runs(
+        restate_server, stack, tmp_path, "s-late-endpoints", endpoints_updated=False
+    )
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", a.port), timeout=5).close()
     released = time.monotonic()
