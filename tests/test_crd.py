@@ -453,6 +453,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.events.liveBatches",
     ),
     (
+        "zero-stop-grace-period",
+        {**_model(**KEY), "worker": {"stopGracePeriod": "0s"}},
+        "spec.worker.stopGracePeriod",
+    ),
+    (
         "zero-idle-after",
         {**_model(**KEY), "scaling": {"idleAfter": "0s"}},
         "spec.scaling.idleAfter",

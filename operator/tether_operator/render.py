@@ -32,6 +32,7 @@ from tether.spec import (
     DurableAgent,
     DurableAgentSpec,
 )
+from tether.spec.stopping import GRACEFUL_TIMEOUT_ENV, pod_grace_seconds, stop_grace_seconds
 
 from .names import (
     COMPONENT_LABEL,
@@ -190,6 +191,8 @@ def _worker_container(
     for _, secret, variable in spec.mcp_header_secrets():  # credentials of MCP servers
         env.append(_secret_env(variable, secret.name, secret.key))
     env.extend(_tracing_env(agent, settings))
+    if GRACEFUL_TIMEOUT_ENV not in {e.name for e in spec.worker.env}:
+        env.append({"name": GRACEFUL_TIMEOUT_ENV, "value": f"{stop_grace_seconds(spec):g}"})
     env.extend({"name": e.name, "value": e.value} for e in spec.worker.env)
     resources: Manifest = {}
     if spec.worker.resources.requests:
@@ -341,7 +344,7 @@ def pod_template(
         "spec": {
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 30,
+            "terminationGracePeriodSeconds": pod_grace_seconds(agent.spec),
             "securityContext": _pod_security(),
             "topologySpreadConstraints": _spread(selector(name, version_hash)),
             "containers": [_worker_container(agent, namespace, settings, image)],

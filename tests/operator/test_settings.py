@@ -211,3 +211,21 @@ def test_an_otlp_endpoint_with_credentials_is_refused_by_the_spec() -> None:
         agent(observability={"otlpEndpoint": "http://user:secret@otel:4318"})
     with pytest.raises(SpecError, match=r"spec\.observability\.otlpEndpoint"):
         agent(observability={"otlpEndpoint": "otel:4318"})
+
+
+def test_a_worker_pod_waits_for_its_calls_in_flight_as_long_as_the_spec_says() -> None:
+    """A stopping worker (a rollout, a scale-down) lets the turn in flight finish: the pod's
+    grace period is the spec's (`tether.spec.stopping`), the worker's graceful timeout under it."""
+    settings = settings_from_env(ENV)
+    slow = {"name": "slow", "python": "tools:slow", "timeout": "10m"}
+    for own, graceful, pod in (
+        ({"tools": [slow]}, "768.84", 774),  # 4096 tokens at 25/s, the tool's 10 minutes, 5 s
+        ({"worker": {"stopGracePeriod": "2m"}}, "120", 125),
+    ):
+        objects = version_objects(agent(**own), "ns", settings)
+        template = objects.deployment["spec"]["template"]["spec"]
+        assert template["terminationGracePeriodSeconds"] == pod
+        assert ("TETHER_WORKER_GRACEFUL_TIMEOUT", graceful) in worker_env(objects)
+    mine = agent(worker={"env": [{"name": "TETHER_WORKER_GRACEFUL_TIMEOUT", "value": "7"}]})
+    env = worker_env(version_objects(mine, "ns", settings))
+    assert [v for n, v in env if n == "TETHER_WORKER_GRACEFUL_TIMEOUT"] == ["7"]

@@ -32,6 +32,8 @@ from tether.parked import PARKED_STATE_KEY
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV, new_private_key_pem, public_key_of
 from tether.programs.restate_server import IDENTITY_KEY_FILE, RestateServer, free_port
 from tether.programs.webhooks import SignatureError, answer_proof, listing_token, verify_link
+from tether.spec import parse_agent
+from tether.spec.stopping import stop_grace_seconds
 from tether.tools.human import MAX_DECISION_TEXT, decision_of
 
 WRITE_APPROVED = [
@@ -89,8 +91,9 @@ def agent_worker(
     workers: list[HypercornWorker] = []
 
     def start(
-        document: dict[str, Any], *, prefix: Sequence[str] = (), **extra_env: str
+        document: dict[str, Any], *, prefix: Sequence[str] = (), **extra_env: str | None
     ) -> HypercornWorker:
+        """`extra_env` adds to the worker's environment, or with None takes a variable out."""
         spec = tmp_path / f"{document['metadata']['name']}.yaml"
         spec.write_text(yaml.safe_dump(document))
         command = [*prefix, sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
@@ -104,6 +107,7 @@ def agent_worker(
             IDENTITY_KEYS_ENV: restate_server.identity_public_key,  # only Restate may invoke it
             **extra_env,
         }
+        env = {name: value for name, value in env.items() if value is not None}
         worker = HypercornWorker("", command=command, env=env)
         workers.append(worker)
         worker.start()
@@ -512,16 +516,20 @@ async def stubborn() -> str:
 """
 
 
+@pytest.mark.parametrize("from_spec", [False, True], ids=["environment", "spec"])
 def test_a_worker_that_does_not_drain_is_stopped_after_its_graceful_timeout(
-    restate_server: RestateServer, agent_worker: Any, tmp_path: Path
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path, from_spec: bool
 ) -> None:
     """hypercorn waits for in-flight work on SIGTERM; a stream that never ends would keep the
-    worker alive until Kubernetes kills the pod. `tether worker` ends it itself."""
+    worker alive until Kubernetes kills the pod. `tether worker` ends it itself, after the
+    graceful timeout its environment gives, else its spec's `worker.stopGracePeriod`."""
     (tmp_path / "stubborn_tools.py").write_text(STUBBORN_TOOL)
     agent = name()
     document = manifest(agent, [{"tool_calls": [{"name": "stubborn", "input": {}}]}])
     document["spec"]["tools"] = [{"name": "stubborn", "python": "stubborn_tools:stubborn"}]
-    worker = agent_worker(document, TETHER_WORKER_GRACEFUL_TIMEOUT="3")
+    if from_spec:
+        document["spec"]["worker"] = {"stopGracePeriod": "3s"}
+    worker = agent_worker(document, TETHER_WORKER_GRACEFUL_TIMEOUT=None if from_spec else "3")
     send_run(restate_server, agent, "s1", "work")
     wait_until(lambda: (tmp_path / "stubborn.started").exists(), what="the tool to start")
     assert worker.pid is not None
@@ -531,6 +539,23 @@ def test_a_worker_that_does_not_drain_is_stopped_after_its_graceful_timeout(
     assert time.monotonic() - started < 3 + 2 + 2  # graceful timeout + margin + polling
     assert worker.returncode() == 1
     assert "did not stop within its graceful timeout" in worker.log_tail()
+
+
+def test_a_worker_waits_for_a_turn_of_its_spec_by_default(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    """Without a graceful timeout set, `tether worker` takes the spec's: a model call and its
+    longest tool call (here a shell command of up to 400 s), not hypercorn's 20 s."""
+    document = manifest(name(), [{"text": "done"}])
+    document["spec"]["tools"] = [
+        {"name": "sh", "builtin": "shell", "config": {"timeoutSeconds": 400}}
+    ]
+    worker = agent_worker(document, TETHER_WORKER_GRACEFUL_TIMEOUT=None)
+    arguments = Path(f"/proc/{worker.pid}/cmdline").read_bytes().split(b"\0")
+    assert Path(arguments[2].decode()).name == "deadline.py", arguments
+    expected = stop_grace_seconds(parse_agent(document).spec)
+    assert float(arguments[3]) == pytest.approx(expected)
+    assert expected > 400
 
 
 PATH_TOKEN = "T0kenInThePath0123456789abcdef"

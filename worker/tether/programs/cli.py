@@ -407,6 +407,7 @@ def worker_command(args: argparse.Namespace) -> int:
     """Check the manifest and settings here (clear errors), then become the small process that
     runs the hypercorn CLI under a hard deadline after SIGTERM
     (`tether.programs.worker.deadline`)."""
+    from ..spec.stopping import GRACEFUL_TIMEOUT_ENV, stop_grace_seconds
     from .worker import deadline
     from .worker.hypercorn_config import graceful_timeout
     from .worker.settings import (
@@ -440,6 +441,8 @@ def worker_command(args: argparse.Namespace) -> int:
     settings = settings_from_env(env)
     if settings.serves_agent:
         _check_agent(settings.manifest.spec, env)
+        # The operator sets it with the pod's grace period; run by hand, the spec says.
+        env.setdefault(GRACEFUL_TIMEOUT_ENV, f"{stop_grace_seconds(settings.manifest.spec):g}")
     else:
         env = without_agent_secrets(settings)  # an index has no use for them
     if metrics_port is not None and args.processes > 1 and not env.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -451,7 +454,8 @@ def worker_command(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "hypercorn", "--config"]
     command += ["python:tether.programs.worker.hypercorn_config", "tether.programs.worker.asgi:app"]
     # Run as a script, not as `tether.programs.worker.deadline`: nothing of tether stays in memory.
-    script = [sys.executable, "-I", deadline.__file__, str(graceful_timeout), *command]
+    graceful = env.get(GRACEFUL_TIMEOUT_ENV, str(graceful_timeout))
+    script = [sys.executable, "-I", deadline.__file__, graceful, *command]
     os.execve(sys.executable, script, env)
 
 

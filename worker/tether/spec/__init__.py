@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -40,6 +41,15 @@ def parse_duration(text: str) -> float:
 Duration = Annotated[
     str, Field(pattern=DURATION, description="A duration such as 30s, 5m or 1h30m.")
 ]
+
+
+def _longer_than_zero(value: str) -> str:
+    if parse_duration(value) <= 0:
+        raise ValueError("must be longer than zero")
+    return value
+
+
+PositiveDuration = Annotated[Duration, AfterValidator(_longer_than_zero)]
 KIND = "DurableAgent"
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 IMPORT_PATH = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -357,7 +367,7 @@ class ToolSpecEntry(_Model):
     require_approval: bool = Field(
         default=False, description="Park each call until a person approves or denies it."
     )
-    timeout: Duration | None = Field(
+    timeout: PositiveDuration | None = Field(
         default=None,
         description="Time before the call fails (an MCP server's: each call, and connecting "
         "and listing; default 60s).",
@@ -373,13 +383,6 @@ class ToolSpecEntry(_Model):
                 "override a tool's description in `mcp.tools.<tool>.description`"
             )
         return self
-
-    @field_validator("timeout")
-    @classmethod
-    def _positive_timeout(cls, value: str | None) -> str | None:
-        if value is not None and parse_duration(value) <= 0:
-            raise ValueError("must be longer than zero")
-        return value
 
 
 class Limits(_Model):
@@ -593,6 +596,16 @@ class WorkerSpec(_Model):
         default_factory=Resources, description="Requests and limits of the worker container."
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    stop_grace_period: PositiveDuration | None = Field(
+        default=None,
+        description="How long a stopping worker pod (a rollout, a scale-down, a node drain) "
+        "lets the model and tool calls in flight finish. Its runs leave it before their next "
+        "model step, and it exits as soon as nothing runs; a call still running at the end is "
+        "cut off (a model call is paid again, an unsafe tool call reported interrupted). Unset: "
+        "a model call of maxTokens at 25 tokens/s, the longest tool call after it (its timeout; "
+        "60s for a tool without one) and 5s, at most 30m. The pod's "
+        "terminationGracePeriodSeconds is 5s longer.",
+    )
 
 
 class SidecarSpec(_Model):
@@ -660,7 +673,7 @@ class ScalingSpec(_Model):
     none once its runs have only waited (for a person, a timer, another call) long enough.
     Waiting runs hold no worker memory; Restate keeps them, and the version stays registered."""
 
-    idle_after: Duration | None = Field(
+    idle_after: PositiveDuration | None = Field(
         default=None,
         description="Scale a version's Deployment to zero replicas once Restate has shown no "
         "run of it running, ready, backing off or pending for this long (suspended and paused "
@@ -702,13 +715,6 @@ class ScalingSpec(_Model):
         "needed fewer pods before it loses any (the most they needed in this window is kept), "
         "so a burst that comes and goes does not churn pods.",
     )
-
-    @field_validator("idle_after")
-    @classmethod
-    def _positive_idle(cls, value: str | None) -> str | None:
-        if value is not None and parse_duration(value) <= 0:
-            raise ValueError("must be longer than zero")
-        return value
 
     @model_validator(mode="after")
     def _bounds_in_order(self) -> ScalingSpec:

@@ -20,12 +20,10 @@ from ..tools.decorator import build_tool
 from ..tools.human import Wait, approval_gate, ask_human_tool
 from ..tools.toolset import Toolset
 from . import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
+from .stopping import MCP_TIMEOUT
 
 if TYPE_CHECKING:
     from ..tools.mcp import CallObserver
-
-MCP_TIMEOUT = 60.0
-"""Seconds for an MCP call (and for connecting and listing) when the entry sets no timeout."""
 
 DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 

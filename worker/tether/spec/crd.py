@@ -279,6 +279,13 @@ def _spec_schema() -> Schema:
             "plain text: give the collector's address alone",
         ),
     )
+    _add_rules(
+        props["worker"]["properties"]["stopGracePeriod"],
+        _rule(
+            "duration(self) > duration('0s')",
+            "spec.worker.stopGracePeriod must be longer than 0s",
+        ),
+    )
     drain = props["drain"]
     _add_rules(
         drain,

@@ -61,6 +61,7 @@ from ...spec.assemble import (
     provider_from_spec,
     require_api_key,
 )
+from ...spec.stopping import LONGEST_STEP_SECONDS
 from ...tools.base import ToolContext, ToolDef
 from ...tools.toolset import Toolset
 from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
@@ -78,7 +79,7 @@ from .settings import WorkerSettings
 PARK_AFTER = timedelta(seconds=10)
 """A run waiting on a person (or a timer) suspends after this long without journal progress, so
 parked runs hold no worker; a step that is still running is not cut by it."""
-LONGEST_STEP = timedelta(minutes=30)
+LONGEST_STEP = timedelta(seconds=LONGEST_STEP_SECONDS)
 """After the suspension request, how long a running step (a long model stream) may still take
 before Restate aborts the attempt and retries it."""
 
