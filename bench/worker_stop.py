@@ -2,7 +2,7 @@
 cut off and paid for twice, and how long the stopped worker takes to leave.
 
     .venv/bin/python bench/worker_stop.py [--runs 20] [--turns 10] [--model-seconds 1.5]
-        [--graceful-timeout 10] [--rounds 2]
+        [--graceful-timeout 10|spec] [--rounds 2]
 
 A real restate-server; two replicas of the agent's worker (hypercorn with
 `tether.programs.worker.hypercorn_config` and the worker's app, index included) behind a
@@ -18,6 +18,10 @@ Two sides, a round of each per `--rounds` (fresh replicas each time):
 - `stay`: the same worker with `stopping` switched off (`bench/worker_stop_app.py`): the runs
   stay on a until hypercorn's graceful timeout (`--graceful-timeout`) cuts them off.
 
+`--graceful-timeout spec` takes the spec's, as `tether worker` and the operator do
+(`tether.spec.stopping`: a model call of `maxTokens` and the longest tool call after it); with
+`--model-seconds` longer than 20 s, it shows what hypercorn's 20 s cut off.
+
 Per round: model calls paid for twice (a run's turn asked of the model more than once), runs
 completed, and the time from SIGTERM to a's exit.
 """
@@ -31,6 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from scripted_agent import scripted_agent
@@ -38,6 +43,8 @@ from scripted_agent import scripted_agent
 from tether.programs.local_http import request_json as http
 from tether.programs.restate_server import RestateServer, free_port
 from tether.programs.worker import deadline
+from tether.spec import parse_agent
+from tether.spec.stopping import stop_grace_seconds
 from tether.testing import HypercornWorker, ServiceFront, wait_until
 
 BENCH = Path(__file__).resolve().parent
@@ -88,6 +95,10 @@ def replica(
     )
 
 
+def graceful_timeout(given: str, manifest: dict[str, Any]) -> float:
+    return stop_grace_seconds(parse_agent(manifest).spec) if given == "spec" else float(given)
+
+
 def one_round(
     server: RestateServer, side: str, args: argparse.Namespace, round_no: int
 ) -> dict[str, float]:
@@ -101,20 +112,21 @@ def one_round(
         manifest["spec"]["model"] = {"provider": "openai", "name": "m", "baseUrl": model.openai_url}
         spec = directory / "agent.yaml"
         spec.write_text(yaml.safe_dump(manifest))
+        graceful = graceful_timeout(args.graceful_timeout, manifest)
         env = {
             "TETHER_SPEC": str(spec),
             "TETHER_WORKSPACE": str(directory),
             "OPENAI_API_KEY": "bench",
             "TETHER_WEBHOOK_SECRET": "bench",
             "RESTATE_INGRESS_URL": server.ingress_url,
-            "TETHER_WORKER_GRACEFUL_TIMEOUT": str(args.graceful_timeout),
+            "TETHER_WORKER_GRACEFUL_TIMEOUT": str(graceful),
             "PYTHONPATH": str(BENCH),
         }
         for name in ("a", "b"):
             (directory / name).mkdir()
         with (
-            replica(directory, "a", APPS[side], env, args.graceful_timeout) as a,
-            replica(directory, "b", APPS[side], env, args.graceful_timeout) as b,
+            replica(directory, "a", APPS[side], env, graceful) as a,
+            replica(directory, "b", APPS[side], env, graceful) as b,
         ):
             ports = {"a": a.port, "b": b.port}
             route = ["a"]
@@ -164,13 +176,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--model-seconds", type=float, default=1.5)
-    parser.add_argument("--graceful-timeout", type=float, default=10.0)
+    parser.add_argument("--graceful-timeout", default="10", help="seconds, or spec")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     print(
         f"{args.runs} runs of {args.turns} turns, {args.model_seconds:g} s a model call, on 2 "
         f"replicas; replica a stopped (SIGTERM) after each run's first answer; graceful "
-        f"timeout {args.graceful_timeout:g} s"
+        f"timeout {args.graceful_timeout} s"
     )
     with RestateServer() as server:
         for round_no in range(args.rounds):
