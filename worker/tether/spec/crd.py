@@ -233,14 +233,15 @@ def _spec_schema() -> Schema:
             "and name it in secretRef",
         ),
     )
-    _add_rules(
-        tool["properties"]["timeout"],
-        _rule("duration(self) > duration('0s')", "spec.tools[].timeout must be longer than 0s"),
-    )
-    _add_rules(
-        props["approvals"]["properties"]["timeout"],
-        _rule("duration(self) > duration('0s')", "spec.approvals.timeout must be longer than 0s"),
-    )
+    for node, where in (
+        (tool["properties"]["timeout"], "spec.tools[].timeout"),
+        (props["approvals"]["properties"]["timeout"], "spec.approvals.timeout"),
+        (props["worker"]["properties"]["stopGracePeriod"], "spec.worker.stopGracePeriod"),
+        (props["scaling"]["properties"]["idleAfter"], "spec.scaling.idleAfter"),
+    ):
+        _add_rules(
+            node, _rule("duration(self) > duration('0s')", f"{where} must be longer than 0s")
+        )
     notify = props["approvals"]["properties"]["notify"]
     _add_rules(
         notify,
@@ -279,13 +280,6 @@ def _spec_schema() -> Schema:
             "plain text: give the collector's address alone",
         ),
     )
-    _add_rules(
-        props["worker"]["properties"]["stopGracePeriod"],
-        _rule(
-            "duration(self) > duration('0s')",
-            "spec.worker.stopGracePeriod must be longer than 0s",
-        ),
-    )
     drain = props["drain"]
     _add_rules(
         drain,
@@ -296,10 +290,6 @@ def _spec_schema() -> Schema:
         ),
     )
     scaling = props["scaling"]
-    _add_rules(
-        scaling["properties"]["idleAfter"],
-        _rule("duration(self) > duration('0s')", "spec.scaling.idleAfter must be longer than 0s"),
-    )
     _add_rules(
         scaling,
         _rule(
