@@ -158,14 +158,16 @@ def otlp_endpoint(agent: DurableAgent, settings: OperatorSettings) -> str | None
     return (observability.otlp_endpoint if observability else None) or settings.otlp_endpoint
 
 
-def _tracing_env(agent: DurableAgent, settings: OperatorSettings) -> list[Manifest]:
-    """The worker's OpenTelemetry variables, when it has a collector; `spec.worker.env` wins
-    over them (OTEL_TRACES_EXPORTER=none turns the traces off)."""
+def _overridable_env(agent: DurableAgent, settings: OperatorSettings) -> list[Manifest]:
+    """The worker's variables that `spec.worker.env` wins over: OpenTelemetry's, when it has a
+    collector (OTEL_TRACES_EXPORTER=none turns the traces off), and its graceful timeout."""
+    wanted: dict[str, str] = {}
     endpoint = otlp_endpoint(agent, settings)
-    if endpoint is None:
-        return []
+    if endpoint is not None:
+        wanted["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        wanted["OTEL_SERVICE_NAME"] = agent.metadata.name
+    wanted[GRACEFUL_TIMEOUT_ENV] = f"{stop_grace_seconds(agent.spec):g}"
     own = {e.name for e in agent.spec.worker.env}
-    wanted = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": agent.metadata.name}
     return [{"name": k, "value": v} for k, v in wanted.items() if k not in own]
 
 
@@ -190,9 +192,7 @@ def _worker_container(
         env.append(_secret_env(notify.url_variable, secret.name, secret.key))
     for _, secret, variable in spec.mcp_header_secrets():  # credentials of MCP servers
         env.append(_secret_env(variable, secret.name, secret.key))
-    env.extend(_tracing_env(agent, settings))
-    if GRACEFUL_TIMEOUT_ENV not in {e.name for e in spec.worker.env}:
-        env.append({"name": GRACEFUL_TIMEOUT_ENV, "value": f"{stop_grace_seconds(spec):g}"})
+    env.extend(_overridable_env(agent, settings))
     env.extend({"name": e.name, "value": e.value} for e in spec.worker.env)
     resources: Manifest = {}
     if spec.worker.resources.requests:
