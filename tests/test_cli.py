@@ -154,6 +154,15 @@ INVALID = [
         },
         "spec.tools[0].timeout",
     ),
+    (
+        {
+            "spec": {
+                "model": {"provider": "anthropic", "name": "c"},
+                "approvals": {"timeout": "0s"},
+            }
+        },
+        "spec.approvals.timeout",
+    ),
 ]
 
 

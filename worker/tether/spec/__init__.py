@@ -543,7 +543,9 @@ class ApprovalNotify(_Model):
 class Approvals(_Model):
     """How calls that need a person's approval wait."""
 
-    timeout: Duration = Field(default="1h", description="How long a call waits for a decision.")
+    timeout: PositiveDuration = Field(
+        default="1h", description="How long a call waits for a decision."
+    )
     on_timeout: Literal["deny", "approve"] = Field(
         default="deny", description="deny: report a denied call to the model; approve: run it."
     )
