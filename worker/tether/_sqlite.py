@@ -8,8 +8,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from .errors import ConfigError
+
 Synchronous = Literal["FULL", "NORMAL"]
 Params = Sequence[Any]
+
+SCHEMA_VERSION = 1
+"""The schema below, stamped in each database (`PRAGMA user_version`). A database from before
+the stamp (0) has this schema. A change to it adds a version and the statements that bring an
+older database up to it; a database a newer Tether wrote is refused, not guessed at: its runs'
+journals may hold steps this code would replay wrong."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tether_runs (
@@ -54,12 +62,24 @@ class Database:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
         self._conn.execute("PRAGMA busy_timeout=10000")
-        self._conn.executescript(SCHEMA)
+        self._settle_schema()
         self._staged: list[tuple[str, Params]] = []
         self._lock = threading.Lock()
         # One cursor for every commit: `Connection.execute` builds a new one per statement, a
         # share of each step's commit.
         self._writer = self._conn.cursor()
+
+    def _settle_schema(self) -> None:
+        (found,) = self._conn.execute("PRAGMA user_version").fetchone()
+        if found > SCHEMA_VERSION:
+            self._conn.close()
+            raise ConfigError(
+                f"{self.path} was written by a newer Tether (database schema {found}; this one "
+                f"reads up to {SCHEMA_VERSION}): upgrade tether to open it, or use another file"
+            )
+        self._conn.executescript(SCHEMA)
+        if found < SCHEMA_VERSION:
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def query(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         with self._lock:

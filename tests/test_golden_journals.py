@@ -1,0 +1,116 @@
+"""Runs an earlier Tether left in a SQLite file resume on this one: a run killed part-way, a run
+parked for a week's wait for a person. Each golden (`tests/golden/`, see its `record.py`) is a
+database as a released version wrote it, loaded into a fresh file and resumed by real processes;
+and a database a newer Tether wrote is refused in a sentence, before anything is written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.golden.record import KILLED_IN_CALL
+from tests.test_answers import run, tool_results
+from tests.test_cli import runs_db, tether
+from tests.test_sqlite_crash_matrix import check_outcome, model_steps, run_program
+from tether._sqlite import SCHEMA_VERSION, Database
+from tether.errors import ConfigError
+from tether.session import load_session, sqlite_store
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def goldens(recipe: str) -> list[Path]:
+    found = sorted(GOLDEN.glob(f"*-{recipe}.sql"))
+    assert found, f"no golden of {recipe} in {GOLDEN}"
+    return found
+
+
+def load(golden: Path, db: Path) -> None:
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(db) as conn:
+        conn.executescript(golden.read_text())
+
+
+def user_version(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+    return int(version)
+
+
+@pytest.mark.parametrize("golden", goldens("killed-in-an-unsafe-call"), ids=lambda p: p.stem)
+def test_a_run_killed_in_an_unsafe_call_resumes(tmp_path: Path, golden: Path) -> None:
+    db, effects = tmp_path / "run.db", tmp_path / "effects"
+    load(golden, db)
+    shutil.copy(golden.with_suffix(".effects"), effects)
+    models_before = model_steps(db)
+    assert models_before > 0
+
+    resumed = run_program(db, effects)
+    assert resumed.returncode == 0, resumed.stderr
+    stats = json.loads(resumed.stdout)
+    assert sum(stats["replayed"].values()) > 0, stats  # it went on from the golden's journal
+    check_outcome(db, effects, stats, models_before)  # no model call or unsafe body twice
+    # The body that was cut off after its effect is reported interrupted, not run again.
+    session = asyncio.run(load_session(sqlite_store(db), "s"))
+    assert session is not None
+    [result] = [
+        block
+        for turn in session.turns
+        for block in turn.content
+        if block["type"] == "tool_result" and block["tool_use_id"] == KILLED_IN_CALL
+    ]
+    assert result.get("is_error"), result
+    assert user_version(db) == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("golden", goldens("parked-for-an-approval"), ids=lambda p: p.stem)
+def test_a_run_parked_for_an_approval_resumes_once_answered(tmp_path: Path, golden: Path) -> None:
+    shutil.copy(golden.with_suffix(".yaml"), tmp_path / "agent.yaml")
+    load(golden, runs_db(tmp_path))
+
+    listed = tether("waiting", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    [line] = listed.stdout.splitlines()
+    assert line.startswith('r1  call_0_0  approval  ship({"content":"v1","path":"shipped.txt"})')
+    answered = tether("answer", "r1", "--approve", cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "run r1: completed" in done.stdout
+    assert (tmp_path / "shipped.txt").read_text() == "v1"
+    assert tool_results(tmp_path) == ["wrote 2 bytes to shipped.txt"]
+
+
+def test_a_database_a_newer_tether_wrote_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    newer = (
+        f"written by a newer Tether (database schema {SCHEMA_VERSION + 1}; this one reads up to "
+        f"{SCHEMA_VERSION})"
+    )
+    with pytest.raises(ConfigError, match=newer.replace("(", r"\(").replace(")", r"\)")):
+        Database(db)
+    listed = tether("waiting", "--db", str(db), cwd=tmp_path)
+    assert listed.returncode == 2
+    assert (
+        listed.stderr
+        == f"tether: {db} was {newer}: upgrade tether to open it, or use another file\n"
+    )
+    with sqlite3.connect(db) as conn:  # nothing was written to it
+        assert conn.execute("SELECT name FROM sqlite_master").fetchall() == []
+    assert user_version(db) == SCHEMA_VERSION + 1
+
+
+def test_a_database_from_before_the_schema_was_stamped_gets_the_stamp(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    load(goldens("parked-for-an-approval")[0], db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA user_version = 0")  # as every version before the stamp left it
+    Database(db).close()
+    assert user_version(db) == SCHEMA_VERSION
