@@ -1,7 +1,8 @@
 """Runs an earlier Tether left in a SQLite file resume on this one: a run killed part-way, a run
-parked for a week's wait for a person. Each golden (`tests/golden/`, see its `record.py`) is a
-database as a released version wrote it, loaded into a fresh file and resumed by real processes;
-and a database a newer Tether wrote is refused in a sentence, before anything is written."""
+parked for a week's wait for a person, a sub-agent parked under a budget. Each golden
+(`tests/golden/`, see its `record.py`) is a database as a released version wrote it, loaded into
+a fresh file and resumed by real processes; and a database a newer Tether wrote is refused in a
+sentence, before anything is written."""
 
 from __future__ import annotations
 
@@ -114,3 +115,24 @@ def test_a_database_from_before_the_schema_was_stamped_gets_the_stamp(tmp_path: 
         conn.execute("PRAGMA user_version = 0")  # as every version before the stamp left it
     Database(db).close()
     assert user_version(db) == SCHEMA_VERSION
+
+
+@pytest.mark.parametrize("golden", goldens("sub-agent-parked-under-a-budget"), ids=lambda p: p.stem)
+def test_a_sub_agent_parked_under_a_budget_resumes_once_answered(
+    tmp_path: Path, golden: Path
+) -> None:
+    shutil.copy(golden.with_suffix(".yaml"), tmp_path / "agent.yaml")
+    load(golden, runs_db(tmp_path))
+    with sqlite3.connect(runs_db(tmp_path)) as conn:
+        held = conn.execute("SELECT key, settled FROM tether_budget_calls ORDER BY key").fetchall()
+
+    assert tether("answer", "r1", "--approve", cwd=tmp_path).returncode == 0
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "final answer: done" in done.stdout
+    assert (tmp_path / "shipped.txt").read_text() == "v1"
+    with sqlite3.connect(runs_db(tmp_path)) as conn:
+        calls = conn.execute("SELECT key, settled, tokens FROM tether_budget_calls").fetchall()
+    # The model calls the golden's ledger held are the same calls, settled once; two more came.
+    assert {key for key, _ in held} <= {key for key, _, _ in calls}, (held, calls)
+    assert len(calls) == len(held) + 2 and all(settled for _, settled, _ in calls), calls

@@ -23,6 +23,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 from tests.test_answers import SHIP, run, write_agent
 from tests.test_cli import runs_db
 from tests.test_sqlite_crash_matrix import run_program
@@ -53,9 +55,32 @@ def parked_for_an_approval(work: Path, out: Path) -> Path:
     return runs_db(work)
 
 
+SPAWN = {"name": "spawn", "input": {"task": "do the ship"}}
+SUB_AGENT_SCRIPT = {
+    "ship it": [{"tool_calls": [SPAWN]}, {"text": "done"}],
+    "do the ship": [{"tool_calls": [SHIP]}, {"text": "child shipped"}],
+}
+
+
+def sub_agent_parked_under_a_budget(work: Path, out: Path) -> Path:
+    """`tether run` whose sub-agent (the in-process spawn tool) waits for an approval, the run
+    under a token budget: the child's steps in the parent's journal, the budget's ledger."""
+    spec = write_agent(work, [])
+    document = yaml.safe_load(spec.read_text())
+    document["spec"]["model"]["script"] = SUB_AGENT_SCRIPT
+    document["spec"]["subagents"] = {"maxDepth": 1}
+    document["spec"]["limits"] = {"maxTokens": 10_000}
+    spec.write_text(yaml.safe_dump(document))
+    parked = run(work, "--prompt", "ship it")
+    assert parked.returncode == 3, parked.stdout + parked.stderr
+    shutil.copy(spec, out.with_suffix(".yaml"))
+    return runs_db(work)
+
+
 RECIPES: dict[str, Callable[[Path, Path], Path]] = {
     "killed-in-an-unsafe-call": killed_in_an_unsafe_call,
     "parked-for-an-approval": parked_for_an_approval,
+    "sub-agent-parked-under-a-budget": sub_agent_parked_under_a_budget,
 }
 
 
