@@ -1,20 +1,22 @@
-"""Records golden databases: what this Tether leaves in a user's SQLite file when a run stops
-part-way, kept as SQL text for `tests/test_golden_journals.py`, which resumes every one of them
-with the code of the day.
+"""Records goldens: what this Tether leaves behind for a later one to go on from. A run stopped
+part-way in a user's SQLite file (kept as SQL text: `tests/test_golden_journals.py` resumes it),
+and a session's state in Restate, which outlives every version of the worker that wrote it
+(`tests/restate/test_golden_sessions.py` runs on it).
 
     .venv/bin/python -m tests.golden.record [--date YYYY-MM-DD]
 
-A golden is a database a released Tether wrote, so one is never edited or recorded again: a
-change that cannot resume it needs a migration (`tether._sqlite.SCHEMA_VERSION`) or a replay
-that still reads its steps. When the journal's shape changes on purpose, record anew: the new
-files go beside the old ones (named by the day), and both kinds must keep resuming. Each recipe
-writes `<day>-<recipe>.sql` and whatever its test needs beside it; existing files are kept.
+A golden is what a released Tether wrote, so one is never edited or recorded again: a change
+that cannot go on from it needs a migration (`tether._sqlite.SCHEMA_VERSION`, a reader of the
+older state layout) or a replay that still reads its steps. When a shape changes on purpose,
+record anew: the new files go beside the old ones (named by the day), and both must keep
+working. Each recipe writes `<day>-<recipe>.*`; a recipe with files of the day is left as is.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import shutil
 import signal
 import sqlite3
@@ -22,19 +24,23 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from tests.restate.test_worker import manifest
 from tests.test_answers import SHIP, run, write_agent
 from tests.test_cli import runs_db
 from tests.test_sqlite_crash_matrix import run_program
+from tether.testing import AgentHarness
 
 HERE = Path(__file__).resolve().parent
+WRITE = {"name": "write_file", "input": {"path": "notes.txt", "content": "sorted"}}
 KILLED_IN_CALL = "call_2_2"
 """The unsafe `notify` of the turn that runs three calls at once (`tests/programs/errands.py`)."""
 
 
-def killed_in_an_unsafe_call(work: Path, out: Path) -> Path:
+def killed_in_an_unsafe_call(work: Path, out: Path) -> None:
     """`crash_agent.py` killed inside an unsafe body, after its effect: its intent is journaled,
     its result is not. Beside the dump, the effects the tools had written (`.effects`)."""
     db, effects = work / "run.db", work / "effects"
@@ -42,17 +48,17 @@ def killed_in_an_unsafe_call(work: Path, out: Path) -> Path:
     crashed = run_program(db, effects, "--kill-in-call", KILLED_IN_CALL)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     shutil.copy(effects, out.with_suffix(".effects"))
-    return db
+    dump(db, out.with_suffix(".sql"))
 
 
-def parked_for_an_approval(work: Path, out: Path) -> Path:
+def parked_for_an_approval(work: Path, out: Path) -> None:
     """`tether run` of a spec whose tool needs an approval, parked (exit 3) until a person
     answers. Beside the dump, the spec (`.yaml`)."""
     spec = write_agent(work, [{"tool_calls": [SHIP]}, {"text": "shipped"}])
     parked = run(work, "--prompt", "ship it")
     assert parked.returncode == 3, parked.stdout + parked.stderr
     shutil.copy(spec, out.with_suffix(".yaml"))
-    return runs_db(work)
+    dump(runs_db(work), out.with_suffix(".sql"))
 
 
 SPAWN = {"name": "spawn", "input": {"task": "do the ship"}}
@@ -62,7 +68,7 @@ SUB_AGENT_SCRIPT = {
 }
 
 
-def sub_agent_parked_under_a_budget(work: Path, out: Path) -> Path:
+def sub_agent_parked_under_a_budget(work: Path, out: Path) -> None:
     """`tether run` whose sub-agent (the in-process spawn tool) waits for an approval, the run
     under a token budget: the child's steps in the parent's journal, the budget's ledger."""
     spec = write_agent(work, [])
@@ -74,26 +80,81 @@ def sub_agent_parked_under_a_budget(work: Path, out: Path) -> Path:
     parked = run(work, "--prompt", "ship it")
     assert parked.returncode == 3, parked.stdout + parked.stderr
     shutil.copy(spec, out.with_suffix(".yaml"))
-    return runs_db(work)
+    dump(runs_db(work), out.with_suffix(".sql"))
 
 
-RECIPES: dict[str, Callable[[Path, Path], Path]] = {
+SESSION_AGENT = "golden-clerk"
+SESSION = "s1"
+LIST = {"tool_calls": [{"name": "list_files", "input": {}}]}
+SESSION_RUNS = [
+    ("sort the files", [LIST] * 8 + [{"text": "sorted"}]),
+    ("note it", [{"tool_calls": [WRITE]}, {"text": "noted"}]),
+]
+"""The runs the recorded session holds: 20 turns, so a sealed segment of its turns chain."""
+NEXT_RUN = ("and now?", [{"text": "after the upgrade"}])
+"""The run the test makes on it (the scripted model answers by the session's assistant turns)."""
+
+
+def session_manifest() -> dict[str, Any]:
+    script = [response for _, responses in [*SESSION_RUNS, NEXT_RUN] for response in responses]
+    tools = [
+        {"name": "list_files", "builtin": "list_files"},
+        {"name": "write_file", "builtin": "write_file"},
+    ]
+    return manifest(SESSION_AGENT, script, tools=tools)
+
+
+def restate_session_of_two_runs(work: Path, out: Path) -> None:
+    """A session of two runs on `tether worker` (a real restate-server), as the agent object's
+    state: each key's value (`.json`, UTF-8: Tether's state is JSON) and the manifest (`.yaml`)."""
+    spec = session_manifest()
+    with AgentHarness(spec, workspace=work) as agent:
+        for prompt, _ in SESSION_RUNS:
+            assert agent.run(SESSION, prompt)["status"] == "completed"
+        session = agent.session(SESSION)
+        assert session is not None
+        rows = agent.restate.server.query(
+            "SELECT key, value_utf8, value_length FROM state "
+            f"WHERE service_name = '{SESSION_AGENT}' AND service_key = '{SESSION}'"
+        )
+    state = {row["key"]: row["value_utf8"] for row in rows}
+    for row in rows:
+        assert len(row["value_utf8"].encode()) == row["value_length"], row["key"]
+    next_prompt, [next_answer] = NEXT_RUN
+    document = {
+        "recorded_at": describe(),
+        "agent": SESSION_AGENT,
+        "session": SESSION,
+        "turns": len(session.turns),
+        "runs": len(session.runs),
+        "next_run": {"prompt": next_prompt, "answer": next_answer["text"]},
+    }
+    out.with_suffix(".json").write_text(json.dumps({**document, "state": state}, indent=1) + "\n")
+    plain = json.loads(json.dumps(spec))  # no shared objects: YAML would write them as anchors
+    out.with_suffix(".yaml").write_text(yaml.safe_dump(plain))
+
+
+RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "killed-in-an-unsafe-call": killed_in_an_unsafe_call,
     "parked-for-an-approval": parked_for_an_approval,
     "sub-agent-parked-under-a-budget": sub_agent_parked_under_a_budget,
+    "restate-session-of-two-runs": restate_session_of_two_runs,
 }
 
 
-def dump(db: Path, out: Path, recipe: str) -> None:
-    commit = subprocess.run(  # "-dirty": by the commit's code with changes not yet committed
+def describe() -> str:
+    """The commit the recording's code is at ("-dirty": with changes not yet committed)."""
+    return subprocess.run(
         ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=HERE
     ).stdout.strip()
+
+
+def dump(db: Path, out: Path) -> None:
     with sqlite3.connect(db) as conn:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         lines = list(conn.iterdump())
     header = [
-        f"-- {recipe}: recorded by `python -m tests.golden.record` at {commit or '?'}. "
-        "Never edit it.",
+        f"-- recorded by `python -m tests.golden.record` at {describe() or '?'}. Never edit it.",
         f"PRAGMA user_version = {version};",
     ]
     out.write_text("\n".join([*header, *lines]) + "\n")
@@ -104,14 +165,14 @@ def main() -> None:
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     args = parser.parse_args()
     for recipe, make in RECIPES.items():
-        out = HERE / f"{args.date}-{recipe}.sql"
-        if out.exists():
+        out = HERE / f"{args.date}-{recipe}"
+        if list(HERE.glob(f"{out.name}.*")):
             print(f"kept {out.name}")
             continue
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp) / "work"
             work.mkdir()
-            dump(make(work, out), out, recipe)
+            make(work, out)
         print(f"recorded {out.name}")
 
 
