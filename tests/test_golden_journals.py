@@ -105,6 +105,7 @@ def test_a_database_a_newer_tether_wrote_is_refused(tmp_path: Path) -> None:
     )
     with sqlite3.connect(db) as conn:  # nothing was written to it
         assert conn.execute("SELECT name FROM sqlite_master").fetchall() == []
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
     assert user_version(db) == SCHEMA_VERSION + 1
 
 

@@ -59,17 +59,21 @@ class Database:
     def __init__(self, path: str | Path, *, synchronous: Synchronous = "FULL") -> None:
         self.path = str(path)
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA busy_timeout=10000")
+        found = self._schema_version()  # before anything is written to a file it may refuse
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute(f"PRAGMA synchronous={synchronous}")
-        self._conn.execute("PRAGMA busy_timeout=10000")
-        self._settle_schema()
+        self._conn.executescript(SCHEMA)
+        if found < SCHEMA_VERSION:
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         self._staged: list[tuple[str, Params]] = []
         self._lock = threading.Lock()
         # One cursor for every commit: `Connection.execute` builds a new one per statement, a
         # share of each step's commit.
         self._writer = self._conn.cursor()
 
-    def _settle_schema(self) -> None:
+    def _schema_version(self) -> int:
+        """The file's schema version; a newer one than this code's is refused."""
         (found,) = self._conn.execute("PRAGMA user_version").fetchone()
         if found > SCHEMA_VERSION:
             self._conn.close()
@@ -77,9 +81,7 @@ class Database:
                 f"{self.path} was written by a newer Tether (database schema {found}; this one "
                 f"reads up to {SCHEMA_VERSION}): upgrade tether to open it, or use another file"
             )
-        self._conn.executescript(SCHEMA)
-        if found < SCHEMA_VERSION:
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return int(found)
 
     def query(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         with self._lock:
