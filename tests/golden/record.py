@@ -90,7 +90,7 @@ SESSION_RUNS = [
     ("sort the files", [LIST] * 8 + [{"text": "sorted"}]),
     ("note it", [{"tool_calls": [WRITE]}, {"text": "noted"}]),
 ]
-"""The runs the recorded session holds: 20 turns, so a sealed segment of its turns chain."""
+"""The runs the recorded session holds: 22 turns, so its turns chain has a sealed segment."""
 NEXT_RUN = ("and now?", [{"text": "after the upgrade"}])
 """The run the test makes on it (the scripted model answers by the session's assistant turns)."""
 
