@@ -32,6 +32,7 @@ from tests.restate.test_worker import manifest
 from tests.test_answers import SHIP, run, write_agent
 from tests.test_cli import runs_db
 from tests.test_sqlite_crash_matrix import run_program
+from tether.spec import restate_services
 from tether.testing import AgentHarness
 
 HERE = Path(__file__).resolve().parent
@@ -91,8 +92,11 @@ SESSION_RUNS = [
     ("note it", [{"tool_calls": [WRITE]}, {"text": "noted"}]),
 ]
 """The runs the recorded session holds: 22 turns, so its turns chain has a sealed segment."""
-NEXT_RUN = ("and now?", [{"text": "after the upgrade"}])
-"""The run the test makes on it (the scripted model answers by the session's assistant turns)."""
+POSTED = "one more thing"
+"""A message posted to the session's inbox after its runs, waiting for the next one."""
+NEXT_RUN = ("and now?", [{"text": "after the upgrade"}, {"text": "and the one more thing"}])
+"""The run the test makes on it: its answer, then (the posted message taken at the answer's
+boundary) a follow-up. The scripted model answers by the session's assistant turns."""
 
 
 def session_manifest() -> dict[str, Any]:
@@ -105,31 +109,37 @@ def session_manifest() -> dict[str, Any]:
 
 
 def restate_session_of_two_runs(work: Path, out: Path) -> None:
-    """A session of two runs on `tether worker` (a real restate-server), as the agent object's
-    state: each key's value (`.json`, UTF-8: Tether's state is JSON) and the manifest (`.yaml`)."""
+    """A session of two runs on `tether worker` (a real restate-server) and a message waiting in
+    its inbox, as the state of the agent's object and of its inbox's, each key's value (`.json`,
+    UTF-8: Tether's state is JSON); the manifest beside it (`.yaml`)."""
     spec = session_manifest()
+    inbox = restate_services(SESSION_AGENT).inbox
     with AgentHarness(spec, workspace=work) as agent:
         for prompt, _ in SESSION_RUNS:
             assert agent.run(SESSION, prompt)["status"] == "completed"
+        agent.restate.call(f"{inbox}/{SESSION}/post", {"text": POSTED})
         session = agent.session(SESSION)
         assert session is not None
         rows = agent.restate.server.query(
-            "SELECT key, value_utf8, value_length FROM state "
-            f"WHERE service_name = '{SESSION_AGENT}' AND service_key = '{SESSION}'"
+            "SELECT service_name, key, value_utf8, value_length FROM state "
+            f"WHERE service_name IN ('{SESSION_AGENT}', '{inbox}') AND service_key = '{SESSION}'"
         )
-    state = {row["key"]: row["value_utf8"] for row in rows}
+    objects: dict[str, dict[str, str]] = {}
     for row in rows:
         assert len(row["value_utf8"].encode()) == row["value_length"], row["key"]
-    next_prompt, [next_answer] = NEXT_RUN
+        objects.setdefault(row["service_name"], {})[row["key"]] = row["value_utf8"]
+    assert set(objects) == {SESSION_AGENT, inbox}, objects
+    next_prompt, answers = NEXT_RUN
     document = {
         "recorded_at": describe(),
         "agent": SESSION_AGENT,
         "session": SESSION,
         "turns": len(session.turns),
         "runs": len(session.runs),
-        "next_run": {"prompt": next_prompt, "answer": next_answer["text"]},
+        "posted": POSTED,
+        "next_run": {"prompt": next_prompt, "answer": answers[-1]["text"]},
     }
-    out.with_suffix(".json").write_text(json.dumps({**document, "state": state}, indent=1) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({**document, "state": objects}, indent=1) + "\n")
     plain = json.loads(json.dumps(spec))  # no shared objects: YAML would write them as anchors
     out.with_suffix(".yaml").write_text(yaml.safe_dump(plain))
 

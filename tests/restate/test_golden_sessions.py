@@ -1,7 +1,8 @@
 """A session outlives the worker versions that wrote it: its state stays in Restate across every
 rollout, and the next run reads it with the new code. Each golden (`tests/golden/*.json`, see
-`tests/golden/record.py`) is a session's state as a released Tether left it, written into a real
-restate-server through its admin API; a run on it must see the session whole and go on."""
+`tests/golden/record.py`) is a session's state as a released Tether left it, and its inbox's
+(a message waiting), written into a real restate-server through its admin API; a run on it must
+see the session whole, take the message, and go on."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 
 from tether.programs.local_http import request_json
 from tether.programs.restate_server import RestateServer
+from tether.spec import restate_services
 from tether.testing import AgentHarness, wait_until
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -51,17 +53,30 @@ def test_a_session_an_earlier_version_wrote_goes_on(tmp_path: Path, golden: Path
     manifest = yaml.safe_load(golden.with_suffix(".yaml").read_text())
     agent_name, key, following = recorded["agent"], recorded["session"], recorded["next_run"]
     with AgentHarness(manifest, workspace=tmp_path) as agent:
-        restore(agent.restate.server, agent_name, key, recorded["state"])
+        server = agent.restate.server
+        for service, state in recorded["state"].items():
+            restore(server, service, key, state)
         before = agent.session(key)
         assert before is not None
         assert (len(before.turns), len(before.runs)) == (recorded["turns"], recorded["runs"])
 
-        # The scripted model answers by the session's assistant turns: the run counted them all.
+        # The scripted model answers by the session's assistant turns: the run counted them all,
+        # and its answer's boundary took the message waiting in the inbox (a follow-up turn).
         result = agent.run(key, following["prompt"])
         assert (result["status"], result["text"]) == ("completed", following["answer"]), result
         after = agent.session(key)
         assert after is not None
         assert after.turns[: len(before.turns)] == before.turns
-        assert [t.role for t in after.turns[len(before.turns) :]] == ["user", "assistant"]
+        new = after.turns[len(before.turns) :]
+        assert [t.role for t in new] == ["user", "assistant", "user", "assistant"]
+        assert new[2].content == [{"type": "text", "text": recorded["posted"]}]
         assert after.runs[: len(before.runs)] == before.runs
         assert [r.status for r in after.runs] == ["completed"] * (len(before.runs) + 1)
+        inbox = restate_services(agent_name).inbox
+        assert (
+            server.query(
+                f"SELECT key FROM state WHERE service_name = '{inbox}' AND service_key = '{key}' "
+                "AND key = 'messages'"
+            )
+            == []
+        )  # taken once
