@@ -32,6 +32,7 @@ from tests.restate.test_worker import manifest
 from tests.test_answers import SHIP, run, write_agent
 from tests.test_cli import runs_db
 from tests.test_sqlite_crash_matrix import run_program
+from tether.parked import INDEX_KEY
 from tether.spec import restate_services
 from tether.testing import AgentHarness
 
@@ -110,36 +111,76 @@ def session_manifest() -> dict[str, Any]:
 
 def restate_session_of_two_runs(work: Path, out: Path) -> None:
     """A session of two runs on `tether worker` (a real restate-server) and a message waiting in
-    its inbox, as the state of the agent's object and of its inbox's, each key's value (`.json`,
-    UTF-8: Tether's state is JSON); the manifest beside it (`.yaml`)."""
+    its inbox: the state of the agent's object and of its inbox's (`.json`), the manifest beside
+    it (`.yaml`)."""
     spec = session_manifest()
-    inbox = restate_services(SESSION_AGENT).inbox
+    services = restate_services(SESSION_AGENT)
     with AgentHarness(spec, workspace=work) as agent:
         for prompt, _ in SESSION_RUNS:
             assert agent.run(SESSION, prompt)["status"] == "completed"
-        agent.restate.call(f"{inbox}/{SESSION}/post", {"text": POSTED})
+        agent.restate.call(f"{services.inbox}/{SESSION}/post", {"text": POSTED})
         session = agent.session(SESSION)
         assert session is not None
-        rows = agent.restate.server.query(
-            "SELECT service_name, key, value_utf8, value_length FROM state "
-            f"WHERE service_name IN ('{SESSION_AGENT}', '{inbox}') AND service_key = '{SESSION}'"
-        )
-    objects: dict[str, dict[str, str]] = {}
-    for row in rows:
-        assert len(row["value_utf8"].encode()) == row["value_length"], row["key"]
-        objects.setdefault(row["service_name"], {})[row["key"]] = row["value_utf8"]
-    assert set(objects) == {SESSION_AGENT, inbox}, objects
+        state = object_states(agent, [(services.agent, SESSION), (services.inbox, SESSION)])
     next_prompt, answers = NEXT_RUN
-    document = {
-        "recorded_at": describe(),
-        "agent": SESSION_AGENT,
+    expected = {
         "session": SESSION,
         "turns": len(session.turns),
         "runs": len(session.runs),
         "posted": POSTED,
         "next_run": {"prompt": next_prompt, "answer": answers[-1]["text"]},
     }
-    out.with_suffix(".json").write_text(json.dumps({**document, "state": objects}, indent=1) + "\n")
+    write_restate_golden(out, spec, state, expected)
+
+
+APPROVER = "golden-approver"
+APPROVED_WRITE = {"name": "write_file", "input": {"path": "approved.txt", "content": "yes"}}
+
+
+def restate_parked_for_an_approval(work: Path, out: Path) -> None:
+    """A run of `tether worker` parked for a person's approval: the state of the agent's object
+    (the run's record) and of its parked calls' index, which the sidecar lists and answers from
+    and which outlives every version while the run waits (`.json`); the manifest (`.yaml`)."""
+    spec = manifest(
+        APPROVER,
+        [{"tool_calls": [APPROVED_WRITE]}, {"text": "written"}],
+        tools=[{"name": "write_file", "builtin": "write_file", "requireApproval": True}],
+    )
+    services = restate_services(APPROVER)
+    with AgentHarness(spec, workspace=work) as agent:
+        agent.start_run(SESSION, "write it")
+        [call] = agent.parked(at_least=1)
+        state = object_states(agent, [(services.agent, SESSION), (services.parked, INDEX_KEY)])
+    expected = {
+        "session": SESSION,
+        "parked": {k: call[k] for k in ("kind", "tool", "call_id", "input_summary", "session")},
+    }
+    write_restate_golden(out, spec, state, expected)
+
+
+def object_states(
+    agent: AgentHarness, objects: list[tuple[str, str]]
+) -> dict[str, dict[str, dict[str, str]]]:
+    """The state of each (service, key) object: each key's value as text (Tether's state is JSON),
+    by service and object key."""
+    states: dict[str, dict[str, dict[str, str]]] = {}
+    for service, key in objects:
+        rows = agent.restate.server.query(
+            "SELECT key, value_utf8, value_length FROM state "
+            f"WHERE service_name = '{service}' AND service_key = '{key}'"
+        )
+        assert rows, f"{service}/{key} has no state"
+        for row in rows:
+            assert len(row["value_utf8"].encode()) == row["value_length"], row["key"]
+        states.setdefault(service, {})[key] = {row["key"]: row["value_utf8"] for row in rows}
+    return states
+
+
+def write_restate_golden(
+    out: Path, spec: dict[str, Any], state: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    document = {"recorded_at": describe(), "expected": expected, "state": state}
+    out.with_suffix(".json").write_text(json.dumps(document, indent=1) + "\n")
     plain = json.loads(json.dumps(spec))  # no shared objects: YAML would write them as anchors
     out.with_suffix(".yaml").write_text(yaml.safe_dump(plain))
 
@@ -149,6 +190,7 @@ RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "parked-for-an-approval": parked_for_an_approval,
     "sub-agent-parked-under-a-budget": sub_agent_parked_under_a_budget,
     "restate-session-of-two-runs": restate_session_of_two_runs,
+    "restate-parked-for-an-approval": restate_parked_for_an_approval,
 }
 
 

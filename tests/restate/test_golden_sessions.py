@@ -1,12 +1,14 @@
-"""A session outlives the worker versions that wrote it: its state stays in Restate across every
-rollout, and the next run reads it with the new code. Each golden (`tests/golden/*.json`, see
-`tests/golden/record.py`) is a session's state as a released Tether left it, and its inbox's
-(a message waiting), written into a real restate-server through its admin API; a run on it must
-see the session whole, take the message, and go on."""
+"""What an agent keeps in Restate outlives the versions that wrote it: a session's state stays
+across every rollout and its next run reads it with the new code; a run parked for a person
+waits through rollouts, and the new sidecar lists its call from the index the old one kept.
+Each golden (`tests/golden/*.json`, see `tests/golden/record.py`) is such state as a released
+Tether left it, written into a real restate-server through its admin API."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,46 +21,59 @@ from tether.spec import restate_services
 from tether.testing import AgentHarness, wait_until
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
-SESSIONS = sorted(GOLDEN.glob("*-restate-session-*.json"))
 
 
-def restore(server: RestateServer, agent: str, session: str, state: dict[str, str]) -> None:
-    """Write `state` as the object's whole state (`POST /services/<agent>/state`), and wait until
-    Restate has applied it (it answers 202 and applies it asynchronously)."""
-    new_state = {key: list(value.encode()) for key, value in state.items()}
+def goldens(recipe: str) -> list[Path]:
+    return sorted(GOLDEN.glob(f"*-{recipe}.json"))
+
+
+def restore(server: RestateServer, service: str, key: str, state: dict[str, str]) -> None:
+    """Write `state` as the object's whole state (`POST /services/<service>/state`), and wait
+    until Restate has applied it (it answers 202 and applies it asynchronously)."""
+    new_state = {name: list(value.encode()) for name, value in state.items()}
     response = request_json(
         "POST",
-        f"{server.admin_url}/services/{agent}/state",
-        {"object_key": session, "new_state": new_state},
+        f"{server.admin_url}/services/{service}/state",
+        {"object_key": key, "new_state": new_state},
         timeout=30.0,
     )
     assert response.status == 202, response.body
 
     def stored() -> bool:
         rows = server.query(
-            f"SELECT key FROM state WHERE service_name = '{agent}' AND service_key = '{session}'"
+            f"SELECT key FROM state WHERE service_name = '{service}' AND service_key = '{key}'"
         )
         return {row["key"] for row in rows} == set(state)
 
-    wait_until(stored, what="the restored state")
+    wait_until(stored, what=f"the restored state of {service}/{key}")
 
 
-def test_there_is_a_golden_session() -> None:
-    assert SESSIONS, f"no golden session in {GOLDEN}"
-
-
-@pytest.mark.parametrize("golden", SESSIONS, ids=lambda p: p.stem)
-def test_a_session_an_earlier_version_wrote_goes_on(tmp_path: Path, golden: Path) -> None:
+@contextlib.contextmanager
+def restored(golden: Path, workspace: Path) -> Iterator[tuple[AgentHarness, dict[str, Any]]]:
+    """The golden's agent on a new stack, its objects' state restored; what the golden expects."""
     recorded: dict[str, Any] = json.loads(golden.read_text())
     manifest = yaml.safe_load(golden.with_suffix(".yaml").read_text())
-    agent_name, key, following = recorded["agent"], recorded["session"], recorded["next_run"]
-    with AgentHarness(manifest, workspace=tmp_path) as agent:
-        server = agent.restate.server
-        for service, state in recorded["state"].items():
-            restore(server, service, key, state)
+    with AgentHarness(manifest, workspace=workspace) as agent:
+        for service, objects in recorded["state"].items():
+            for key, state in objects.items():
+                restore(agent.restate.server, service, key, state)
+        yield agent, recorded["expected"]
+
+
+@pytest.mark.parametrize(
+    "recipe", ["restate-session-of-two-runs", "restate-parked-for-an-approval"]
+)
+def test_there_are_goldens(recipe: str) -> None:
+    assert goldens(recipe), f"no golden of {recipe} in {GOLDEN}"
+
+
+@pytest.mark.parametrize("golden", goldens("restate-session-of-two-runs"), ids=lambda p: p.stem)
+def test_a_session_an_earlier_version_wrote_goes_on(tmp_path: Path, golden: Path) -> None:
+    with restored(golden, tmp_path) as (agent, expected):
+        key, following = expected["session"], expected["next_run"]
         before = agent.session(key)
         assert before is not None
-        assert (len(before.turns), len(before.runs)) == (recorded["turns"], recorded["runs"])
+        assert (len(before.turns), len(before.runs)) == (expected["turns"], expected["runs"])
 
         # The scripted model answers by the session's assistant turns: the run counted them all,
         # and its answer's boundary took the message waiting in the inbox (a follow-up turn).
@@ -69,14 +84,25 @@ def test_a_session_an_earlier_version_wrote_goes_on(tmp_path: Path, golden: Path
         assert after.turns[: len(before.turns)] == before.turns
         new = after.turns[len(before.turns) :]
         assert [t.role for t in new] == ["user", "assistant", "user", "assistant"]
-        assert new[2].content == [{"type": "text", "text": recorded["posted"]}]
+        assert new[2].content == [{"type": "text", "text": expected["posted"]}]
         assert after.runs[: len(before.runs)] == before.runs
         assert [r.status for r in after.runs] == ["completed"] * (len(before.runs) + 1)
-        inbox = restate_services(agent_name).inbox
+        inbox = restate_services(agent.agent).inbox
         assert (
-            server.query(
+            agent.restate.server.query(
                 f"SELECT key FROM state WHERE service_name = '{inbox}' AND service_key = '{key}' "
                 "AND key = 'messages'"
             )
             == []
         )  # taken once
+
+
+@pytest.mark.parametrize("golden", goldens("restate-parked-for-an-approval"), ids=lambda p: p.stem)
+def test_a_call_parked_under_an_earlier_version_is_listed(tmp_path: Path, golden: Path) -> None:
+    with restored(golden, tmp_path) as (agent, expected):
+        [call] = agent.parked()
+        assert {k: call[k] for k in expected["parked"]} == expected["parked"]
+        session = agent.session(expected["session"])
+        assert session is not None
+        [record] = session.runs
+        assert record.status == "running"
