@@ -1,6 +1,7 @@
 """What an agent keeps in Restate outlives the versions that wrote it: a session's state stays
 across every rollout and its next run reads it with the new code; a run parked for a person
-waits through rollouts, and the new sidecar lists its call from the index the old one kept.
+waits through rollouts, and the new sidecar lists its call from the index the old one kept and
+answers it.
 Each golden (`tests/golden/*.json`, see `tests/golden/record.py`) is such state as a released
 Tether left it, written into a real restate-server through its admin API."""
 
@@ -98,7 +99,9 @@ def test_a_session_an_earlier_version_wrote_goes_on(tmp_path: Path, golden: Path
 
 
 @pytest.mark.parametrize("golden", goldens("restate-parked-for-an-approval"), ids=lambda p: p.stem)
-def test_a_call_parked_under_an_earlier_version_is_listed(tmp_path: Path, golden: Path) -> None:
+def test_a_call_parked_under_an_earlier_version_is_listed_and_answered(
+    tmp_path: Path, golden: Path
+) -> None:
     with restored(golden, tmp_path) as (agent, expected):
         [call] = agent.parked()
         assert {k: call[k] for k in expected["parked"]} == expected["parked"]
@@ -106,3 +109,14 @@ def test_a_call_parked_under_an_earlier_version_is_listed(tmp_path: Path, golden
         assert session is not None
         [record] = session.runs
         assert record.status == "running"
+        # Approved through the new sidecar: the index it keeps takes the old record's answer.
+        agent.approve(call)
+        index = restate_services(agent.agent).parked
+        [answer] = wait_until(
+            lambda: agent.restate.server.query(
+                f"SELECT id FROM sys_invocation WHERE target_service_name = '{index}' "
+                "AND target_handler_name = 'answer' AND status = 'completed'"
+            ),
+            what="the index's answer",
+        )
+        assert agent.restate.result(answer["id"]) == {"answered": True}
