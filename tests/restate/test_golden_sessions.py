@@ -1,9 +1,8 @@
 """What an agent keeps in Restate outlives the versions that wrote it: a session's state stays
 across every rollout and its next run reads it with the new code; a run parked for a person
-waits through rollouts, and the new sidecar lists its call from the index the old one kept and
-answers it.
-Each golden (`tests/golden/*.json`, see `tests/golden/record.py`) is such state as a released
-Tether left it, written into a real restate-server through its admin API."""
+waits through rollouts, and the new sidecar lists and answers its call from the index the old
+one kept. Each golden (`tests/golden/*.json`, see `tests/golden/record.py`) is such state as a
+released Tether left it, written into a real restate-server through its admin API."""
 
 from __future__ import annotations
 
