@@ -6,11 +6,17 @@ system resolver answer two different addresses for one name."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import functools
 import ipaddress
+import os
+import re
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -21,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tether.tools import ToolError
+from tests.test_cli import NO_KEYS, state_home, tether
+from tether.tools import ToolContext, ToolError
 from tether.tools.builtin import BUILTINS, Workspace
 from tether.tools.builtin import http as http_tool
 
@@ -301,3 +309,147 @@ async def test_a_gzip_bomb_is_cut_at_the_decoded_cap(port: int, tmp_path: Path) 
     # Reading the whole body would hold its 100 MiB (twice, joined); the decoders hand out
     # pieces of at most 1 MiB, and reading stops after the first.
     assert peak < 16 * 1024 * 1024, f"peak {peak} bytes"
+
+
+# Idempotency keys --------------------------------------------------------------------------
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """Records each request's method and Idempotency-Key; `hold` (an Event) keeps the first
+    POST's answer back until it is set, so a test can kill its caller while it waits."""
+
+    seen: list[tuple[str, str | None]]
+    arrived: threading.Event
+    hold: threading.Event | None
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _record(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        first_post = self.command == "POST" and not any(m == "POST" for m, _ in self.seen)
+        self.seen.append((self.command, self.headers.get("idempotency-key")))
+        self.arrived.set()
+        if first_post and self.hold is not None:
+            self.hold.wait(60)
+        body = b"charged"
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _record
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[int, type[Recorder]]]:
+    handler = type(
+        "Recording", (Recorder,), {"seen": [], "arrived": threading.Event(), "hold": None}
+    )
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    yield httpd.server_address[1], handler
+    if handler.hold is not None:
+        handler.hold.set()
+    stop(httpd)
+
+
+def call_context(run_id: str, call_id: str) -> ToolContext:
+    return ToolContext(
+        call_id=call_id,
+        turn_id="t",
+        tool_name="http_request",
+        run_id=run_id,
+        session_id="s",
+        durable=None,  # type: ignore[arg-type]
+        signal=asyncio.Event(),
+    )
+
+
+async def test_a_post_carries_the_same_idempotency_key_at_every_attempt_of_a_call(
+    recorder: tuple[int, type[Recorder]], tmp_path: Path
+) -> None:
+    port, handler = recorder
+    fetch = build({"allowHosts": ["127.0.0.1"], **on_loopback(port)}, tmp_path)
+    url = f"http://127.0.0.1:{port}/charge"
+    for method in ("POST", "POST", "PATCH"):
+        await fetch.execute({"url": url, "method": method}, call_context("r1", "call_0_0"))
+    await fetch.execute({"url": url, "method": "POST"}, call_context("r1", "call_1_0"))
+    await fetch.execute({"url": url, "method": "POST"}, call_context("r2", "call_0_0"))
+    # Idempotent methods need none.
+    for method in ("GET", "PUT", "DELETE"):
+        await fetch.execute({"url": url, "method": method}, call_context("r1", "call_0_0"))
+    keys = [key for _, key in handler.seen]
+    assert keys[0] == keys[1] == keys[2] == call_context("r1", "call_0_0").idempotency_key
+    assert re.fullmatch(r"[0-9a-f]{32}", keys[0] or ""), keys
+    assert len({keys[0], keys[3], keys[4]}) == 3  # another call, another run: other keys
+    assert keys[5:] == [None, None, None]
+
+
+async def test_the_models_own_idempotency_key_is_kept_and_the_spec_can_send_none(
+    recorder: tuple[int, type[Recorder]], tmp_path: Path
+) -> None:
+    port, handler = recorder
+    url = f"http://127.0.0.1:{port}/charge"
+    fetch = build({"allowHosts": ["127.0.0.1"], **on_loopback(port)}, tmp_path)
+    own = {"url": url, "method": "POST", "headers": {"idempotency-key": "model-1"}}
+    await fetch.execute(own, call_context("r1", "call_0_0"))
+    quiet = build(
+        {"allowHosts": ["127.0.0.1"], "idempotencyKey": False, **on_loopback(port)}, tmp_path
+    )
+    await quiet.execute({"url": url, "method": "POST"}, call_context("r1", "call_0_0"))
+    assert handler.seen == [("POST", "model-1"), ("POST", None)]
+
+
+def test_a_safe_post_sent_again_after_a_sigkill_carries_the_same_key(
+    recorder: tuple[int, type[Recorder]], tmp_path: Path
+) -> None:
+    """`tether run` SIGKILLed while a `replay: safe` POST waits for its answer: the resumed run
+    sends it again (its result was never journaled), with the key of the first attempt."""
+    port, handler = recorder
+    handler.hold = threading.Event()
+    charge = {"url": f"http://127.0.0.1:{port}/charge", "method": "POST", "body": "5 EUR"}
+    spec = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "charger"},
+        "spec": {
+            "model": {
+                "provider": "scripted",
+                "name": "s",
+                "script": [{"tool_calls": [{"name": "charge", "input": charge}]}, {"text": "ok"}],
+            },
+            "tools": [
+                {
+                    "name": "charge",
+                    "builtin": "http_request",
+                    "replay": "safe",
+                    "config": {"allowHosts": ["127.0.0.1"], **on_loopback(port)},
+                }
+            ],
+        },
+    }
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(spec))
+    command = [sys.executable, "-m", "tether", "run", "agent.yaml", "--run-id", "r1"]
+    env = {**NO_KEYS, "XDG_STATE_HOME": str(state_home(tmp_path))}
+    first = subprocess.Popen(
+        [*command, "--prompt", "charge it"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        assert handler.arrived.wait(60), "the first attempt's POST never came"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    handler.hold.set()
+
+    resumed = tether("run", "agent.yaml", "--run-id", "r1", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "run r1: completed" in resumed.stdout
+    [(_, first_key), (_, second_key)] = handler.seen
+    assert first_key is not None and first_key == second_key

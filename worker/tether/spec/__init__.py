@@ -343,7 +343,8 @@ class ToolSpecEntry(_Model):
         default=None,
         description="A built-in tool: read_file, write_file, append_file, list_files (confined "
         "to the workspace), http_request (config: allowHosts, allowPorts [80, 443], allowCidrs "
-        "for non-public addresses, timeoutSeconds, maxResponseBytes), shell (config: "
+        "for non-public addresses, timeoutSeconds, maxResponseBytes, idempotencyKey [true]: POST "
+        "and PATCH carry an Idempotency-Key, the same at every attempt of a call), shell (config: "
         "timeoutSeconds, maxOutputBytes, killAfterOutputBytes, env, passEnv, limits: "
         "{cpuSeconds, memoryBytes, fileSizeBytes, processes}), ask_human (parks until a person "
         "answers).",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -55,6 +56,14 @@ class ToolContext:
     budget_tree: str | None = None
     """The budget the run reserves its model calls from (`tether.budget`); a sub-agent the tool
     starts reserves from it too."""
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for the call's side effect, for APIs that act once per key (an
+        `Idempotency-Key` header, Stripe's): the run and call ids are journaled, so every
+        attempt of the call has the same, and every other call another. Hashed: the ids say
+        nothing to the server."""
+        return hashlib.sha256(f"{self.run_id}/{self.call_id}".encode()).hexdigest()[:32]
 
 
 ToolExecute = Callable[[dict[str, Any], ToolContext], Awaitable[ToolOutput]]

@@ -18,6 +18,12 @@ before anything is sent:
   `.netrc` are ignored: a proxy would resolve the name itself.
 - redirects are not followed: a 3xx comes back to the model, whose next call is checked again.
 
+A POST or PATCH (the methods that are not idempotent) carries an `Idempotency-Key` header: the
+same for every attempt of one call, another for every other call. A call runs at most once per
+attempt, and an unsafe one is not sent again after a crash; but a `replay: safe` tool is, and a
+body cut off between its request and its journaled result can have reached the server. A server
+that honours the header (the IETF draft's, Stripe's) then acts once.
+
 The response is streamed and decoded (gzip, deflate, br, zstd) in bounded pieces; reading stops
 as soon as `maxResponseBytes` of DECODED body are in, so a compressed bomb costs at most about a
 megabyte past the cap, never its whole decoded size. The result says the body was cut.
@@ -36,7 +42,7 @@ import httpx2
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from ..base import ToolDef, ToolError
+from ..base import ToolContext, ToolDef, ToolError
 from ..decorator import tool
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -94,6 +100,9 @@ REFUSED_HEADERS = frozenset(
     }
 )
 """Headers the tool sets itself (framing, routing) or that speak to a hop, not the server."""
+KEYED_METHODS = frozenset({"POST", "PATCH"})
+"""The methods that are not idempotent (RFC 9110): their requests carry an Idempotency-Key."""
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 class HttpRequestConfig(BaseModel):
@@ -110,6 +119,11 @@ class HttpRequestConfig(BaseModel):
     )
     timeout_seconds: float = Field(default=30, gt=0)
     max_response_bytes: int = Field(default=64 * 1024, gt=0)
+    idempotency_key: bool = Field(
+        default=True,
+        description="Send POST and PATCH with an Idempotency-Key header, the same for every "
+        "attempt of one call (unless the model's headers have one).",
+    )
 
     @field_validator("allow_ports")
     @classmethod
@@ -197,6 +211,17 @@ def check_headers(headers: dict[str, str] | None) -> None:
             )
 
 
+def with_idempotency_key(
+    headers: dict[str, str], method: str, ctx: ToolContext | None
+) -> dict[str, str]:
+    """`headers`, plus the call's Idempotency-Key for a POST or PATCH that has none."""
+    if ctx is None or method not in KEYED_METHODS:
+        return headers
+    if any(name.strip().lower() == IDEMPOTENCY_HEADER.lower() for name in headers):
+        return headers  # the model's own (an API may want keys of its own making)
+    return {**headers, IDEMPOTENCY_HEADER: ctx.idempotency_key}
+
+
 async def read_capped(response: httpx2.Response, limit: int) -> tuple[bytes, bool]:
     """Up to `limit` bytes of the decoded body, and whether there was more. Stops reading there:
     the decoders hand out bounded pieces, so at most one piece past `limit` is ever decoded."""
@@ -276,6 +301,7 @@ def http_request_tool(name: str, config: dict[str, Any]) -> ToolDef:
         method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"] = "GET",
         headers: dict[str, str] | None = None,
         body: str | None = None,
+        ctx: ToolContext | None = None,
     ) -> str:
         """Make an HTTP request to an allowed host and return the status and body."""
         target = _parse(url)
@@ -290,15 +316,18 @@ def http_request_tool(name: str, config: dict[str, Any]) -> ToolDef:
             allowed = ", ".join(str(p) for p in settings.allow_ports)
             raise ToolError(f"port {port} is not allowed (allowed: {allowed})")
         addresses = await checked_addresses(target, settings, allowed_networks)
+        sent = headers or {}
+        if settings.idempotency_key:
+            sent = with_idempotency_key(sent, method, ctx)
         for address in addresses[:-1]:  # in the resolver's order, as a client would
             try:
-                return await send_pinned(target, address, settings, method, headers or {}, body)
+                return await send_pinned(target, address, settings, method, sent, body)
             except httpx2.ConnectError:
                 continue  # the next checked address
             except httpx2.HTTPError as error:
                 raise ToolError(f"{method} {url} failed: {error}") from None
         try:
-            return await send_pinned(target, addresses[-1], settings, method, headers or {}, body)
+            return await send_pinned(target, addresses[-1], settings, method, sent, body)
         except httpx2.HTTPError as error:
             raise ToolError(f"{method} {url} failed: {error}") from None
 
