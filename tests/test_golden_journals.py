@@ -1,8 +1,8 @@
 """Runs an earlier Tether left in a SQLite file resume on this one: a run killed part-way, a run
-parked for a week's wait for a person, a sub-agent parked under a budget. Each golden
-(`tests/golden/`, see its `record.py`) is a database as a released version wrote it, loaded into
-a fresh file and resumed by real processes; and a database a newer Tether wrote is refused in a
-sentence, before anything is written."""
+parked for a week's wait for a person's approval or answer, a sub-agent parked under a budget.
+Each golden (`tests/golden/`, see its `record.py`) is a database as a released version wrote it,
+loaded into a fresh file and resumed by real processes; and a database a newer Tether wrote is
+refused in a sentence, before anything is written."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.golden.record import KILLED_IN_CALL
-from tests.test_answers import run, tool_results
+from tests.test_answers import decisions, run, tool_results
 from tests.test_cli import runs_db, tether
 from tests.test_sqlite_crash_matrix import check_outcome, model_steps, run_program
 from tether._sqlite import SCHEMA_VERSION, Database
@@ -85,6 +85,22 @@ def test_a_run_parked_for_an_approval_resumes_once_answered(tmp_path: Path, gold
     assert "run r1: completed" in done.stdout
     assert (tmp_path / "shipped.txt").read_text() == "v1"
     assert tool_results(tmp_path) == ["wrote 2 bytes to shipped.txt"]
+
+
+@pytest.mark.parametrize("golden", goldens("parked-for-an-answer"), ids=lambda p: p.stem)
+def test_a_run_parked_for_an_answer_resumes_with_it(tmp_path: Path, golden: Path) -> None:
+    shutil.copy(golden.with_suffix(".yaml"), tmp_path / "agent.yaml")
+    load(golden, runs_db(tmp_path))
+
+    answered = tether("answer", "r1", "--value", '"blue"', cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "final answer: blue it is" in done.stdout
+    assert tool_results(tmp_path) == ["blue"]
+    assert decisions(tmp_path) == [
+        {"call_id": "call_0_0", "tool": "ask", "kind": "ask_human", "answered": True}
+    ]
 
 
 def test_a_database_a_newer_tether_wrote_is_refused(tmp_path: Path) -> None:

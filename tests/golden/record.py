@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from tests.restate.test_worker import manifest
-from tests.test_answers import SHIP, run, write_agent
+from tests.test_answers import ASK, SHIP, run, write_agent
 from tests.test_cli import runs_db
 from tests.test_sqlite_crash_matrix import run_program
 from tether.parked import INDEX_KEY
@@ -58,6 +58,16 @@ def parked_for_an_approval(work: Path, out: Path) -> None:
     answers. Beside the dump, the spec (`.yaml`)."""
     spec = write_agent(work, [{"tool_calls": [SHIP]}, {"text": "shipped"}])
     parked = run(work, "--prompt", "ship it")
+    assert parked.returncode == 3, parked.stdout + parked.stderr
+    shutil.copy(spec, out.with_suffix(".yaml"))
+    dump(runs_db(work), out.with_suffix(".sql"))
+
+
+def parked_for_an_answer(work: Path, out: Path) -> None:
+    """`tether run` parked (exit 3) on `ask_human` until a person answers with a value. Beside
+    the dump, the spec (`.yaml`)."""
+    spec = write_agent(work, [{"tool_calls": [ASK]}, {"text": "blue it is"}])
+    parked = run(work, "--prompt", "pick a color")
     assert parked.returncode == 3, parked.stdout + parked.stderr
     shutil.copy(spec, out.with_suffix(".yaml"))
     dump(runs_db(work), out.with_suffix(".sql"))
@@ -188,6 +198,7 @@ def write_restate_golden(
 RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "killed-in-an-unsafe-call": killed_in_an_unsafe_call,
     "parked-for-an-approval": parked_for_an_approval,
+    "parked-for-an-answer": parked_for_an_answer,
     "sub-agent-parked-under-a-budget": sub_agent_parked_under_a_budget,
     "restate-session-of-two-runs": restate_session_of_two_runs,
     "restate-parked-for-an-approval": restate_parked_for_an_approval,
