@@ -3,6 +3,7 @@ process-group kills."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import resource
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tether.tools import ToolError
+from tether.tools import ToolContext, ToolError
 from tether.tools.builtin import BUILTINS, Workspace
 
 MiB = 1024 * 1024
@@ -79,6 +80,29 @@ async def test_shell_gets_none_of_the_worker_environment(
         "LANG": "C.UTF-8",
     }
     assert result.rstrip().endswith(f"\n{tmp_path}")  # pwd: the workspace
+
+
+async def test_shell_gets_the_calls_idempotency_key(tmp_path: Path) -> None:
+    """The same at every attempt of a call (`ToolContext.idempotency_key`), for the APIs the
+    command calls; another for another call."""
+    shell = build({}, tmp_path)
+
+    async def key_of(call_id: str) -> str:
+        ctx = ToolContext(
+            call_id=call_id,
+            turn_id="t",
+            tool_name="shell",
+            run_id="r1",
+            session_id="s",
+            durable=None,  # type: ignore[arg-type]
+            signal=asyncio.Event(),
+        )
+        output = await shell.execute({"command": "env"}, ctx)
+        assert environment(output)["TETHER_IDEMPOTENCY_KEY"] == ctx.idempotency_key
+        return ctx.idempotency_key
+
+    first = await key_of("call_0_0")
+    assert await key_of("call_0_0") == first != await key_of("call_1_0")
 
 
 async def test_shell_environment_comes_from_its_config(

@@ -3,7 +3,9 @@
 What the command gets:
 - its working directory is the workspace, its stdin is /dev/null;
 - an environment of its own, not the worker's: `PATH` (the system directories), `HOME` (the
-  workspace), `LANG=C.UTF-8`, then the names listed in `config.passEnv` copied from the worker's
+  workspace), `LANG=C.UTF-8`, `TETHER_IDEMPOTENCY_KEY` (the call's `ToolContext.idempotency_key`,
+  the same at every attempt of the call: `curl -H "Idempotency-Key: $TETHER_IDEMPOTENCY_KEY"`
+  makes an API act once), then the names listed in `config.passEnv` copied from the worker's
   environment (when set there), then the literal `config.env` values (which win). The worker's
   secrets (`TETHER_WEBHOOK_SECRET`, the model API keys) cannot be passed: with the secret that
   signs approvals, an agent could approve its own calls;
@@ -52,7 +54,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from ..base import ToolDef, ToolError
+from ..base import ToolContext, ToolDef, ToolError
 from ..decorator import tool
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -147,9 +149,17 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def child_env(settings: ShellConfig, workdir: str | Path) -> dict[str, str]:
-    """The whole environment of a command: nothing of the worker's but what the config names."""
+IDEMPOTENCY_KEY_ENV = "TETHER_IDEMPOTENCY_KEY"
+
+
+def child_env(
+    settings: ShellConfig, workdir: str | Path, idempotency_key: str | None = None
+) -> dict[str, str]:
+    """The whole environment of a command: nothing of the worker's but what the config names,
+    and the call's idempotency key."""
     env = {"PATH": SAFE_PATH, "HOME": str(Path(workdir).absolute()), "LANG": "C.UTF-8"}
+    if idempotency_key is not None:
+        env[IDEMPOTENCY_KEY_ENV] = idempotency_key
     env.update({name: os.environ[name] for name in settings.pass_env if name in os.environ})
     env.update(settings.env)
     return env
@@ -229,7 +239,9 @@ def _exit_status(code: int) -> str:
     return f"exit code {code}"
 
 
-async def run_command(command: str, settings: ShellConfig, workdir: str | Path) -> str:
+async def run_command(
+    command: str, settings: ShellConfig, workdir: str | Path, idempotency_key: str | None = None
+) -> str:
     """Run `command` confined as the module docstring says; the text the model sees."""
     loop = asyncio.get_running_loop()
     limits = rlimits(settings)
@@ -238,7 +250,7 @@ async def run_command(command: str, settings: ShellConfig, workdir: str | Path) 
         process = await asyncio.create_subprocess_shell(
             command,
             cwd=workdir,
-            env=child_env(settings, workdir),
+            env=child_env(settings, workdir, idempotency_key),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=write_fd,
             stderr=write_fd,
@@ -291,8 +303,12 @@ def shell_tool(name: str, config: dict[str, Any], workdir: str | Path) -> ToolDe
     settings = ShellConfig.model_validate(config)
 
     @tool(name=name)
-    async def shell(command: Annotated[str, Field(description="A /bin/sh command line.")]) -> str:
+    async def shell(
+        command: Annotated[str, Field(description="A /bin/sh command line.")],
+        ctx: ToolContext | None = None,
+    ) -> str:
         """Run a shell command in the workspace; returns its exit code and combined output."""
-        return await run_command(command, settings, workdir)
+        key = ctx.idempotency_key if ctx is not None else None
+        return await run_command(command, settings, workdir, key)
 
     return shell
