@@ -6,8 +6,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from tether.durable.memory import memory_runtime
 from tether.providers.base import ModelRequest, ModelResponse, ProviderError, TextCallback
 from tether.providers.scripted import ScriptedProvider
+from tether.tools import ToolContext
 
 
 class RecordingProvider(ScriptedProvider):
@@ -68,3 +70,19 @@ def calls(*names: str, **inputs: dict[str, Any]) -> dict[str, Any]:
 def results_after(turns: list[Any], index: int) -> dict[str, Any]:
     """The tool results (by call id) in the user turn after assistant turn `index`."""
     return {b["tool_use_id"]: b for b in turns[index + 1].content if b["type"] == "tool_result"}
+
+
+def tool_context(
+    call_id: str = "call_0_0", *, run_id: str = "run", agent: Any = None
+) -> ToolContext:
+    """The context a tool gets from the loop, for calling a tool's `execute` directly."""
+    return ToolContext(
+        call_id=call_id,
+        turn_id="turn",
+        tool_name="tool",
+        run_id=run_id,
+        session_id=None,
+        durable=memory_runtime(),
+        signal=asyncio.Event(),
+        agent=agent,
+    )

@@ -6,7 +6,6 @@ system resolver answer two different addresses for one name."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import functools
 import ipaddress
@@ -33,8 +32,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.helpers import tool_context
 from tests.test_cli import NO_KEYS, state_home, tether
-from tether.tools import ToolContext, ToolError
+from tether.tools import ToolError
 from tether.tools.builtin import BUILTINS, Workspace
 from tether.tools.builtin import http as http_tool
 
@@ -355,18 +355,6 @@ def recorder() -> Iterator[tuple[int, type[Recorder]]]:
     stop(httpd)
 
 
-def call_context(run_id: str, call_id: str) -> ToolContext:
-    return ToolContext(
-        call_id=call_id,
-        turn_id="t",
-        tool_name="http_request",
-        run_id=run_id,
-        session_id="s",
-        durable=None,  # type: ignore[arg-type]
-        signal=asyncio.Event(),
-    )
-
-
 async def test_a_post_carries_the_same_idempotency_key_at_every_attempt_of_a_call(
     recorder: tuple[int, type[Recorder]], tmp_path: Path
 ) -> None:
@@ -374,14 +362,14 @@ async def test_a_post_carries_the_same_idempotency_key_at_every_attempt_of_a_cal
     fetch = build({"allowHosts": ["127.0.0.1"], **on_loopback(port)}, tmp_path)
     url = f"http://127.0.0.1:{port}/charge"
     for method in ("POST", "POST", "PATCH"):
-        await fetch.execute({"url": url, "method": method}, call_context("r1", "call_0_0"))
-    await fetch.execute({"url": url, "method": "POST"}, call_context("r1", "call_1_0"))
-    await fetch.execute({"url": url, "method": "POST"}, call_context("r2", "call_0_0"))
+        await fetch.execute({"url": url, "method": method}, tool_context("call_0_0", run_id="r1"))
+    await fetch.execute({"url": url, "method": "POST"}, tool_context("call_1_0", run_id="r1"))
+    await fetch.execute({"url": url, "method": "POST"}, tool_context("call_0_0", run_id="r2"))
     # Idempotent methods need none.
     for method in ("GET", "PUT", "DELETE"):
-        await fetch.execute({"url": url, "method": method}, call_context("r1", "call_0_0"))
+        await fetch.execute({"url": url, "method": method}, tool_context("call_0_0", run_id="r1"))
     keys = [key for _, key in handler.seen]
-    assert keys[0] == keys[1] == keys[2] == call_context("r1", "call_0_0").idempotency_key
+    assert keys[0] == keys[1] == keys[2] == tool_context("call_0_0", run_id="r1").idempotency_key
     assert re.fullmatch(r"[0-9a-f]{32}", keys[0] or ""), keys
     assert len({keys[0], keys[3], keys[4]}) == 3  # another call, another run: other keys
     assert keys[5:] == [None, None, None]
@@ -394,11 +382,11 @@ async def test_the_models_own_idempotency_key_is_kept_and_the_spec_can_send_none
     url = f"http://127.0.0.1:{port}/charge"
     fetch = build({"allowHosts": ["127.0.0.1"], **on_loopback(port)}, tmp_path)
     own = {"url": url, "method": "POST", "headers": {"idempotency-key": "model-1"}}
-    await fetch.execute(own, call_context("r1", "call_0_0"))
+    await fetch.execute(own, tool_context("call_0_0", run_id="r1"))
     quiet = build(
         {"allowHosts": ["127.0.0.1"], "idempotencyKey": False, **on_loopback(port)}, tmp_path
     )
-    await quiet.execute({"url": url, "method": "POST"}, call_context("r1", "call_0_0"))
+    await quiet.execute({"url": url, "method": "POST"}, tool_context("call_0_0", run_id="r1"))
     assert handler.seen == [("POST", "model-1"), ("POST", None)]
 
 

@@ -3,7 +3,6 @@ process-group kills."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import resource
@@ -17,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tether.tools import ToolContext, ToolError
+from tests.helpers import tool_context
+from tether.tools import ToolError
 from tether.tools.builtin import BUILTINS, Workspace
 
 MiB = 1024 * 1024
@@ -88,15 +88,7 @@ async def test_shell_gets_the_calls_idempotency_key(tmp_path: Path) -> None:
     shell = build({}, tmp_path)
 
     async def key_of(call_id: str) -> str:
-        ctx = ToolContext(
-            call_id=call_id,
-            turn_id="t",
-            tool_name="shell",
-            run_id="r1",
-            session_id="s",
-            durable=None,  # type: ignore[arg-type]
-            signal=asyncio.Event(),
-        )
+        ctx = tool_context(call_id)
         output = await shell.execute({"command": "env"}, ctx)
         assert environment(output)["TETHER_IDEMPOTENCY_KEY"] == ctx.idempotency_key
         return ctx.idempotency_key

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import tool_context
 from tests.restate.support import ServedApp, count, http, read_lines, wait_until
 from tether import ToolContext
 from tether.agent.stats import AgentStats
-from tether.durable.memory import memory_runtime
 from tether.programs.restate_server import RestateServer
 from tether.restate import (
     AwakeableDriftError,
@@ -535,19 +535,6 @@ class DriftedContext:
 
     async def run_typed(self, name: str, action: Any, options: Any = None) -> str:
         return "sign_1published"  # replayed: the body does not run
-
-
-def tool_context(call_id: str = "call_0_0", *, agent: Any = None) -> ToolContext:
-    return ToolContext(
-        call_id=call_id,
-        turn_id="turn",
-        tool_name="tool",
-        run_id="run",
-        session_id=None,
-        durable=memory_runtime(),
-        signal=asyncio.Event(),
-        agent=agent,
-    )
 
 
 async def test_a_replay_that_mints_another_awakeable_fails_instead_of_parking() -> None:
