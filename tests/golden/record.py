@@ -53,24 +53,25 @@ def killed_in_an_unsafe_call(work: Path, out: Path) -> None:
     dump(db, out.with_suffix(".sql"))
 
 
-def parked_for_an_approval(work: Path, out: Path) -> None:
-    """`tether run` of a spec whose tool needs an approval, parked (exit 3) until a person
-    answers. Beside the dump, the spec (`.yaml`)."""
-    spec = write_agent(work, [{"tool_calls": [SHIP]}, {"text": "shipped"}])
-    parked = run(work, "--prompt", "ship it")
+def park(work: Path, out: Path, spec: Path, prompt: str) -> None:
+    """`tether run` of `spec` in `work`, which must park (exit 3) for a person; its database
+    dumped (`.sql`), the spec beside it (`.yaml`)."""
+    parked = run(work, "--prompt", prompt)
     assert parked.returncode == 3, parked.stdout + parked.stderr
     shutil.copy(spec, out.with_suffix(".yaml"))
     dump(runs_db(work), out.with_suffix(".sql"))
+
+
+def parked_for_an_approval(work: Path, out: Path) -> None:
+    """`tether run` of a spec whose tool needs an approval, parked until a person answers."""
+    spec = write_agent(work, [{"tool_calls": [SHIP]}, {"text": "shipped"}])
+    park(work, out, spec, "ship it")
 
 
 def parked_for_an_answer(work: Path, out: Path) -> None:
-    """`tether run` parked (exit 3) on `ask_human` until a person answers with a value. Beside
-    the dump, the spec (`.yaml`)."""
+    """`tether run` parked on `ask_human` until a person answers with a value."""
     spec = write_agent(work, [{"tool_calls": [ASK]}, {"text": "blue it is"}])
-    parked = run(work, "--prompt", "pick a color")
-    assert parked.returncode == 3, parked.stdout + parked.stderr
-    shutil.copy(spec, out.with_suffix(".yaml"))
-    dump(runs_db(work), out.with_suffix(".sql"))
+    park(work, out, spec, "pick a color")
 
 
 SPAWN = {"name": "spawn", "input": {"task": "do the ship"}}
@@ -89,10 +90,7 @@ def sub_agent_parked_under_a_budget(work: Path, out: Path) -> None:
     document["spec"]["subagents"] = {"maxDepth": 1}
     document["spec"]["limits"] = {"maxTokens": 10_000}
     spec.write_text(yaml.safe_dump(document))
-    parked = run(work, "--prompt", "ship it")
-    assert parked.returncode == 3, parked.stdout + parked.stderr
-    shutil.copy(spec, out.with_suffix(".yaml"))
-    dump(runs_db(work), out.with_suffix(".sql"))
+    park(work, out, spec, "ship it")
 
 
 SESSION_AGENT = "golden-clerk"
