@@ -5,6 +5,7 @@ the journal. Real processes, a real SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,87 @@ def test_spawn_is_the_sub_agent_tool(tmp_path: Path) -> None:
     assert "'spawn' is the sub-agent tool of `spec.subagents`" in refused.stderr
     with sqlite3.connect(runs_db(tmp_path)) as db:  # the run was never opened
         assert db.execute("SELECT * FROM tether_runs").fetchall() == []
+
+
+def write_spender(directory: Path, **limits: Any) -> None:
+    """An agent whose calls cost $0.10 each at most and do: 3 tool turns and an answer."""
+    turn = {"tool_calls": [{"name": "read", "input": {"path": "a.txt"}}]}
+    usage = {"usage": {"input": 10, "output": 100}}
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "spender"},
+        "spec": {
+            "model": {
+                "provider": "scripted",
+                "name": "s",
+                "maxTokens": 100,
+                "pricing": {"inputPerMTok": 0, "outputPerMTok": 1000},
+                "script": [{**turn, **usage}] * 3 + [{"text": "done", **usage}],
+            },
+            "tools": [{"name": "read", "builtin": "read_file"}],
+            "limits": limits,
+        },
+    }
+    (directory / "agent.yaml").write_text(yaml.safe_dump(document))
+    (directory / "a.txt").write_text("hi")
+
+
+def budget_limits(directory: Path) -> dict[str, Any]:
+    with sqlite3.connect(runs_db(directory)) as db:
+        [(limits,)] = db.execute("SELECT limits FROM tether_budgets").fetchall()
+    return dict(json.loads(limits))
+
+
+def test_an_exhausted_budget_parks_the_run_until_a_person_raises_it(tmp_path: Path) -> None:
+    write_spender(tmp_path, maxCostUsd=0.25, onExhausted="ask")
+    parked = run(tmp_path, "--prompt", "spend")
+    assert parked.returncode == 3, parked.stdout + parked.stderr
+    asked = (
+        'approval: budget({"spent":{"cost_usd":0.2},"budget":{"cost_usd":0.25},'
+        '"next_call_at_most":{"cost_usd":0.1},"raise_to":{"cost_usd":0.5}})  [budget:2:0]'
+    )
+    assert asked in parked.stdout
+    assert "[turn 3]" not in parked.stdout  # the third call did not start
+    [line] = tether("waiting", cwd=tmp_path).stdout.splitlines()
+    assert line.startswith("r1  budget:2:0  approval  budget(")
+    answered = tether("answer", "r1", "--approve", "--approver", "bob", cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The two calls before the park are replayed, never paid again; two more fit in $0.50.
+    assert "run r1: completed after 4 turns and 3 tool calls" in done.stdout
+    assert "$0.4000" in done.stdout and "final answer: done" in done.stdout
+    assert "steps run live: 5 (clock 1, decision 1, model 2, tool 1)" in done.stdout
+    assert budget_limits(tmp_path)["cost_usd"] == 0.5
+    raised = {
+        "call_id": "budget:2:0",
+        "tool": "budget",
+        "kind": "approval",
+        "approved": True,
+        "by": "cli",
+        "approver": "bob",
+        "decided_at": ANY,
+    }
+    assert decisions(tmp_path) == [raised]
+    replayed = run(tmp_path)  # the answer is journaled: the same path, recorded once
+    assert replayed.returncode == 0 and "steps run live: 0" in replayed.stdout
+    assert decisions(tmp_path) == [raised] and budget_limits(tmp_path)["cost_usd"] == 0.5
+
+
+def test_a_denied_raise_stops_the_run_on_its_budget(tmp_path: Path) -> None:
+    write_spender(tmp_path, maxCostUsd=0.25, onExhausted="ask")
+    assert run(tmp_path, "--prompt", "spend").returncode == 3
+    assert tether("answer", "r1", "--deny", cwd=tmp_path).returncode == 0
+    stopped = run(tmp_path)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "run r1: budget_exceeded after 2 turns" in stopped.stdout
+    assert budget_limits(tmp_path)["cost_usd"] == 0.25
+    assert [d["approved"] for d in decisions(tmp_path)] == [False]
+
+
+def test_without_ask_an_exhausted_budget_stops_the_run(tmp_path: Path) -> None:
+    write_spender(tmp_path, maxCostUsd=0.25)
+    stopped = run(tmp_path, "--prompt", "spend")
+    assert stopped.returncode == 1 and "run r1: budget_exceeded after 2 turns" in stopped.stdout
+    assert tether("waiting", cwd=tmp_path).stdout == ""

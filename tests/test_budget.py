@@ -53,12 +53,18 @@ def test_holds_count_until_settled_and_a_settlement_counts_once() -> None:
     assert set(ledger.held) == {"b", "c"}
 
 
-def test_the_first_limits_given_are_the_trees() -> None:
+def test_the_roots_limits_set_the_trees_budget_and_only_ever_raise_it() -> None:
     ledger = LedgerState()
     assert ledger.reserve("root", Spend(0, 100), Limits(tokens=1000))
-    assert ledger.reserve("child", Spend(0, 800), Limits(tokens=10_000))  # a child's own
+    assert ledger.reserve("child", Spend(0, 800))  # a sub-agent gives no limits of its own
     assert not ledger.reserve("other", Spend(0, 200))
     assert ledger.limits == Limits(tokens=1000)
+    # A person raised the budget: the root's next reservation carries the raised limits.
+    assert ledger.reserve("root-2", Spend(0, 200), Limits(tokens=2000))
+    # A replay reserves with the limits of before the raise: it lowers nothing.
+    assert ledger.reserve("root", Spend(0, 100), Limits(tokens=1000))
+    assert ledger.limits == Limits(tokens=2000)
+    assert Limits(1.0, None).raised_to(Limits(None, 5)) == Limits(1.0, 5)
 
 
 def test_a_settlement_cannot_give_budget_back() -> None:

@@ -163,6 +163,15 @@ INVALID = [
         },
         "spec.approvals.timeout",
     ),
+    (
+        {
+            "spec": {
+                "model": {"provider": "anthropic", "name": "c"},
+                "limits": {"onExhausted": "ask"},
+            }
+        },
+        "limits.onExhausted: ask needs",
+    ),
 ]
 
 

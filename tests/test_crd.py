@@ -488,6 +488,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.scaling.activeRunsPerReplica",
     ),
     (
+        "ask-for-a-budget-that-is-not-set",
+        {**_model(**KEY), "limits": {"onExhausted": "ask", "maxTurns": 5}},
+        "spec.limits.onExhausted",
+    ),
+    (
         "too-many-max-replicas",
         {**_model(**KEY), "scaling": {"maxReplicas": 101}},
         "spec.scaling.maxReplicas",

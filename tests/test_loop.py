@@ -269,6 +269,75 @@ async def test_a_token_budget_never_lets_a_call_start_that_could_pass_it() -> No
     assert state.spent.tokens == stats.total_tokens and state.held == {}
 
 
+def answering(*answers: Any) -> tuple[list[dict[str, Any]], Any]:
+    """A `wait` that answers with `answers` in turn, and what it was asked."""
+    from tether.tools.human import Answer
+
+    asked: list[dict[str, Any]] = []
+    pending = list(answers)
+
+    async def wait(ctx: ToolContext, kind: str, arguments: dict[str, Any]) -> Answer:
+        asked.append({"tool": ctx.tool_name, "call_id": ctx.call_id, "kind": kind, **arguments})
+        return Answer(value=pending.pop(0))
+
+    return asked, wait
+
+
+async def test_an_exhausted_budget_asks_a_person_and_an_approval_raises_it_by_its_size() -> None:
+    # $0.10 a call at most, $0.25 a budget: two calls fit, the third asks; approved, the budget
+    # is $0.50 and three more fit; the sixth asks again and is denied.
+    script = [{**calls("echo", echo={"text": "x"}), "usage": {"input": 10, "output": 1000}}] * 9
+    provider = RecordingProvider(script, pricing=Pricing(input_per_mtok=0, output_per_mtok=100))
+    behavior = Behavior(max_cost_usd=0.25, max_output_tokens=1000, on_budget_exhausted="ask")
+    asked, wait = answering({"approved": True, "by": "test"}, False)
+    agent = create_agent(provider=provider, tools=[echo], behavior=behavior, wait=wait)
+    stats = await agent.run("spend")
+    assert stats.status == "budget_exceeded"
+    assert len(provider.requests) == 5 and stats.cost_usd == pytest.approx(0.50)
+    assert [(a["tool"], a["kind"]) for a in asked] == [("budget", "approval")] * 2
+    assert asked[0]["spent"]["cost_usd"] == pytest.approx(0.20)
+    assert asked[0]["next_call_at_most"]["cost_usd"] == pytest.approx(0.10)
+    assert asked[0]["budget"]["cost_usd"] == 0.25 and asked[0]["raise_to"]["cost_usd"] == 0.5
+    assert asked[1]["budget"]["cost_usd"] == 0.5 and asked[1]["raise_to"]["cost_usd"] == 0.75
+    assert agent.session is not None
+    decisions = agent.session.runs[0].decisions
+    assert [(d["tool"], d["approved"]) for d in decisions] == [("budget", True), ("budget", False)]
+    assert decisions[0]["by"] == "test"
+    ledger = agent.durable.stores.budget
+    assert isinstance(ledger, MemoryLedger)
+    assert ledger.state(str(stats.run_id)).limits.cost_usd == 0.5
+
+
+async def test_a_sub_agent_out_of_budget_stops_and_its_parent_asks_for_the_tree() -> None:
+    from tether.agent import spawn_tool
+
+    usage = {"usage": {"input": 10, "output": 1000}}
+    work = {**calls("echo", echo={"text": "x"}), **usage}
+    script = {
+        "go": [{**calls("spawn", spawn={"task": "work"}), **usage}, {"text": "done", **usage}],
+        "work": [work] * 5,
+    }
+    pricing = Pricing(input_per_mtok=0, output_per_mtok=100)
+    provider = scripted(script, pricing=pricing)
+    behavior = Behavior(max_cost_usd=0.35, max_output_tokens=1000, on_budget_exhausted="ask")
+    asked, wait = answering(True)
+    tools = [echo, spawn_tool(max_depth=1)]
+    agent = create_agent(provider=provider, tools=tools, behavior=behavior, wait=wait)
+    stats = await agent.run("go")
+    # The spawn ($0.10) and the child's two calls fit $0.35; the child's third does not: it
+    # stops, and the parent's next call asks for the whole tree, then answers in $0.70.
+    assert [child.status for child in stats.children] == ["budget_exceeded"]
+    assert [a["call_id"] for a in asked] == ["budget:1:0"]
+    assert stats.status == "completed" and stats.total_cost_usd == pytest.approx(0.40)
+
+
+async def test_asking_for_budget_without_a_way_to_wait_is_refused_before_the_run() -> None:
+    behavior = Behavior(max_tokens=1000, on_budget_exhausted="ask")
+    agent = create_agent(provider=scripted([{"text": "hi"}]), behavior=behavior)
+    with pytest.raises(ValueError, match="needs the agent's `wait`"):
+        await agent.run("go")
+
+
 async def test_retryable_provider_errors_are_retried() -> None:
     error = ProviderError(
         "rate limited", provider="test", status=429, retryable=True, retry_after=0

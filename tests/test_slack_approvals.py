@@ -108,6 +108,21 @@ def test_the_message_shows_the_call_and_two_buttons_signed_for_it() -> None:
             verify_button_token(b"another-secret-0123456789", token, ID)
 
 
+def test_a_request_for_more_budget_says_so_and_has_the_same_buttons() -> None:
+    asked = {"spent": {"cost_usd": 0.2}, "budget": {"cost_usd": 0.25}}
+    message = approval_message(record(tool="budget", call_id="budget:2:0"), asked, SECRET)
+    [header] = blocks_of(message, "header")
+    assert header["text"]["text"] == "Approval needed: more budget"
+    assert (
+        message["text"] == "clerk ran out of budget and waits for approval to raise it (session s1)"
+    )
+    [actions] = blocks_of(message, "actions")
+    assert [e["action_id"] for e in actions["elements"]] == ["tether:approve", "tether:deny"]
+    # A tool of the agent's own named `budget` is announced as a tool call.
+    tool = approval_message(record(tool="budget"), ARGS, SECRET)
+    assert blocks_of(tool, "header")[0]["text"]["text"] == "Approval needed: budget"
+
+
 def test_a_token_acts_for_its_decision_and_until_the_deadline_only() -> None:
     expires = int(time.time()) + 60
     value = button_token(SECRET, ID, session="s1", call_id="c", decision="deny", expires=expires)

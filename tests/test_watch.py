@@ -204,3 +204,12 @@ def test_the_ticker_redraws_from_its_own_thread() -> None:
     )
     printer.close()
     assert screen(out.getvalue())[-1] == ""
+
+
+def test_a_raised_budget_reads_as_its_new_amounts() -> None:
+    out = Terminal(tty=False)
+    printer = Printer(out, clock=lambda: T0)
+    raise_to = {"cost_usd": 0.5, "tokens": 20000}
+    printer.show({"type": "budget_raised", "at": T0 * 1000, "raise_to": raise_to})
+    printer.close()
+    assert out.getvalue().splitlines() == ["  budget raised to $0.50, 20000 tokens"]

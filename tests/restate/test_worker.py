@@ -456,6 +456,67 @@ def test_a_worker_killed_while_parked_is_replaced(
     assert len(Notifications.received) == 1  # the notification step replayed, not re-sent
 
 
+def spender(agent: str, **limits: Any) -> dict[str, Any]:
+    """Calls of $0.10 at most, and each spends it: 3 tool turns and an answer; sub-agents
+    allowed, so the run reserves from its budget's ledger object (`<agent>-budget`)."""
+    turn = {"tool_calls": [{"name": "read", "input": {"path": "a.txt"}}]}
+    usage = {"usage": {"input": 10, "output": 100}}
+    script = [{**turn, **usage}] * 3 + [{"text": "done", **usage}]
+    document = manifest(agent, script, limits=limits, subagents={"maxDepth": 1})
+    document["spec"]["model"].update(
+        maxTokens=100, pricing={"inputPerMTok": 0, "outputPerMTok": 1000}
+    )
+    document["spec"]["tools"] = [{"name": "read", "builtin": "read_file"}]
+    return document
+
+
+def test_an_exhausted_budget_parks_the_run_until_a_person_raises_it(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path, notify_url: str
+) -> None:
+    agent = name()
+    (tmp_path / "a.txt").write_text("hi")
+    document = spender(agent, maxCostUsd=0.25, onExhausted="ask")
+    document["spec"]["approvals"] = {"notify": {"url": notify_url}}
+    worker = agent_worker(document)
+    invocation = send_run(restate_server, agent, "s1", "spend")
+    [call] = wait_until(lambda: parked(restate_server, agent, "s1"), what="a parked call")
+    assert (call["tool"], call["kind"], call["call_id"]) == ("budget", "approval", "budget:2:0")
+    assert json.loads(call["input_summary"]) == {
+        "spent": {"cost_usd": 0.2},
+        "budget": {"cost_usd": 0.25},
+        "next_call_at_most": {"cost_usd": 0.1},
+        "raise_to": {"cost_usd": 0.5},
+    }
+    [note] = wait_until(lambda: Notifications.received, what="the notification")
+    assert note["tool"] == "budget" and note["approve_url"]
+    # Parked, the run holds no worker: a new one answers it, from the journal.
+    wait_until(
+        lambda: step_completed(restate_server, invocation, "notify:budget:2:0"),
+        what="the notify step",
+    )
+    worker.kill(signal.SIGKILL)
+    worker.restart()
+    resolve(restate_server, call["awakeable_id"], {"approved": True, "approver": "bob"})
+    result = result_of(restate_server, invocation)
+    assert (result["status"], result["turns"], result["text"]) == ("completed", 4, "done")
+    assert result["cost_usd"] == pytest.approx(0.4)  # no call paid twice
+
+    def settled() -> dict[str, Any] | None:  # the last settlement is a one-way send
+        rows = restate_server.query(
+            f"SELECT value_utf8 FROM state WHERE service_name = '{agent}-budget' AND key = 'ledger'"
+        )
+        [ledger] = [json.loads(row["value_utf8"]) for row in rows]
+        return None if ledger["held"] else dict(ledger)
+
+    ledger = wait_until(settled, what="the ledger's last settlement")
+    assert ledger["limits"]["cost_usd"] == 0.5
+    assert ledger["spent"]["cost_usd"] == pytest.approx(0.4)
+    session = http("GET", f"{restate_server.ingress_url}/{agent}/s1/session").json()
+    [decision] = session["runs"][-1]["decisions"]
+    assert (decision["tool"], decision["approved"], decision["approver"]) == ("budget", True, "bob")
+    assert parked(restate_server, agent, "s1") == []
+
+
 def test_ask_human_returns_the_answer(restate_server: RestateServer, agent_worker: Any) -> None:
     agent = name()
     script = [

@@ -79,6 +79,12 @@ class Limits(NamedTuple):
             return "tokens"
         return None
 
+    def raised_to(self, other: Limits) -> Limits:
+        """Each limit at the higher of the two; one set on one side only is set."""
+        cost = [c for c in (self.cost_usd, other.cost_usd) if c is not None]
+        tokens = [t for t in (self.tokens, other.tokens) if t is not None]
+        return Limits(max(cost) if cost else None, max(tokens) if tokens else None)
+
     def to_json(self) -> dict[str, Any]:
         return {"cost_usd": self.cost_usd, "tokens": self.tokens}
 
@@ -139,9 +145,11 @@ class LedgerState:
 
     def reserve(self, key: str, ask: Spend, limits: Limits | None = None) -> bool:
         """Hold `ask` for the call `key` if it fits; a key already held (a call run again after
-        a crash) keeps its hold, and a settled key is granted without a new hold."""
-        if limits and not self.limits:
-            self.limits = limits
+        a crash) keeps its hold, and a settled key is granted without a new hold. `limits` (the
+        root's) set the budget, or raise it: never lower it, so a replay that reserves with the
+        limits of before a raise changes nothing."""
+        if limits:
+            self.limits = self.limits.raised_to(limits)
         if key in self.held or (self.settled is not None and key in self.settled):
             return True
         if self.limits.exceeded_by(self.spent + self.holding() + ask):
@@ -236,13 +244,17 @@ class SqliteLedger(MemoryLedger):
 
     async def reserve(self, tree: str, key: str, ask: Spend, limits: Limits | None) -> bool:
         state = self.state(tree)
-        had_limits, held = bool(state.limits), key in state.held
+        had_limits, held = state.limits, key in state.held
         granted = state.reserve(key, ask, limits)
         writes: list[tuple[str, tuple[Any, ...]]] = []
-        if state.limits and not had_limits:
+        if state.limits != had_limits:
             limits_json = jsoncodec.dumps(state.limits.to_json()).decode()
             writes.append(
-                ("INSERT INTO tether_budgets (tree, limits) VALUES (?, ?)", (tree, limits_json))
+                (
+                    "INSERT INTO tether_budgets (tree, limits) VALUES (?, ?) "
+                    "ON CONFLICT (tree) DO UPDATE SET limits = excluded.limits",
+                    (tree, limits_json),
+                )
             )
         if granted and not held and key in state.held:
             writes.append(

@@ -17,6 +17,14 @@ INDEX_KEY = "all"
 """The one key of an agent's index of parked calls (`tether.programs.worker.parked_index`)."""
 ParkedKind = Literal["approval", "ask_human"]
 SUMMARY_CHARS = 300
+BUDGET_TOOL = "budget"
+"""The tool name of a run's request for more budget (`limits.onExhausted: ask`), parked as an
+approval; its call id is `budget:<turn>:<attempt>`."""
+
+
+def asks_for_budget(tool: str, call_id: str) -> bool:
+    """Whether a parked approval is a run's request for more budget, not a tool call's."""
+    return tool == BUDGET_TOOL and call_id.startswith(f"{BUDGET_TOOL}:")
 
 
 def summarize(value: Any) -> str:

@@ -9,13 +9,14 @@ from typing import Any
 
 from ..durable.memory import memory_runtime
 from ..durable.protocol import DurableRuntime
-from ..errors import TetherError
+from ..errors import ConfigError, TetherError
 from ..messages import JSON
 from ..providers.base import Provider
 from ..session.events import MemoryEventLog
 from ..session.session import Session, create_session
 from ..session.store import memory_store
 from ..tools.base import ToolDef
+from ..tools.human import Wait
 from ..tools.toolset import Toolset
 from .abort import AbortSignal
 from .behavior import DEFAULT_BEHAVIOR, Behavior
@@ -46,6 +47,7 @@ class Agent:
         tool_extras: dict[str, Any] | None = None,
         inbox: Inbox | None = None,
         budget_tree: str | None = None,
+        wait: Wait | None = None,
     ) -> None:
         names = [t.name for t in tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -64,6 +66,9 @@ class Agent:
         self.budget_tree = budget_tree
         """The budget this agent's runs reserve from (`tether.budget`): a sub-agent's is its
         root run's; None: a run with a budget of its own owns one."""
+        self.wait = wait
+        """How this agent's runs wait for a person outside a tool call: for more budget
+        (`Behavior.on_budget_exhausted="ask"`). The runtime's, as its approval tools wait."""
         self._abort: AbortSignal | None = None
         self._running = False
         self.durable.on_live(self._replay_done)
@@ -103,7 +108,9 @@ class Agent:
             session = await self._session()
             if prompt is None and not session.turn_count:
                 raise ValueError("prompt is required when the session has no turns")
-            run = AgentRun(self, session, self.behavior.override(behavior), self._abort)
+            run_behavior = self.behavior.override(behavior)
+            self._check_can_ask(run_behavior)
+            run = AgentRun(self, session, run_behavior, self._abort)
             stats = await run.execute(prompt)
             if stats.status == "aborted":
                 await self.hooks.call("agent:abort", {"stats": stats})
@@ -115,6 +122,15 @@ class Agent:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+
+    def _check_can_ask(self, behavior: Behavior) -> None:
+        budgeted = behavior.max_cost_usd is not None or behavior.max_tokens is not None
+        asks = behavior.on_budget_exhausted == "ask" and budgeted and self.budget_tree is None
+        if asks and self.wait is None:
+            raise ConfigError(
+                "Behavior.on_budget_exhausted='ask' needs the agent's `wait`, how its runs "
+                "wait for a person (the runtime's: `tether run` and `tether worker` give it)"
+            )
 
     async def events(self, after: str | None = None) -> AsyncIterator[JSON]:
         """Follow the session's event stream (`tether.session.events`) in process: every event
@@ -151,11 +167,13 @@ def create_agent(
     behavior: Behavior | dict[str, Any] | None = None,
     hooks: Hooks | HooksInit | None = None,
     inbox: Inbox | None = None,
+    wait: Wait | None = None,
 ) -> Agent:
     """Build an agent. `tools` may hold toolsets (an MCP server's tools, `tether.tools.mcp`),
     which each run lists in a journaled step when it starts. `durable=None` runs on the
     in-memory runtime; `session=None` keeps the conversation in a session of the runtime's
-    store; `inbox` lets messages reach it while it runs (`tether.agent.inbox`)."""
+    store; `inbox` lets messages reach it while it runs (`tether.agent.inbox`); `wait` is how
+    a run waits for a person when its budget runs out (`Behavior.on_budget_exhausted`)."""
     return Agent(
         provider=provider,
         tools=tools,
@@ -165,4 +183,5 @@ def create_agent(
         behavior=behavior,
         hooks=hooks,
         inbox=inbox,
+        wait=wait,
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 CompactStrategy = Literal["tail"]
+OnBudgetExhausted = Literal["stop", "ask"]
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,10 @@ class Behavior:
     """Token budget of the run (input + output + cache, sub-agents included)."""
     max_cost_usd: float | None = None
     """Cost budget of the run in USD (sub-agents included); needs provider pricing."""
+    on_budget_exhausted: OnBudgetExhausted = "stop"
+    """When the next model call does not fit the budget: `"stop"` ends the run with status
+    `budget_exceeded`; `"ask"` waits for a person (the agent's `wait`, as an approval), and
+    an approval raises each budget by its size again, so the run goes on where it stood."""
     cache: bool = False
     """Place prompt-cache breakpoints (Anthropic)."""
     compact_strategy: CompactStrategy | None = None
@@ -50,6 +55,11 @@ class Behavior:
                 raise ValueError(f"Behavior.{name} must be positive, got {value!r}")
         if self.max_retries < 0:
             raise ValueError(f"Behavior.max_retries must be >= 0, got {self.max_retries!r}")
+        if self.on_budget_exhausted not in ("stop", "ask"):
+            raise ValueError(
+                "Behavior.on_budget_exhausted must be 'stop' or 'ask', "
+                f"got {self.on_budget_exhausted!r}"
+            )
         if self.compact_strategy not in (None, "tail"):
             raise ValueError(
                 f"Behavior.compact_strategy must be None or 'tail', got {self.compact_strategy!r}"

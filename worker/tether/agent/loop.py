@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 from ..budget import BudgetLedger, Limits, Spend, input_bound, usage_tokens, worst_case
 from ..durable.journal import now_ms
 from ..messages import JSON, Message, text_block, text_of, tool_uses
+from ..parked import BUDGET_TOOL
 from ..providers.base import ModelRequest, ProviderError
 from ..session.events import EventLog, event
 from ..session.session import Session
 from ..session.types import SessionRun, SessionTurn
-from ..tools.base import ToolDef
+from ..tools.base import ToolContext, ToolDef
+from ..tools.human import approval
 from ..tools.toolset import Toolset, ToolsetError
 from .abort import Aborted, AbortSignal
 from .compaction import compact_tail, estimate_tokens
@@ -331,8 +333,8 @@ class AgentRun:
             return "aborted"
         if self.stats.turns >= self.behavior.max_turns:
             return "max_turns"
-        if worst is None:
-            return "continue"
+        if worst is None or (self.ledger is not None and self.agent.budget_tree):
+            return "continue"  # a sub-agent's call fits if its tree's ledger holds room for it
         spent = Spend(self.stats.total_cost_usd, self.stats.total_tokens)
         if self.limits.exceeded_by(spent + worst):
             return "budget_exceeded"  # the call could pass the budget: it does not start
@@ -359,6 +361,11 @@ class AgentRun:
             )
             if budgeted:
                 await self._settle(name, result)
+            if result.get("decision") == "budget_exceeded" and await self._more_budget(
+                f"{BUDGET_TOOL}:{turn}:{attempt}", worst
+            ):
+                attempt += 1
+                continue  # decided again, against the raised budget
             if result.get("steer"):  # messages came after the last turn's tools: they go first
                 messages = await self._take_messages(turn - 1)
                 if messages:
@@ -475,6 +482,48 @@ class AgentRun:
         bound = input_bound(self.session.turns, prefix, self.run_id)
         return worst_case(bound, output, agent.provider.pricing)
 
+    async def _more_budget(self, call_id: str, worst: Spend | None) -> bool:
+        """With `on_budget_exhausted="ask"`, ask a person for the budget again, as an approval
+        of the pseudo-call `budget` (listed, answered and audited like any approval); True:
+        approved, and each limit is raised by its size. The answer is journaled by the wait,
+        so a replay raises the same limits. A sub-agent does not ask: it stops and reports to
+        its parent, whose next call asks for the whole tree."""
+        wait = self.agent.wait
+        if self.behavior.on_budget_exhausted != "ask" or wait is None or self.agent.budget_tree:
+            return False
+        behavior, limits = self.behavior, self.limits
+        raised = Limits(
+            _plus(limits.cost_usd, behavior.max_cost_usd), _plus(limits.tokens, behavior.max_tokens)
+        )
+        spent = Spend(self.stats.total_cost_usd, self.stats.total_tokens)
+        request = {  # what the person reads: the amounts of the budgets that are set
+            "spent": _set(spent.to_json(), limits),
+            "budget": _set(limits.to_json(), limits),
+            "next_call_at_most": _set(worst.to_json(), limits) if worst else None,
+            "raise_to": _set(raised.to_json(), limits),
+        }
+        context = ToolContext(
+            call_id=call_id,
+            turn_id=call_id,
+            tool_name=BUDGET_TOOL,
+            run_id=self.run_id,
+            session_id=self.session.id,
+            durable=self.durable.scope(call_id),
+            signal=self.abort.event,
+            depth=self.agent.depth,
+            agent=self.agent,
+            run_stats=self.stats,
+            record_decision=self.record_decision,
+            budget_tree=self.budget_tree,
+        )
+        if await approval(wait, context, request, "deny") is not None:
+            return False
+        self.limits = raised  # the ledger takes it at the next reservation
+        self._warned.clear()  # a raised budget warns again at 80% of it
+        at = await self.durable.now()
+        await self._publish(event("budget_raised", self.run_id, at, **request))
+        return True
+
     def _ledger_key(self, name: str) -> str:
         return f"{self.run_id}/{name}"
 
@@ -482,7 +531,8 @@ class AgentRun:
         """Hold the call's worst case in the budget's ledger; False: no room, it must not start."""
         if self.ledger is None or self.budget_tree is None or worst is None:
             return True
-        limits = self.limits if self.limits else None
+        # The root's limits set the tree's (and raise them); a sub-agent's own are its share.
+        limits = self.limits if self.limits and not self.agent.budget_tree else None
         return await self.ledger.reserve(self.budget_tree, self._ledger_key(name), worst, limits)
 
     async def _settle(self, name: str, result: dict[str, Any]) -> None:
@@ -557,3 +607,13 @@ class AgentRun:
             ]
         )
         return turn_id
+
+
+def _plus(limit: float | None, size: float | None) -> Any:
+    """`limit` raised by `size` (a limit that is not set stays unset)."""
+    return None if limit is None or size is None else limit + size
+
+
+def _set(amounts: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """`amounts` of the budgets `limits` sets."""
+    return {kind: value for kind, value in amounts.items() if getattr(limits, kind) is not None}

@@ -43,6 +43,7 @@ from ..spec.assemble import (
     tools_from_spec,
 )
 from ..tools.base import ToolDef
+from ..tools.human import Wait
 from ..tools.toolset import Toolset
 from .hardening import refuse_state_in_workspace
 from .trace_context import traces_wanted
@@ -185,7 +186,8 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
             )
 
         try:
-            return asyncio.run(_run(args, spec, provider, tools, book, progress, trace_hooks))
+            running = _run(args, spec, provider, tools, book, wait, progress, trace_hooks)
+            return asyncio.run(running)
         finally:
             if tracing is not None:
                 tracing.shutdown()  # exports what the run emitted, parked or not
@@ -199,6 +201,7 @@ async def _run(
     provider: Provider,
     tools: list[ToolDef | Toolset],
     book: AnswerBook,
+    wait: Wait,
     progress: Progress,
     trace_hooks: Callable[[DurableRuntime], HooksInit],
 ) -> int:
@@ -229,6 +232,7 @@ async def _run(
             session=session,
             behavior=behavior_from_spec(spec),
             hooks=merge_hooks(progress.hooks(), trace_hooks(durable)),
+            wait=wait,  # for more budget (`limits.onExhausted: ask`), as the approvals wait
         )
         try:
             stats = await agent.run(prompt)

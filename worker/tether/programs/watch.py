@@ -226,6 +226,11 @@ class Printer:
             self._line(f"  {event['tool']} {verdict} by {who}{waited}")
         elif kind == "budget_warning":
             self._line(f"  budget: {event['spent']:.4g} of {event['limit']:.4g} {event['budget']}")
+        elif kind == "budget_raised":
+            raised = event.get("raise_to") or {}
+            amounts = [f"${raised['cost_usd']:.2f}"] if "cost_usd" in raised else []
+            amounts += [f"{raised['tokens']} tokens"] if "tokens" in raised else []
+            self._line(f"  budget raised to {', '.join(amounts)}")
         elif kind == "run_ended":
             self._line(
                 f"run {event['run']} {event['status']}: {event.get('turns')} turns, "

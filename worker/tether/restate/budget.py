@@ -42,10 +42,10 @@ def budget_object(
     async def reserve(ctx: restate.ObjectContext, request: dict[str, Any]) -> bool:
         state = LedgerState.of(await ctx.get(STATE_KEY))
         key, ask = str(request["key"]), Spend.of(request["ask"])
-        had_limits, was_held = bool(state.limits), key in state.held
+        had_limits, was_held = state.limits, key in state.held
         granted = state.reserve(key, ask, Limits.of(request.get("limits")))
         newly_held = key in state.held and not was_held
-        if newly_held or bool(state.limits) != had_limits:
+        if newly_held or state.limits != had_limits:
             ctx.set(STATE_KEY, state.to_json())
         if newly_held:
             tell("held", key, ask)

@@ -401,6 +401,19 @@ class Limits(_Model):
         gt=0,
         description="Token budget per run, its sub-agents included, reserved like the cost.",
     )
+    # Unset, not "stop", by default: a new default would change every version's hash.
+    on_exhausted: Literal["stop", "ask"] | None = Field(
+        default=None,
+        description="When the next model call does not fit a budget: stop (the default) ends "
+        "the run (budget_exceeded); ask waits for a person as for an approval (tool `budget`, "
+        "listed and answered like any approval), and an approval raises each budget by its size.",
+    )
+
+    @model_validator(mode="after")
+    def _ask_needs_a_budget(self) -> Limits:
+        if self.on_exhausted == "ask" and self.max_cost_usd is None and self.max_tokens is None:
+            raise ValueError("limits.onExhausted: ask needs limits.maxCostUsd or limits.maxTokens")
+        return self
 
 
 class BehaviorSpec(_Model):

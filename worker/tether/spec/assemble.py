@@ -33,6 +33,7 @@ def behavior_from_spec(spec: DurableAgentSpec) -> Behavior:
         max_turns=spec.limits.max_turns,
         max_tokens=spec.limits.max_tokens,
         max_cost_usd=spec.limits.max_cost_usd,
+        on_budget_exhausted=spec.limits.on_exhausted or "stop",
         cache=spec.behavior.cache,
         compact_strategy=spec.behavior.compact_strategy,
         max_concurrent_tools=spec.behavior.max_concurrent_tools,

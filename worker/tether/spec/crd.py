@@ -305,6 +305,16 @@ def _spec_schema() -> Schema:
         ),
     )
 
+    _add_rules(
+        props["limits"],
+        _rule(
+            "!has(self.onExhausted) || self.onExhausted != 'ask' || has(self.maxCostUsd) "
+            "|| has(self.maxTokens)",
+            "spec.limits.onExhausted: ask needs spec.limits.maxCostUsd or spec.limits.maxTokens",
+            ".onExhausted",
+        ),
+    )
+
     output = (
         "self.model.maxTokens + (has(self.behavior) && has(self.behavior.thinkingBudget) ? "
         "self.behavior.thinkingBudget : 0)"

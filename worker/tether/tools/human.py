@@ -111,24 +111,34 @@ async def _run_approved(inner: ToolDef, arguments: dict[str, Any], ctx: ToolCont
     return output
 
 
+async def approval(
+    wait: Wait,
+    tool_ctx: ToolContext,
+    arguments: dict[str, Any],
+    on_timeout: Literal["deny", "approve"],
+) -> str | None:
+    """Wait for a person's approval of what `arguments` describe and record the decision:
+    None when approved, else why not (without a decision in time `on_timeout` applies)."""
+    answer = await wait(tool_ctx, "approval", arguments)
+    reason: str | None
+    if answer.rejected is not None:
+        approved, reason = False, f"the approval was rejected ({answer.rejected})"
+    elif answer.timed_out:
+        approved, reason = on_timeout == "approve", "no decision in time"
+    else:
+        approved, reason = _approved(answer.value)
+    await _record(tool_ctx, "approval", answer, approved=approved)
+    return None if approved else reason or "a person denied it"
+
+
 def approval_gate(inner: ToolDef, wait: Wait, on_timeout: Literal["deny", "approve"]) -> ToolDef:
     """`inner`, waiting for a person's approval before every call. The approval carries the
     tool's name and input; without a decision in time `on_timeout` applies."""
 
     async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
-        answer = await wait(tool_ctx, "approval", arguments)
-        reason: str | None
-        if answer.rejected is not None:
-            approved, reason = False, None
-        elif answer.timed_out:
-            approved, reason = on_timeout == "approve", "no decision in time"
-        else:
-            approved, reason = _approved(answer.value)
-        await _record(tool_ctx, "approval", answer, approved=approved)
-        if answer.rejected is not None:
-            raise ToolError(f"Denied: the approval was rejected ({answer.rejected}).")
-        if not approved:
-            raise ToolError(f"Denied: {reason or 'a person denied it'}. The call was not run.")
+        denied = await approval(wait, tool_ctx, arguments, on_timeout)
+        if denied is not None:
+            raise ToolError(f"Denied: {denied}. The call was not run.")
         return await _run_approved(inner, arguments, tool_ctx)
 
     return ToolDef(

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ...parked import ParkedCall
+from ...parked import ParkedCall, asks_for_budget
 from ..webhooks import LinkAction
 from .signing import MAX_TOKEN_CHARS, button_token
 
@@ -132,7 +132,9 @@ def approval_message(record: ParkedCall, arguments: Any, secret: bytes | None) -
     buttons and says how to answer instead."""
     agent, tool, session = record["agent"], record["tool"], record["session"]
     asks = record["kind"] == "ask_human"
-    title = f"{agent} asks a question" if asks else f"Approval needed: {tool}"
+    budget = asks_for_budget(tool, record["call_id"])
+    wanted = "more budget" if budget else tool
+    title = f"{agent} asks a question" if asks else f"Approval needed: {wanted}"
     fields = [
         _field("Agent", escape(_short(agent))),
         _field("Tool", f"`{escape(_short(tool))}`"),
@@ -169,6 +171,8 @@ def approval_message(record: ParkedCall, arguments: Any, secret: bytes | None) -
         _note(f"Call `{escape(_short(record['call_id']))}`, parked {_when(record['created_at'])}")
     )
     verb = "asks a question" if asks else f"waits for approval to call {tool}"
+    if budget:
+        verb = "ran out of budget and waits for approval to raise it"
     text = escape(_short(f"{agent} {verb} (session {session})", 500))
     return {"text": text, "blocks": blocks}
 

@@ -63,6 +63,7 @@ from ...spec.assemble import (
 )
 from ...spec.stopping import LONGEST_STEP_SECONDS
 from ...tools.base import ToolContext, ToolDef
+from ...tools.human import Wait
 from ...tools.toolset import Toolset
 from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
@@ -204,10 +205,8 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
 
     spec_tools = SpecTools(spec, settings.workspace, env=settings.env, observe=observe_mcp)
 
-    def tools_for(ctx: restate.ObjectContext) -> list[ToolDef | Toolset]:
-        return spec_tools.for_run(
-            parking_with(restate_wait(ctx, park_settings), approvals.on_timeout)
-        )
+    def tools_for(ctx: restate.ObjectContext, wait: Wait) -> list[ToolDef | Toolset]:
+        return spec_tools.for_run(parking_with(wait, approvals.on_timeout))
 
     tracing = None
     if traces_wanted(settings.env):  # OTEL_EXPORTER_OTLP_ENDPOINT...; else no cost at all
@@ -283,15 +282,17 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             session = await load_session(store, ctx.key(), enough=seen) or await create_session(
                 id=ctx.key(), store=store
             )
+            wait = restate_wait(ctx, park_settings)
             agent = create_agent(
                 provider=provider,
-                tools=[*tools_for(ctx), *spawn_for(ctx, 0)],
+                tools=[*tools_for(ctx, wait), *spawn_for(ctx, 0)],
                 system=spec.system,
                 durable=durable,
                 session=session,
                 behavior=behavior,
                 hooks=hooks_for(durable, session_id=ctx.key()),
                 inbox=RestateInbox(ctx, take_messages),
+                wait=wait,  # for more budget (`limits.onExhausted: ask`), as the approvals wait
             )
             stats = await agent.run(request.prompt)
         if subagents is not None:
@@ -307,7 +308,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             ctx,
             child_request,
             provider=provider,
-            tools=[*tools_for(ctx), *spawn_for(ctx, child_request["depth"], trace)],
+            tools=[
+                *tools_for(ctx, restate_wait(ctx, park_settings)),
+                *spawn_for(ctx, child_request["depth"], trace),
+            ],
             system=spec.system,
             behavior=behavior,
             max_depth=subagents.max_depth if subagents is not None else 0,
