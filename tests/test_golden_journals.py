@@ -1,5 +1,6 @@
 """Runs an earlier Tether left in a SQLite file resume on this one: a run killed part-way, a run
-parked for a week's wait for a person's approval or answer, a sub-agent parked under a budget.
+parked for a week's wait for a person's approval, answer or more budget, a sub-agent parked under
+a budget.
 Each golden (`tests/golden/`, see its `record.py`) is a database as a released version wrote it,
 loaded into a fresh file and resumed by real processes; and a database a newer Tether wrote is
 refused in a sentence, before anything is written."""
@@ -101,6 +102,24 @@ def test_a_run_parked_for_an_answer_resumes_with_it(tmp_path: Path, golden: Path
     assert decisions(tmp_path) == [
         {"call_id": "call_0_0", "tool": "ask", "kind": "ask_human", "answered": True}
     ]
+
+
+@pytest.mark.parametrize("golden", goldens("parked-for-more-budget"), ids=lambda p: p.stem)
+def test_a_run_parked_for_more_budget_goes_on_once_raised(tmp_path: Path, golden: Path) -> None:
+    shutil.copy(golden.with_suffix(".yaml"), tmp_path / "agent.yaml")
+    shutil.copy(golden.with_suffix(".txt"), tmp_path / "a.txt")
+    load(golden, runs_db(tmp_path))
+
+    [line] = tether("waiting", cwd=tmp_path).stdout.splitlines()
+    assert line.startswith("r1  budget:2:0  approval  budget(")
+    answered = tether("answer", "r1", "--approve", cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The golden's two calls are replayed, not paid again; two more fit the raised budget.
+    assert "run r1: completed after 4 turns and 3 tool calls" in done.stdout
+    assert "steps run live: 5 (clock 1, decision 1, model 2, tool 1)" in done.stdout
+    assert [(d["tool"], d["approved"]) for d in decisions(tmp_path)] == [("budget", True)]
 
 
 def test_a_database_a_newer_tether_wrote_is_refused(tmp_path: Path) -> None:

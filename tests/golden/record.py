@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from tests.restate.test_worker import manifest
-from tests.test_answers import ASK, SHIP, run, write_agent
+from tests.test_answers import ASK, SHIP, run, write_agent, write_spender
 from tests.test_cli import runs_db
 from tests.test_sqlite_crash_matrix import run_program
 from tether.parked import INDEX_KEY
@@ -72,6 +72,14 @@ def parked_for_an_answer(work: Path, out: Path) -> None:
     """`tether run` parked on `ask_human` until a person answers with a value."""
     spec = write_agent(work, [{"tool_calls": [ASK]}, {"text": "blue it is"}])
     park(work, out, spec, "pick a color")
+
+
+def parked_for_more_budget(work: Path, out: Path) -> None:
+    """`tether run` out of its budget after two calls, parked until a person raises it
+    (`limits.onExhausted: ask`)."""
+    write_spender(work, maxCostUsd=0.25, onExhausted="ask")
+    park(work, out, work / "agent.yaml", "spend")
+    shutil.copy(work / "a.txt", out.with_suffix(".txt"))
 
 
 SPAWN = {"name": "spawn", "input": {"task": "do the ship"}}
@@ -198,6 +206,7 @@ RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "parked-for-an-approval": parked_for_an_approval,
     "parked-for-an-answer": parked_for_an_answer,
     "sub-agent-parked-under-a-budget": sub_agent_parked_under_a_budget,
+    "parked-for-more-budget": parked_for_more_budget,
     "restate-session-of-two-runs": restate_session_of_two_runs,
     "restate-parked-for-an-approval": restate_parked_for_an_approval,
 }
