@@ -198,7 +198,8 @@ class SuiteFiles:
         ]
 
     def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
-        """The calls whose body ran, oldest first: `{"tool", "arguments", "time", "pid"}`."""
+        """The calls whose body ran, oldest first: `{"tool", "arguments", "time", "pid",
+        "idempotency_key"}`."""
         try:
             text = self.calls_log.read_text()
         except FileNotFoundError:

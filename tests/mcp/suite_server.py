@@ -24,7 +24,8 @@ appears. The marker is read on every `tools/list` and `tools/call`, so a new con
 open one that lists again, sees the list of the moment. `tools/list` results carry `ttlMs: 0`
 (the SDK's default), so no `mcp` client caches them.
 
-Every call whose body runs appends one JSON line `{"tool", "arguments", "time", "pid"}` to the
+Every call whose body runs appends one JSON line `{"tool", "arguments", "time", "pid",
+"idempotency_key"}` (the key from the request's `_meta`, else null) to the
 calls log before doing anything else (a slow tool's line is there while it blocks), with one
 `write` on an `O_APPEND` file, so lines from several server processes never interleave.
 """
@@ -32,6 +33,7 @@ calls log before doing anything else (a slow tool's line is there while it block
 from __future__ import annotations
 
 import argparse
+import contextvars
 import json
 import os
 import sys
@@ -50,6 +52,10 @@ ENV_CALLS_LOG = "TETHER_MCP_SUITE_CALLS_LOG"
 ENV_RELEASE = "TETHER_MCP_SUITE_RELEASE"
 ENV_TOOLS_V2_MARKER = "TETHER_MCP_SUITE_TOOLS_V2_MARKER"
 ENV_BLOCK_TIMEOUT = "TETHER_MCP_SUITE_BLOCK_TIMEOUT"
+
+IDEMPOTENCY_KEY_META = "dev.tether/idempotency-key"
+CALL_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("call_key", default=None)
+"""The idempotency key in the `_meta` of the request whose tool runs (`record` logs it)."""
 
 DEFAULT_BLOCK_TIMEOUT = 60.0
 RELEASE_POLL_INTERVAL = 0.02
@@ -91,15 +97,19 @@ class SuiteServer(MCPServer[Any]):
     ) -> Any:
         if name not in self.tool_names():
             raise ToolError(f"Unknown tool: {name}")
-        return await super().call_tool(name, arguments, context)
+        meta = (context.request_context.meta if context is not None else None) or {}
+        token = CALL_KEY.set(meta.get(IDEMPOTENCY_KEY_META))
+        try:
+            return await super().call_tool(name, arguments, context)
+        finally:
+            CALL_KEY.reset(token)
 
     def record(self, tool: str, arguments: dict[str, Any]) -> None:
         if self.calls_log is None:
             return
-        line = json.dumps(
-            {"tool": tool, "arguments": arguments, "time": time.time(), "pid": os.getpid()},
-            sort_keys=True,
-        )
+        record = {"tool": tool, "arguments": arguments, "time": time.time(), "pid": os.getpid()}
+        record["idempotency_key"] = CALL_KEY.get()
+        line = json.dumps(record, sort_keys=True)
         fd = os.open(self.calls_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (line + "\n").encode())

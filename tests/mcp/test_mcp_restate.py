@@ -79,6 +79,8 @@ def test_an_unsafe_mcp_call_cut_off_by_a_crash_is_reported_and_never_sent_again(
     assert tool_results(agent, "s1") == [("5", False), (INTERRUPTED_RESULT, True)]
     assert suite_files.count("slow_write") == 1  # reported as interrupted, never re-sent
     assert suite_files.count("add") == 1
+    keys = [c["idempotency_key"] for c in suite_files.calls()]  # one per call
+    assert len(set(keys)) == 2 and all(keys)
     session = agent.session("s1")
     assert session is not None
     [decision] = session.runs[0].decisions
@@ -121,6 +123,9 @@ def test_a_read_only_call_is_sent_again_once_and_the_replay_keeps_the_first_tool
     assert result["status"] == "completed", result
     assert tool_results(agent, "s1") == [("slow_read done: r", False)]
     assert suite_files.count("slow_read") == 2  # read-only: sent again, once
+    # ...with the key it had the first time: a server that acts once per key acts once.
+    first_key, again_key = (c["idempotency_key"] for c in suite_files.calls("slow_read"))
+    assert first_key and again_key == first_key and len(first_key) == 32
     first, second = (r for r in model_server.requests if r.path.endswith("/messages"))
     offered = [{tool["name"] for tool in r.body["tools"]} for r in (first, second)]
     assert offered == [set(TOOLS_V1), set(TOOLS_V1)]

@@ -4,7 +4,8 @@ An `MCPToolset` is listed at the start of each run in one journaled step, so a r
 tools the run started with. A tool is safe to run again after a crash when the server marks it
 `readOnlyHint` or `idempotentHint`; anything else is `replay="unsafe"`, so a call that a crash
 cut off is reported as interrupted instead of being sent again. Server errors and timeouts are
-tool results that name the server, never crashes. One connection serves all the calls of a run;
+tool results that name the server, never crashes. Each call carries its idempotency key in
+`_meta` (`IDEMPOTENCY_KEY_META`). One connection serves all the calls of a run;
 it opens at the first call (or the listing) and closes when the run ends, so a replay on a new
 worker opens its own.
 """
@@ -42,6 +43,10 @@ CallObserver = Callable[[str, str, str, float], None]
 """Told of each live call: server, tool (the server's name for it), outcome (`ok`, `error`,
 `timeout`, `unreachable`) and seconds. The worker counts them in its metrics."""
 
+IDEMPOTENCY_KEY_META = "dev.tether/idempotency-key"
+"""The `_meta` key of a call's idempotency key (`ToolContext.idempotency_key`): the same for
+every attempt of one call, another for every other call. MCP has no field of its own for it;
+`_meta` is where a request's extra data goes, under a prefix of the sender's."""
 LIST_ATTEMPTS = 3
 """A server that restarts as the run starts gets a second and third chance (0.5 s, then 1 s
 later) before the run fails."""
@@ -243,7 +248,7 @@ class MCPToolset:
         replay = override.replay or server.replay or ("safe" if safe else "unsafe")
 
         async def execute(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-            return await self.call(remote, arguments)
+            return await self.call(remote, arguments, idempotency_key=ctx.idempotency_key)
 
         tool = ToolDef(
             spec=ToolSpec(
@@ -267,9 +272,12 @@ class MCPToolset:
 
     # Calls ---------------------------------------------------------------------------------
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> ToolOutput:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], *, idempotency_key: str | None = None
+    ) -> ToolOutput:
         """Call `tool` (the server's name for it): its output, or a `ToolError` naming the
-        server."""
+        server. The call's idempotency key goes in the request's `_meta`
+        (`IDEMPOTENCY_KEY_META`), where a server that acts once per key finds it."""
         server = self.server
         started = time.monotonic()
         outcome = "error"
@@ -277,7 +285,8 @@ class MCPToolset:
             try:
                 async with asyncio.timeout(server.timeout):
                     client = await self._client()
-                    result = await client.call_tool(tool, arguments)
+                    meta = {IDEMPOTENCY_KEY_META: idempotency_key} if idempotency_key else None
+                    result = await client.call_tool(tool, arguments, meta=meta)  # type: ignore[arg-type]
             except TimeoutError:
                 outcome = "timeout"
                 await self._drop()  # the connection may hold a half-answered request
