@@ -310,3 +310,15 @@ def test_without_ask_an_exhausted_budget_stops_the_run(tmp_path: Path) -> None:
     stopped = run(tmp_path, "--prompt", "spend")
     assert stopped.returncode == 1 and "run r1: budget_exceeded after 2 turns" in stopped.stdout
     assert tether("waiting", cwd=tmp_path).stdout == ""
+
+
+def test_an_approval_may_name_the_budget_it_grants(tmp_path: Path) -> None:
+    write_spender(tmp_path, maxCostUsd=0.25, onExhausted="ask")
+    assert run(tmp_path, "--prompt", "spend").returncode == 3
+    value = '{"approved": true, "raise_to": {"cost_usd": 0.35}}'
+    assert tether("answer", "r1", "--value", value, cwd=tmp_path).returncode == 0
+    # $0.35 lets one more call start, not two: the run asks again before its fourth.
+    parked = run(tmp_path)
+    assert parked.returncode == 3, parked.stdout + parked.stderr
+    assert '"budget":{"cost_usd":0.35}' in parked.stdout and "[budget:3:0]" in parked.stdout
+    assert budget_limits(tmp_path)["cost_usd"] == 0.35

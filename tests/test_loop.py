@@ -331,6 +331,22 @@ async def test_a_sub_agent_out_of_budget_stops_and_its_parent_asks_for_the_tree(
     assert stats.status == "completed" and stats.total_cost_usd == pytest.approx(0.40)
 
 
+def test_an_approval_may_grant_its_own_amounts_but_never_lowers_a_budget() -> None:
+    from tether.agent.loop import granted
+    from tether.budget import Limits
+
+    limits, default = Limits(1.0, 1000), Limits(2.0, 2000)
+    assert granted(True, limits, default) == default
+    assert granted({"approved": True}, limits, default) == default
+    assert granted({"raise_to": {"cost_usd": 5}}, limits, default) == Limits(5, 2000)
+    assert granted({"raise_to": {"tokens": 1500.7}}, limits, default) == Limits(2.0, 1500)
+    assert granted({"raise_to": {"cost_usd": 0.5}}, limits, default) == Limits(1.0, 2000)
+    for junk in ("5", True, None, float("nan"), float("inf"), [5]):
+        assert granted({"raise_to": {"cost_usd": junk}}, limits, default) == default
+    # An amount for a budget the run does not have adds none.
+    assert granted({"raise_to": {"tokens": 9}}, Limits(1.0), Limits(2.0)) == Limits(2.0)
+
+
 async def test_asking_for_budget_without_a_way_to_wait_is_refused_before_the_run() -> None:
     behavior = Behavior(max_tokens=1000, on_budget_exhausted="ask")
     agent = create_agent(provider=scripted([{"text": "hi"}]), behavior=behavior)

@@ -11,6 +11,7 @@ and calls nothing twice.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -485,9 +486,10 @@ class AgentRun:
     async def _more_budget(self, call_id: str, worst: Spend | None) -> bool:
         """With `on_budget_exhausted="ask"`, ask a person for the budget again, as an approval
         of the pseudo-call `budget` (listed, answered and audited like any approval); True:
-        approved, and each limit is raised by its size. The answer is journaled by the wait,
-        so a replay raises the same limits. A sub-agent does not ask: it stops and reports to
-        its parent, whose next call asks for the whole tree."""
+        approved, and each limit is raised by its size, or to the amounts the approval gives
+        (`granted`). The answer is journaled by the wait, so a replay raises the same limits.
+        A sub-agent does not ask: it stops and reports to its parent, whose next call asks for
+        the whole tree."""
         wait = self.agent.wait
         if self.behavior.on_budget_exhausted != "ask" or wait is None or self.agent.budget_tree:
             return False
@@ -516,11 +518,13 @@ class AgentRun:
             record_decision=self.record_decision,
             budget_tree=self.budget_tree,
         )
-        if await approval(wait, context, request, "deny") is not None:
+        decided = await approval(wait, context, request, "deny")
+        if not decided.approved:
             return False
-        self.limits = raised  # the ledger takes it at the next reservation
+        self.limits = granted(decided.value, limits, raised)  # the ledger's at the next reserve
         self._warned.clear()  # a raised budget warns again at 80% of it
         at = await self.durable.now()
+        request["raise_to"] = _set(self.limits.to_json(), limits)
         await self._publish(event("budget_raised", self.run_id, at, **request))
         return True
 
@@ -617,3 +621,23 @@ def _plus(limit: float | None, size: float | None) -> Any:
 def _set(amounts: dict[str, Any], limits: Limits) -> dict[str, Any]:
     """`amounts` of the budgets `limits` sets."""
     return {kind: value for kind, value in amounts.items() if getattr(limits, kind) is not None}
+
+
+def granted(value: Any, limits: Limits, default: Limits) -> Limits:
+    """The limits an approval of more budget grants: the amounts its `raise_to` gives
+    (`{"approved": true, "raise_to": {"cost_usd": 5}}`), never below `limits`, for the limits
+    that are set; `default` for the others, or when it gives none."""
+    given = value.get("raise_to") if isinstance(value, dict) else None
+    if not isinstance(given, dict):
+        return default
+
+    def amount(kind: str) -> Any:
+        current, wanted = getattr(limits, kind), given.get(kind)
+        if isinstance(wanted, bool) or not isinstance(wanted, int | float):
+            return getattr(default, kind)
+        if current is None or not math.isfinite(wanted):
+            return getattr(default, kind)
+        return max(current, wanted)
+
+    tokens = amount("tokens")
+    return Limits(amount("cost_usd"), None if tokens is None else int(tokens))

@@ -111,14 +111,25 @@ async def _run_approved(inner: ToolDef, arguments: dict[str, Any], ctx: ToolCont
     return output
 
 
+@dataclass(frozen=True)
+class Approval:
+    """A person's decision on what they were asked to approve."""
+
+    approved: bool
+    reason: str | None = None
+    """Why not, when not approved."""
+    value: Any = None
+    """The resolution as given (it may say more: an amount, who decided)."""
+
+
 async def approval(
     wait: Wait,
     tool_ctx: ToolContext,
     arguments: dict[str, Any],
     on_timeout: Literal["deny", "approve"],
-) -> str | None:
-    """Wait for a person's approval of what `arguments` describe and record the decision:
-    None when approved, else why not (without a decision in time `on_timeout` applies)."""
+) -> Approval:
+    """Wait for a person's approval of what `arguments` describe and record the decision
+    (without a decision in time `on_timeout` applies)."""
     answer = await wait(tool_ctx, "approval", arguments)
     reason: str | None
     if answer.rejected is not None:
@@ -128,7 +139,9 @@ async def approval(
     else:
         approved, reason = _approved(answer.value)
     await _record(tool_ctx, "approval", answer, approved=approved)
-    return None if approved else reason or "a person denied it"
+    if approved:
+        return Approval(True, value=answer.value)
+    return Approval(False, reason or "a person denied it", answer.value)
 
 
 def approval_gate(inner: ToolDef, wait: Wait, on_timeout: Literal["deny", "approve"]) -> ToolDef:
@@ -136,9 +149,9 @@ def approval_gate(inner: ToolDef, wait: Wait, on_timeout: Literal["deny", "appro
     tool's name and input; without a decision in time `on_timeout` applies."""
 
     async def execute(arguments: dict[str, Any], tool_ctx: ToolContext) -> ToolOutput:
-        denied = await approval(wait, tool_ctx, arguments, on_timeout)
-        if denied is not None:
-            raise ToolError(f"Denied: {denied}. The call was not run.")
+        decided = await approval(wait, tool_ctx, arguments, on_timeout)
+        if not decided.approved:
+            raise ToolError(f"Denied: {decided.reason}. The call was not run.")
         return await _run_approved(inner, arguments, tool_ctx)
 
     return ToolDef(
