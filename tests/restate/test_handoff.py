@@ -98,10 +98,18 @@ def replicas(
                 "HANDOFF_STAMPS": str(directory / "stamps"),
                 "HANDOFF_RELEASE": str(directory / "release"),
                 "HANDOFF_REPLICA": name,
+                "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir(directory, name)),
             }
             worker = HypercornWorker("", command=command, env=env, log_dir=directory)
             workers[name] = stack.enter_context(worker)
         yield workers
+
+
+def metrics_dir(directory: Path, replica: str) -> Path:
+    """Where a replica's processes write their metrics (kept after they exit)."""
+    path = directory / f"metrics-{replica}"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def stamps(directory: Path) -> list[str]:

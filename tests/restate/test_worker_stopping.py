@@ -23,8 +23,16 @@ import httpx2
 import pytest
 
 from tests.restate.support import attach, send_run
-from tests.restate.test_handoff import AGENT, Route, replicas, stamps, tool_results
+from tests.restate.test_handoff import (
+    AGENT,
+    Route,
+    metrics_dir,
+    replicas,
+    stamps,
+    tool_results,
+)
 from tests.restate.test_intents import Attempt
+from tether.programs.metrics import merged_files
 from tether.programs.restate_server import RestateServer
 from tether.restate import restate_runtime
 from tether.restate.errors import WorkerStopping, is_restate_control_error
@@ -53,6 +61,14 @@ def test_a_live_run_leaves_before_its_next_model_step_once_its_worker_stops() ->
         assert await durable.step("model", "model:1", value) == {"at": 1.0}
 
     asyncio.run(main())
+
+
+def counted(directory: Path, name: str) -> float:
+    """The sum of a counter's series that a replica's processes wrote to `directory`."""
+    families = merged_files(directory).collect()
+    return sum(
+        sample.value for family in families for sample in family.samples if sample.name == name
+    )
 
 
 def answering(worker: HypercornWorker) -> bool:
@@ -113,6 +129,10 @@ def test_a_stopped_worker_hands_its_run_over_at_the_turns_boundary(
     wait_until(lambda: a.returncode() is not None, timeout=15, what="replica a to exit")
     took = time.monotonic() - released
     assert took < GRACEFUL_TIMEOUT / 2, f"replica a exited {took:.1f} s after the body ended"
+    # a counted the run that left it; b, where it went on, counted none
+    left = "tether_runs_left_stopping_worker_total"
+    assert counted(metrics_dir(tmp_path, "a"), left) == 1
+    assert counted(metrics_dir(tmp_path, "b"), left) == 0
 
 
 def test_a_request_refused_while_stopping_cuts_no_run_in_flight_off(

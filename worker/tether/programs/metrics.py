@@ -107,6 +107,12 @@ TOOL_BODIES_HANDED_OVER = Counter(
     "instead of reported interrupted), stale (the sender went quiet: reported interrupted).",
     ["agent", "way"],
 )
+RUNS_LEFT_STOPPING_WORKER = Counter(
+    "tether_runs_left_stopping_worker_total",
+    "Runs (sub-agents' too) that left a stopping worker replica before their next model step, "
+    "to go on on another one (a scale-down, a drain, a rollout).",
+    ["agent"],
+)
 MCP_CALLS = Counter(
     "tether_mcp_calls_total",
     "Calls to MCP servers' tools, by outcome (ok, error, timeout, unreachable).",
@@ -253,6 +259,12 @@ def agent_series_at_zero(agent: str, *, provider: str, model: str) -> None:
     COST_USD.labels(agent, provider, model)
     for way in ("sent", "received", "stale"):
         TOOL_BODIES_HANDED_OVER.labels(agent, way)
+    RUNS_LEFT_STOPPING_WORKER.labels(agent)
+
+
+def count_run_that_left(agent: str) -> None:
+    """A run of `agent` left its stopping worker (`tether.restate.errors.WorkerStopping`)."""
+    RUNS_LEFT_STOPPING_WORKER.labels(agent).inc()
 
 
 def multiprocess_enabled() -> bool:

@@ -25,6 +25,8 @@ when the run ends), so `pending` of a session lists the calls its children (and 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, cast
 
@@ -47,6 +49,7 @@ from ...restate import (
     run_child,
 )
 from ...restate.budget import budget_object
+from ...restate.errors import WorkerStopping
 from ...restate.events import read_events
 from ...session import create_session, load_session
 from ...session.events import Cursor
@@ -65,7 +68,7 @@ from ...spec.stopping import LONGEST_STEP_SECONDS
 from ...tools.base import ToolContext, ToolDef
 from ...tools.human import Wait
 from ...tools.toolset import Toolset
-from ..metrics import agent_hooks, agent_series_at_zero, mcp_observer
+from ..metrics import agent_hooks, agent_series_at_zero, count_run_that_left, mcp_observer
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
 from . import stopping
 from .handoff_client import RestateHandoff
@@ -131,9 +134,6 @@ class RunResult(BaseModel):
         )
 
 
-"""The name of the sub-agent tool an agent with `spec.subagents` gets."""
-
-
 def child_key(parent_key: str, label: str) -> str:
     """The object key of a child: its parent's key and the label the parent gave it."""
     return f"{parent_key}::{label}"
@@ -144,6 +144,16 @@ async def forget_children(ctx: restate.ObjectContext) -> None:
     for key in await ctx.state_keys():
         if key.startswith(CHILD_MARKER):
             ctx.clear(key)
+
+
+@contextlib.contextmanager
+def counting_leaves(agent: str) -> Iterator[None]:
+    """Counts a run that leaves its stopping worker (`WorkerStopping` goes on up)."""
+    try:
+        yield
+    except WorkerStopping:
+        count_run_that_left(agent)
+        raise
 
 
 def build_provider(settings: WorkerSettings) -> Provider:
@@ -294,7 +304,8 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
                 inbox=RestateInbox(ctx, take_messages),
                 wait=wait,  # for more budget (`limits.onExhausted: ask`), as the approvals wait
             )
-            stats = await agent.run(request.prompt)
+            with counting_leaves(manifest.metadata.name):
+                stats = await agent.run(request.prompt)
         if subagents is not None:
             await forget_children(ctx)
         return RunResult.of(stats)
@@ -304,24 +315,25 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         """A sub-agent run (a `ChildRunRequest`), started by a parent's spawn tool only."""
         child_request = cast(ChildRunRequest, request)
         trace = TraceParent.parse(child_request.get(TRACEPARENT_KEY))
-        result = await run_child(
-            ctx,
-            child_request,
-            provider=provider,
-            tools=[
-                *tools_for(ctx, restate_wait(ctx, park_settings)),
-                *spawn_for(ctx, child_request["depth"], trace),
-            ],
-            system=spec.system,
-            behavior=behavior,
-            max_depth=subagents.max_depth if subagents is not None else 0,
-            runtime_options=RestateRuntimeOptions(
-                budget=ledger_for(ctx) if budgeted else None,
-                handoff=handoff,
-                stopping=stopping.is_stopping,
-            ),
-            hooks=lambda durable: hooks_for(durable, trace),
-        )
+        with counting_leaves(manifest.metadata.name):
+            result = await run_child(
+                ctx,
+                child_request,
+                provider=provider,
+                tools=[
+                    *tools_for(ctx, restate_wait(ctx, park_settings)),
+                    *spawn_for(ctx, child_request["depth"], trace),
+                ],
+                system=spec.system,
+                behavior=behavior,
+                max_depth=subagents.max_depth if subagents is not None else 0,
+                runtime_options=RestateRuntimeOptions(
+                    budget=ledger_for(ctx) if budgeted else None,
+                    handoff=handoff,
+                    stopping=stopping.is_stopping,
+                ),
+                hooks=lambda durable: hooks_for(durable, trace),
+            )
         if subagents is not None:
             await forget_children(ctx)
         return dict(result)
