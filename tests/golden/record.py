@@ -174,6 +174,52 @@ def restate_parked_for_an_approval(work: Path, out: Path) -> None:
     write_restate_golden(out, spec, state, expected)
 
 
+SPENDER = "golden-spender"
+
+
+def restate_parked_for_more_budget(work: Path, out: Path) -> None:
+    """A run of `tether worker` out of its budget and parked until a person raises it
+    (`limits.onExhausted: ask`), its agent able to spawn, so it reserves from the budget's
+    ledger object: the state of the agent's object, of the parked calls' index and of the
+    ledger (`<agent>-budget/<root run>`, what `status` reads) (`.json`); the manifest (`.yaml`)."""
+    (work / "a.txt").write_text("hi")
+    turn = {"tool_calls": [{"name": "read", "input": {"path": "a.txt"}}]}
+    usage = {"usage": {"input": 10, "output": 100}}
+    script = [{**turn, **usage}] * 3 + [{"text": "done", **usage}]
+    spec = manifest(
+        SPENDER,
+        script,
+        tools=[{"name": "read", "builtin": "read_file"}],
+        limits={"maxCostUsd": 0.25, "onExhausted": "ask"},
+        subagents={"maxDepth": 1},
+    )
+    spec["spec"]["model"].update(maxTokens=100, pricing={"inputPerMTok": 0, "outputPerMTok": 1000})
+    services = restate_services(SPENDER)
+    ledger_service = f"{SPENDER}-budget"
+    with AgentHarness(spec, workspace=work) as agent:
+        agent.start_run(SESSION, "spend")
+        [call] = agent.parked(at_least=1)
+        [row] = agent.restate.server.query(
+            f"SELECT service_key FROM state WHERE service_name = '{ledger_service}'"
+        )
+        root = row["service_key"]
+        state = object_states(
+            agent,
+            [
+                (services.agent, SESSION),
+                (services.parked, INDEX_KEY),
+                (ledger_service, root),
+            ],
+        )
+        ledger = agent.restate.call(f"{ledger_service}/{root}/status")
+    expected = {
+        "session": SESSION,
+        "parked": {k: call[k] for k in ("kind", "tool", "call_id", "input_summary", "session")},
+        "ledger": {"key": root, "status": ledger},
+    }
+    write_restate_golden(out, spec, state, expected)
+
+
 def object_states(
     agent: AgentHarness, objects: list[tuple[str, str]]
 ) -> dict[str, dict[str, dict[str, str]]]:
@@ -209,6 +255,7 @@ RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "parked-for-more-budget": parked_for_more_budget,
     "restate-session-of-two-runs": restate_session_of_two_runs,
     "restate-parked-for-an-approval": restate_parked_for_an_approval,
+    "restate-parked-for-more-budget": restate_parked_for_more_budget,
 }
 
 

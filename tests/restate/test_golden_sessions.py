@@ -61,7 +61,12 @@ def restored(golden: Path, workspace: Path) -> Iterator[tuple[AgentHarness, dict
 
 
 @pytest.mark.parametrize(
-    "recipe", ["restate-session-of-two-runs", "restate-parked-for-an-approval"]
+    "recipe",
+    [
+        "restate-session-of-two-runs",
+        "restate-parked-for-an-approval",
+        "restate-parked-for-more-budget",
+    ],
 )
 def test_there_are_goldens(recipe: str) -> None:
     assert goldens(recipe), f"no golden of {recipe} in {GOLDEN}"
@@ -119,3 +124,25 @@ def test_a_call_parked_under_an_earlier_version_is_listed_and_answered(
             what="the index's answer",
         )
         assert agent.restate.result(answer["id"]) == {"answered": True}
+
+
+@pytest.mark.parametrize("golden", goldens("restate-parked-for-more-budget"), ids=lambda p: p.stem)
+def test_a_run_parked_for_more_budget_keeps_its_ledger_and_is_answered(
+    tmp_path: Path, golden: Path
+) -> None:
+    with restored(golden, tmp_path) as (agent, expected):
+        [call] = agent.parked()
+        assert {k: call[k] for k in expected["parked"]} == expected["parked"]
+        # The new worker reads the ledger the old one kept, as it was.
+        ledger = expected["ledger"]
+        status = agent.restate.call(f"{agent.agent}-budget/{ledger['key']}/status")
+        assert status == ledger["status"]
+        agent.approve(call)
+        index = restate_services(agent.agent).parked
+        wait_until(
+            lambda: agent.restate.server.query(
+                f"SELECT id FROM sys_invocation WHERE target_service_name = '{index}' "
+                "AND target_handler_name = 'answer' AND status = 'completed'"
+            ),
+            what="the index's answer",
+        )
