@@ -347,6 +347,23 @@ def test_an_approval_may_grant_its_own_amounts_but_never_lowers_a_budget() -> No
     assert granted({"raise_to": {"tokens": 9}}, Limits(1.0), Limits(2.0)) == Limits(2.0)
 
 
+async def test_a_sub_agent_with_a_budget_of_its_own_stops_on_it_and_never_asks() -> None:
+    from tether.agent import spawn_tool
+
+    usage = {"usage": {"input": 10, "output": 1000}}
+    script = {
+        "go": [calls("spawn", spawn={"task": "work"}), {"text": "done"}],
+        "work": [{**calls("echo", echo={"text": "x"}), **usage}] * 5,
+    }
+    pricing = Pricing(input_per_mtok=0, output_per_mtok=100)
+    child = {"max_cost_usd": 0.25, "max_output_tokens": 1000, "on_budget_exhausted": "ask"}
+    tools = [echo, spawn_tool(max_depth=1, behavior=child)]
+    agent = create_agent(provider=scripted(script, pricing=pricing), tools=tools)
+    stats = await agent.run("go")  # the parent has no budget and no way to ask: it never asks
+    assert stats.status == "completed"
+    assert [c.status for c in stats.children] == ["budget_exceeded"]
+
+
 async def test_asking_for_budget_without_a_way_to_wait_is_refused_before_the_run() -> None:
     behavior = Behavior(max_tokens=1000, on_budget_exhausted="ask")
     agent = create_agent(provider=scripted([{"text": "hi"}]), behavior=behavior)

@@ -123,9 +123,14 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
 
+    @property
+    def is_sub_agent(self) -> bool:
+        """A sub-agent's runs reserve from their root's budget and never ask for more."""
+        return bool(self.depth or self.budget_tree)
+
     def _check_can_ask(self, behavior: Behavior) -> None:
         budgeted = behavior.max_cost_usd is not None or behavior.max_tokens is not None
-        asks = behavior.on_budget_exhausted == "ask" and budgeted and self.budget_tree is None
+        asks = behavior.on_budget_exhausted == "ask" and budgeted and not self.is_sub_agent
         if asks and self.wait is None:
             raise ConfigError(
                 "Behavior.on_budget_exhausted='ask' needs the agent's `wait`, how its runs "

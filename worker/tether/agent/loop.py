@@ -491,7 +491,7 @@ class AgentRun:
         A sub-agent does not ask: it stops and reports to its parent, whose next call asks for
         the whole tree."""
         wait = self.agent.wait
-        if self.behavior.on_budget_exhausted != "ask" or wait is None or self.agent.budget_tree:
+        if self.behavior.on_budget_exhausted != "ask" or wait is None or self.agent.is_sub_agent:
             return False
         behavior, limits = self.behavior, self.limits
         raised = Limits(
