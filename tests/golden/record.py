@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from tests.mcp.servers import SuiteFiles, suite_stdio_server
 from tests.restate.test_worker import manifest
 from tests.test_answers import ASK, SHIP, run, write_agent, write_spender
 from tests.test_cli import runs_db
@@ -80,6 +81,35 @@ def parked_for_more_budget(work: Path, out: Path) -> None:
     write_spender(work, maxCostUsd=0.25, onExhausted="ask")
     park(work, out, work / "agent.yaml", "spend")
     shutil.copy(work / "a.txt", out.with_suffix(".txt"))
+
+
+def parked_on_an_mcp_tool(work: Path, out: Path) -> None:
+    """`tether run` parked for the approval of an MCP server's tool (the suite's, over stdio),
+    after the run's journaled listing of the server's tools. The spec's `mcp.command` is this
+    machine's: a test puts its own server there."""
+    files = SuiteFiles(work / "suite")
+    files.directory.mkdir()
+    server = suite_stdio_server(files)
+    add = {"tool_calls": [{"name": "add", "input": {"a": 40, "b": 2}}]}
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "mcp-golden"},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": [add, {"text": "42"}]},
+            "tools": [
+                {
+                    "name": "suite",
+                    "requireApproval": True,
+                    "mcp": {"command": list(server.argv), "include": ["add", "multiply"]},
+                }
+            ],
+        },
+    }
+    spec = work / "agent.yaml"
+    spec.write_text(yaml.safe_dump(document))
+    park(work, out, spec, "add 40 and 2")
+    assert files.count("add") == 0
 
 
 SPAWN = {"name": "spawn", "input": {"task": "do the ship"}}
@@ -253,6 +283,7 @@ RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "parked-for-an-answer": parked_for_an_answer,
     "sub-agent-parked-under-a-budget": sub_agent_parked_under_a_budget,
     "parked-for-more-budget": parked_for_more_budget,
+    "parked-on-an-mcp-tool": parked_on_an_mcp_tool,
     "restate-session-of-two-runs": restate_session_of_two_runs,
     "restate-parked-for-an-approval": restate_parked_for_an_approval,
     "restate-parked-for-more-budget": restate_parked_for_more_budget,

@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.mcp.servers import StdioServer, SuiteFiles
 from tests.test_answers import tool_results
-from tests.test_cli import tether
+from tests.test_cli import runs_db, tether
+from tests.test_golden_journals import goldens, load
 
 
 def write_agent(directory: Path, suite: StdioServer, clock: StdioServer) -> None:
@@ -76,3 +78,24 @@ def test_tether_run_parks_an_mcp_call_for_approval_and_resumes(
     assert target["timezone"] == "Europe/Paris"
     assert target["datetime"].endswith(("T09:30:00+01:00", "T10:30:00+02:00"))
     assert suite_files.count("add") == 1
+
+
+@pytest.mark.parametrize("golden", goldens("parked-on-an-mcp-tool"), ids=lambda p: p.stem)
+def test_a_run_an_earlier_tether_parked_on_an_mcp_tool_resumes(
+    tmp_path: Path, golden: Path, suite_server_stdio: StdioServer, suite_files: SuiteFiles
+) -> None:
+    """The golden's journal holds the run's listing of the server's tools and the parked call;
+    this Tether resumes it against today's server process (its command is this machine's)."""
+    document = yaml.safe_load(golden.with_suffix(".yaml").read_text())
+    document["spec"]["tools"][0]["mcp"]["command"] = list(suite_server_stdio.argv)
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(document))
+    load(golden, runs_db(tmp_path))
+
+    [line] = tether("waiting", cwd=tmp_path).stdout.splitlines()
+    assert line.startswith('r1  call_0_0  approval  add({"a":40,"b":2})'), line
+    assert tether("answer", "r1", "--approve", cwd=tmp_path).returncode == 0
+    done = tether("run", "agent.yaml", "--run-id", "r1", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert tool_results(tmp_path) == ["42"] and "final answer: 42" in done.stdout
+    [call] = suite_files.calls("add")
+    assert len(call["idempotency_key"]) == 32
