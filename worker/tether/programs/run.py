@@ -27,6 +27,7 @@ from ..agent.spawn import spawn_tool
 from ..durable import sqlite_runtime
 from ..durable.answers import AnswerBook, Parked, WaitingCall, embedded_wait
 from ..durable.protocol import DurableRuntime
+from ..parked import asks_for_budget
 from ..providers.base import Provider
 from ..providers.scripted import scripted
 from ..session import create_session, load_session
@@ -250,6 +251,11 @@ def report_parked(waiting: list[WaitingCall], args: argparse.Namespace, progress
     progress.say(f"run {args.run_id}: parked, waiting for a person")
     for call in waiting:
         progress.say(f"  {call.kind}: {call.tool}({call.input_summary})  [{call.call_id}]")
+        if asks_for_budget(call.tool, call.call_id):
+            progress.say(
+                "  (out of budget: --approve raises it by its size; --value "
+                '\'{"approved": true, "raise_to": {"cost_usd": ...}}\' names the new budget)'
+            )
     progress.say(
         f"  answer with `tether answer {args.run_id} --approve` (or --deny, or --value JSON for "
         "ask_human), then run the same command again to resume"
