@@ -1422,3 +1422,15 @@ def test_the_sidecar_checks_the_inboxs_message_limit() -> None:
     from tether.programs.worker.inbox import MAX_MESSAGE_CHARS as INBOX_LIMIT
 
     assert MAX_MESSAGE_CHARS == INBOX_LIMIT
+
+
+def test_the_page_of_a_request_for_more_budget_says_what_approving_does() -> None:
+    from tether.programs.sidecar.pages import LinkView, confirmation_page
+
+    asked = {**record(ID_A, "session-1"), "tool": "budget", "call_id": "budget:2:0"}
+    view = LinkView("approve", asked, int(time.time()) + 600, "sig", None, "token")  # type: ignore[arg-type]
+    text = unescape(bytes(confirmation_page(view, 600).body).decode())
+    assert "<h1>Approve more budget?</h1>" in text and "ran out of budget" in text
+    assert "before it runs this tool call" not in text
+    tool = LinkView("deny", record(ID_A, "session-1"), int(time.time()) + 600, "s", None, "t")
+    assert "<h1>Deny this call?</h1>" in bytes(confirmation_page(tool, 600).body).decode()

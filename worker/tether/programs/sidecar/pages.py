@@ -14,7 +14,7 @@ from html import escape
 
 from starlette.responses import HTMLResponse
 
-from ...parked import SUMMARY_CHARS, ParkedCall
+from ...parked import SUMMARY_CHARS, ParkedCall, asks_for_budget
 from ..webhooks import LinkAction
 
 CONTENT_SECURITY_POLICY = (
@@ -123,11 +123,18 @@ def confirmation_page(view: LinkView, token_seconds: int) -> HTMLResponse:
             "the call runs with all of it.</p>"
         )
     verb = "Approve" if view.action == "approve" else "Deny"
-    title = f"{verb} {record.get('tool', 'this call')}?"
+    agent = f"The agent <b>{escape(str(record.get('agent', '')))}</b>"
+    if asks_for_budget(str(record.get("tool", "")), str(record.get("call_id", ""))):
+        title = heading = f"{verb} more budget?"
+        why = (
+            f"{agent} ran out of budget. Approving raises it as the input says (raise_to), "
+            "and the run goes on; denying stops the run."
+        )
+    else:
+        title, heading = f"{verb} {record.get('tool', 'this call')}?", f"{verb} this call?"
+        why = f"{agent} waits for a person's decision before it runs this tool call."
     body = (
-        f"<h1>{escape(verb)} this call?</h1>"
-        f"<p>The agent <b>{escape(str(record.get('agent', '')))}</b> waits for a person's "
-        "decision before it runs this tool call.</p>"
+        f"<h1>{escape(heading)}</h1><p>{why}</p>"
         f"<table>{table}</table>"
         f"<h2>Input</h2><pre>{escape(pretty_input(summary))}</pre>{cut}"
         f"<form method='post' action='{escape(view.action)}'>{fields}{buttons}</form>{only}"
