@@ -632,12 +632,13 @@ def granted(value: Any, limits: Limits, default: Limits) -> Limits:
         return default
 
     def amount(kind: str) -> Any:
-        current, wanted = getattr(limits, kind), given.get(kind)
+        wanted = given.get(kind)
         if isinstance(wanted, bool) or not isinstance(wanted, int | float):
             return getattr(default, kind)
-        if current is None or not math.isfinite(wanted):
+        if getattr(limits, kind) is None or not math.isfinite(wanted):
             return getattr(default, kind)
-        return max(current, wanted)
+        return wanted
 
     tokens = amount("tokens")
-    return Limits(amount("cost_usd"), None if tokens is None else int(tokens))
+    named = Limits(amount("cost_usd"), None if tokens is None else int(tokens))
+    return named.raised_to(limits)  # the ledger's rule: a budget only ever rises
