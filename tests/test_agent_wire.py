@@ -11,8 +11,9 @@ import pytest
 from tests.fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
 from tether import create_agent, tool
 from tether.durable import sqlite_runtime
+from tether.errors import ConfigError
 from tether.providers import anthropic, openai
-from tether.providers.base import Provider
+from tether.providers.base import Pricing, Provider
 from tether.session import create_session
 
 KEY = "sk-test-wire-0123456789"
@@ -104,3 +105,122 @@ async def test_a_resumed_run_does_not_call_the_model_again(
             stats = await agent.run("go")
             assert stats.status == "completed", (attempt, stats.error)
     assert len(server.requests) == 2
+
+
+# Fallback models: the real SDK clients of both providers against one server, so each request's
+# path says which model it went to.
+PRIMARY, FALLBACK = "/v1/messages", "/chat/completions"
+
+
+def models_asked(server: ModelServer) -> list[str]:
+    return [PRIMARY if r.path.endswith(PRIMARY) else FALLBACK for r in server.requests]
+
+
+def with_fallback(server: ModelServer, **options: object) -> dict[str, object]:
+    return {
+        "provider": anthropic("claude-sonnet-4-6", api_key=KEY, base_url=server.anthropic_url),
+        "fallbacks": [
+            openai(
+                "gpt-4o",
+                api_key=KEY,
+                base_url=server.openai_url,
+                pricing=Pricing(input_per_mtok=1_000_000, output_per_mtok=0),
+            )
+        ],
+        **options,
+    }
+
+
+async def test_an_overloaded_model_falls_back_to_the_next_at_once(server: ModelServer) -> None:
+    server.script(
+        ErrorReply(529, "Overloaded", "overloaded_error"),
+        Reply(text=["Let me echo."], tool_calls=[ToolCall("echo", {"text": "hi"})]),
+        Reply(text=["It said HI."]),
+    )
+    events: list[dict[str, object]] = []
+    agent = create_agent(
+        **with_fallback(server, tools=[echo]),  # type: ignore[arg-type]
+        hooks={"turn:error": lambda p: events.append(p)},
+    )
+    stats = await agent.run("echo hi")
+    assert stats.status == "completed" and stats.text == "It said HI."
+    # The turn that failed went on to the fallback without a backoff; the next one starts
+    # from the first model again.
+    assert models_asked(server) == [PRIMARY, FALLBACK, PRIMARY]
+    assert agent.durable.counters.live["sleep"] == 0
+    # the fallback's price for its call (10 input tokens at $1 each), the first's for the answer
+    assert 10.0 < stats.cost_usd < 10.001
+    assert [(e["provider"], e["model"]) for e in events] == [("anthropic", "claude-sonnet-4-6")]
+    done = []
+    async for event in agent.events():
+        if event["type"] == "model_done":
+            done.append(event)
+        if event["type"] == "run_ended":
+            break
+    assert [(e["provider"], e["model"]) for e in done] == [
+        ("openai", "gpt-4o"),
+        ("anthropic", "claude-sonnet-4-6"),
+    ]
+
+
+async def test_when_every_model_fails_the_loop_backs_off_and_starts_again_from_the_first(
+    server: ModelServer,
+) -> None:
+    server.script(
+        ErrorReply(429, "slow down", retry_after="0"),
+        ErrorReply(503, "unavailable"),
+        Reply(text=["ok"]),
+    )
+    agent = create_agent(**with_fallback(server))  # type: ignore[arg-type]
+    stats = await agent.run("hi")
+    assert stats.status == "completed" and stats.text == "ok"
+    assert models_asked(server) == [PRIMARY, FALLBACK, PRIMARY]
+    assert agent.durable.counters.live["sleep"] == 1
+
+
+async def test_a_final_failure_of_the_last_model_ends_the_run(server: ModelServer) -> None:
+    # Even a failure the first model would not retry goes on to the next one (a bad key, a
+    # request too large for it); the last one's decides.
+    server.script(
+        ErrorReply(401, "invalid x-api-key", "authentication_error"),
+        ErrorReply(400, "model not found", "invalid_request_error"),
+    )
+    agent = create_agent(**with_fallback(server))  # type: ignore[arg-type]
+    stats = await agent.run("hi")
+    assert stats.status == "error" and stats.error is not None
+    assert "model not found" in stats.error and KEY not in stats.error
+    assert models_asked(server) == [PRIMARY, FALLBACK]
+    assert agent.durable.counters.live["sleep"] == 0
+
+
+async def test_a_resumed_run_asks_the_models_its_journal_asked(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    server.script(
+        ErrorReply(500, "internal"),
+        Reply(tool_calls=[ToolCall("echo", {"text": "x"})]),
+        Reply(text=["done"]),
+    )
+    for attempt in range(2):
+        with sqlite_runtime(tmp_path / "j.db", "run") as durable:
+            assert durable.stores.session is not None
+            session = await create_session(id="s", store=durable.stores.session)
+            agent = create_agent(
+                **with_fallback(server, tools=[echo], durable=durable, session=session)  # type: ignore[arg-type]
+            )
+            stats = await agent.run("go")
+            assert stats.status == "completed", (attempt, stats.error)
+    assert models_asked(server) == [PRIMARY, FALLBACK, PRIMARY]  # none again on the replay
+    # A journal that went on to a fallback needs one to replay: a clear error, nothing lost.
+    with sqlite_runtime(tmp_path / "j.db", "run") as durable:
+        assert durable.stores.session is not None
+        session = await create_session(id="s", store=durable.stores.session)
+        agent = create_agent(
+            provider=anthropic("claude-sonnet-4-6", api_key=KEY, base_url=server.anthropic_url),
+            tools=[echo],
+            durable=durable,
+            session=session,
+        )
+        with pytest.raises(ConfigError, match="moved model:0 on to fallback model 1"):
+            await agent.run("go")
+    assert len(server.requests) == 3

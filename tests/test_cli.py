@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.fakes.model_server import ErrorReply, ModelServer, Reply
 from tether.session import load_session, sqlite_store
 from tether.spec import SpecError, load_agent, parse_agent
 
@@ -425,3 +426,38 @@ def test_tether_resolve_sends_again_newly_signed_while_the_sidecar_answers_503(
         assert done.stderr.startswith("503 ") and "restate_unavailable" in done.stderr
     else:
         assert done.stderr.count("sending again") == 2 and done.stdout.startswith("200 ")
+
+
+def test_tether_run_asks_the_fallback_model_when_the_first_fails(
+    tmp_path: Path, model_server: ModelServer
+) -> None:
+    model_server.script(ErrorReply(529, "Overloaded", "overloaded_error"), Reply(text=["hi"]))
+    manifest = tmp_path / "agent.yaml"
+    fallback = {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
+    model = {"provider": "anthropic", "name": "claude-test", "baseUrl": model_server.anthropic_url}
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "a"},
+        "spec": {"model": {**model, "fallbacks": [fallback]}},
+    }
+    manifest.write_text(yaml.safe_dump(document))
+    args = ("run", str(manifest), "--run-id", "r", "--prompt", "hi", "--json")
+    # The fallback's key is needed too, and named.
+    missing = tether(*args, cwd=tmp_path, env={"ANTHROPIC_API_KEY": "a"})
+    assert missing.returncode == 2 and model_server.requests == []
+    assert "OPENAI_API_KEY is not set: the worker needs spec.model.fallbacks[0]'s" in (
+        missing.stderr
+    )
+    keys = {"ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "o"}
+    done = tether(*args, cwd=tmp_path, env=keys)
+    assert done.returncode == 0, done.stderr
+    assert "model: anthropic/claude-test, then openai/gpt-test" in done.stdout
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert (result["stats"]["status"], result["stats"]["text"]) == ("completed", "hi")
+    again = tether(*args[:-3], "--json", cwd=tmp_path, env=keys)  # replayed: no model asked
+    assert again.returncode == 0, again.stderr
+    assert [r.path.rsplit("/", 1)[-1] for r in model_server.requests] == [
+        "messages",
+        "completions",
+    ]

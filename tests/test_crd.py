@@ -655,3 +655,73 @@ def test_kubectl_shows_printer_columns_and_explains_fields(
     assert "anthropic, openai (any OpenAI-compatible server) or scripted." in explained
     drain = kube_apiserver.kubectl("explain", "durableagents.spec.drain.timeout").stdout
     assert "Remove the version after this long even with runs pinned." in drain
+
+
+FALLBACK = {
+    "provider": "openai",
+    "name": "gpt-4o",
+    "apiKeySecretRef": {"name": "llm-2", "key": "k"},
+}
+
+
+def test_fallback_models_are_accepted_with_their_defaults_and_bounded(
+    api: ApiClient, namespace: str
+) -> None:
+    created = create(api, namespace, agent("fallen", **_model(**KEY, fallbacks=[FALLBACK])))
+    [fallback] = created["spec"]["model"]["fallbacks"]
+    assert fallback["maxTokens"] == 4096  # each model's own output tokens
+    assert parse_agent(created).spec.model.choices()[1][1].name == "gpt-4o"
+    too_many = agent("many", **_model(**KEY, fallbacks=[FALLBACK] * 5))
+    with pytest.raises(ApiException) as rejected:
+        create(api, namespace, too_many)
+    assert rejected.value.status == 422
+    assert "spec.model.fallbacks" in json.loads(rejected.value.body or "{}")["message"]
+    with pytest.raises(SpecError, match="fallbacks"):
+        parse_agent(too_many)
+
+
+def _other_key(**model: Any) -> dict[str, Any]:
+    return {"provider": "anthropic", "name": "h", **model}
+
+
+SHELL_WITH = [{"name": "sh", "builtin": "shell", "config": {"passEnv": ["PATHS", "LLM_KEY"]}}]
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        (  # two Secrets in one variable: the worker would see only one of them
+            _model(**KEY, fallbacks=[_other_key(apiKeySecretRef={"name": "b", "key": "k"})]),
+            "spec.model.fallbacks[0] reads its API key from ANTHROPIC_API_KEY, which spec.model",
+        ),
+        (  # a fallback's output at its price passes the budget: none of its calls could start
+            {
+                **_model(
+                    **PRICED,
+                    fallbacks=[{**FALLBACK, "pricing": {"inputPerMTok": 1, "outputPerMTok": 150}}],
+                ),
+                "limits": {"maxCostUsd": 0.5},
+            },
+            "one call of model.fallbacks[0]",
+        ),
+        (  # a model's key handed to the agent's shell by its own name
+            {
+                **_model(**KEY, fallbacks=[{**FALLBACK, "apiKeyEnv": "LLM_KEY"}]),
+                "tools": SHELL_WITH,
+            },
+            "spec.tools[0].config.passEnv: LLM_KEY holds a secret",
+        ),
+        (_model(**KEY, fallbacks=[{"provider": "scripted", "name": "s"}]), "needs `script`"),
+    ],
+    ids=["one-variable-two-secrets", "budget-below-a-fallback-call", "key-to-shell", "no-script"],
+)
+def test_the_spec_refuses_fallbacks_that_cannot_work(spec: dict[str, Any], says: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_agent(agent("fallen", **spec))
+    assert says in str(refused.value)
+
+
+def test_two_models_of_one_provider_read_their_keys_from_variables_of_their_own() -> None:
+    other = _other_key(apiKeySecretRef={"name": "b", "key": "k"}, apiKeyEnv="HAIKU_KEY")
+    spec = parse_agent(agent("fallen", **_model(**KEY, fallbacks=[other]))).spec
+    assert spec.secret_variables() == ["ANTHROPIC_API_KEY", "HAIKU_KEY"]

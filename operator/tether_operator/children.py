@@ -80,8 +80,9 @@ def is_available(spec: dict[str, Any], status: dict[str, Any], generation: int) 
 async def missing_secrets(kube: Kube, agent: DurableAgent, namespace: str) -> list[str]:
     """One line per Secret (or key) the pods would need but that does not exist."""
     refs = []
-    if agent.spec.model.api_key_secret_ref is not None:
-        refs.append(("spec.model.apiKeySecretRef", agent.spec.model.api_key_secret_ref))
+    for where, model in agent.spec.model.choices():
+        if model.api_key_secret_ref is not None:
+            refs.append((f"{where}.apiKeySecretRef", model.api_key_secret_ref))
     if agent.spec.webhook is not None:
         refs.append(("spec.webhook.secretRef", agent.spec.webhook.secret_ref))
         if agent.spec.webhook.previous_secret_ref is not None:

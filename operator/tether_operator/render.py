@@ -56,7 +56,6 @@ from .settings import OperatorSettings
 
 Manifest = dict[str, Any]
 RUN_AS = 65532
-DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 
 @dataclass(frozen=True)
@@ -90,10 +89,15 @@ def spec_document(agent: DurableAgent, namespace: str) -> str:
     return yaml.safe_dump(document, sort_keys=False)
 
 
-def api_key_env_name(spec: DurableAgentSpec) -> str:
-    if spec.model.api_key_env:
-        return spec.model.api_key_env
-    return DEFAULT_KEY_ENV.get(spec.model.provider, "TETHER_MODEL_API_KEY")
+def api_key_envs(spec: DurableAgentSpec) -> list[Manifest]:
+    """The models' API keys from their Secrets, one variable each (the spec's model first)."""
+    env: dict[str, Manifest] = {}
+    for _, model in spec.model.choices():
+        ref = model.api_key_secret_ref
+        if ref is not None:
+            variable = model.key_variable or model.api_key_env or "TETHER_MODEL_API_KEY"
+            env.setdefault(variable, _secret_env(variable, ref.name, ref.key))
+    return list(env.values())
 
 
 def _secret_env(name: str, secret: str, key: str) -> Manifest:
@@ -181,9 +185,7 @@ def _worker_container(
     if settings.restate_identity_keys:  # only Restate may invoke the worker
         keys = ",".join(settings.restate_identity_keys)
         env.append({"name": IDENTITY_KEYS_ENV, "value": keys})
-    ref = spec.model.api_key_secret_ref
-    if ref is not None:
-        env.append(_secret_env(api_key_env_name(spec), ref.name, ref.key))
+    env.extend(api_key_envs(spec))
     notify = spec.approvals.notify
     if notify is not None and notify.url_secret_ref is not None:
         # The URL can be a credential (a Slack webhook's path is its token): from its Secret,

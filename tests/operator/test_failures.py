@@ -205,3 +205,49 @@ def test_a_version_is_registered_once_its_url_answers(
     # Restate is asked after ROUTE_WAIT (10 s), and says why it cannot register it.
     failed = condition_with_reason(cluster, "Registered", "RegistrationFailed")
     assert str(closed) in failed["message"]
+
+
+def test_a_fallback_models_secret_is_checked_and_reaches_the_worker_only(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    fallback = {
+        "provider": "openai",
+        "name": "gpt-4o",
+        "apiKeySecretRef": {"name": "llm-fallback", "key": "api-key"},
+    }
+    body = manifest()
+    body["spec"]["model"]["fallbacks"] = [fallback]
+    with_secrets(cluster)
+    run_operator()
+    cluster.apply_agent(body)
+    blocked = condition_with_reason(cluster, "Progressing", "SecretNotFound")
+    assert (
+        f"Secret {cluster.namespace}/llm-fallback named by "
+        "spec.model.fallbacks[0].apiKeySecretRef" in blocked["message"]
+    )
+    assert cluster.child_names(AGENT)["deployments"] == set()
+
+    cluster.secret("llm-fallback", {"api-key": "sk-fallback-not-real"})
+    wait_for(lambda: registered(cluster), timeout=60, what="Registered after the Secret exists")
+    [version] = cluster.status(AGENT)["versions"]
+
+    def containers(name: str) -> list[Any]:
+        deployment = cluster.apps.read_namespaced_deployment(name, cluster.namespace)
+        return list(deployment.spec.template.spec.containers)
+
+    worker = containers(f"{AGENT}-{version['hash']}")
+    sidecar = containers(f"{AGENT}-sidecar")
+    worker_env = {e.name: e for e in worker[0].env}
+    refs = {
+        name: (
+            worker_env[name].value_from.secret_key_ref.name,
+            worker_env[name].value_from.secret_key_ref.key,
+        )
+        for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
+    }
+    assert refs == {
+        "ANTHROPIC_API_KEY": ("llm", "api-key"),
+        "OPENAI_API_KEY": ("llm-fallback", "api-key"),
+    }
+    for container in sidecar:  # the sidecar's pods run no model and no tool
+        assert not {"ANTHROPIC_API_KEY", "OPENAI_API_KEY"} & {e.name for e in container.env}

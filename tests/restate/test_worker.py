@@ -20,7 +20,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
+from tests.fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
 from tests.restate.support import (
     PROC_PROBE,
     HypercornWorker,
@@ -833,3 +836,59 @@ def test_only_restate_can_invoke_the_worker(
     )
     assert http("GET", f"{open_worker.url}/discover", headers=DISCOVER).status == 200
     assert "accepts requests that Restate did not sign" in open_worker.log_tail()
+
+
+def test_a_model_that_fails_hands_the_turn_to_its_fallback_and_a_replay_asks_no_model_again(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path, model_server: ModelServer
+) -> None:
+    # Real SDK clients of both providers (Anthropic's first, OpenAI's its fallback) against one
+    # server of both wire formats: a request's path says which model it went to.
+    model_server.script(
+        ErrorReply(529, "Overloaded", "overloaded_error"),
+        Reply(tool_calls=[ToolCall("shell", {"command": "echo started > marker; sleep 3"})]),
+        Reply(text=["done"]),
+    )
+    agent = name()
+    document = manifest(agent, [])
+    document["spec"]["model"] = {
+        "provider": "anthropic",
+        "name": "claude-test",
+        "baseUrl": model_server.anthropic_url,
+        "fallbacks": [
+            {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
+        ],
+    }
+    document["spec"]["tools"] = [{"name": "shell", "builtin": "shell", "replay": "safe"}]
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    keys = {"ANTHROPIC_API_KEY": "a-key", "OPENAI_API_KEY": "o-key"}
+    worker = agent_worker(document, PROMETHEUS_MULTIPROC_DIR=str(metrics), **keys)
+    invocation = send_run(restate_server, agent, "s1", "work")
+    wait_until(lambda: (tmp_path / "marker").exists(), what="the tool to start")
+    worker.kill(signal.SIGKILL)  # the fallback's answer is journaled; the tool is cut off
+    worker.restart()
+    result = result_of(restate_server, invocation)
+    assert (result["status"], result["text"]) == ("completed", "done")
+    paths = [r.path.rsplit("/", 1)[-1] for r in model_server.requests]
+    assert paths == ["messages", "completions", "messages"]  # none asked twice
+    keys_sent = [
+        (r.headers.get("x-api-key") or r.headers["authorization"]).removeprefix("Bearer ")
+        for r in model_server.requests
+    ]
+    assert keys_sent == ["a-key", "o-key", "a-key"]  # each model its own key
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics))
+    calls = {
+        (s.labels["model"], s.labels["outcome"]): s.value
+        for family in registry.collect()
+        if family.name == "tether_model_calls"
+        for s in family.samples
+        if s.name == "tether_model_calls_total" and s.labels["agent"] == agent
+    }
+    assert calls == {
+        ("claude-test", "ok"): 1,
+        ("claude-test", "error"): 1,
+        ("gpt-test", "ok"): 1,
+        ("gpt-test", "error"): 0,
+    }

@@ -11,7 +11,7 @@ from ..durable.memory import memory_runtime
 from ..durable.protocol import DurableRuntime
 from ..errors import ConfigError, TetherError
 from ..messages import JSON
-from ..providers.base import Provider
+from ..providers.base import Fallback, Provider
 from ..session.events import MemoryEventLog
 from ..session.session import Session, create_session
 from ..session.store import memory_store
@@ -37,6 +37,7 @@ class Agent:
         self,
         *,
         provider: Provider,
+        fallbacks: Sequence[Provider | Fallback] = (),
         tools: Sequence[ToolDef | Toolset] = (),
         system: str | None = None,
         durable: DurableRuntime | None = None,
@@ -54,6 +55,8 @@ class Agent:
         if duplicates:
             raise ValueError(f"duplicate tool names: {', '.join(duplicates)}")
         self.provider = provider
+        self.fallbacks = tuple(f if isinstance(f, Fallback) else Fallback(f) for f in fallbacks)
+        """The models that answer, in order, when the one before fails (`AgentRun`)."""
         self.tools = list(tools)
         self.system = system
         self.durable: DurableRuntime = durable or memory_runtime()
@@ -165,6 +168,7 @@ class Agent:
 def create_agent(
     *,
     provider: Provider,
+    fallbacks: Sequence[Provider | Fallback] = (),
     tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
     durable: DurableRuntime | None = None,
@@ -178,9 +182,13 @@ def create_agent(
     which each run lists in a journaled step when it starts. `durable=None` runs on the
     in-memory runtime; `session=None` keeps the conversation in a session of the runtime's
     store; `inbox` lets messages reach it while it runs (`tether.agent.inbox`); `wait` is how
-    a run waits for a person when its budget runs out (`Behavior.on_budget_exhausted`)."""
+    a run waits for a person when its budget runs out (`Behavior.on_budget_exhausted`).
+    `fallbacks` answer in order when `provider` fails: a model call that fails moves on to the
+    next one at once, and a retryable failure of the last backs off and starts again from
+    `provider`, as the journal records (a replay asks the same models)."""
     return Agent(
         provider=provider,
+        fallbacks=fallbacks,
         tools=tools,
         system=system,
         durable=durable,

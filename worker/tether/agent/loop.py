@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..budget import BudgetLedger, Limits, Spend, input_bound, usage_tokens, worst_case
 from ..durable.journal import now_ms
+from ..errors import ConfigError
 from ..messages import JSON, Message, text_block, text_of, tool_uses
 from ..parked import BUDGET_TOOL
-from ..providers.base import ModelRequest, ProviderError
+from ..providers.base import ModelRequest, Provider, ProviderError
 from ..session.events import EventLog, event
 from ..session.session import Session
 from ..session.types import SessionRun, SessionTurn
@@ -289,6 +290,8 @@ class AgentRun:
                 tool_calls=[{"id": c["id"], "name": c["name"]} for c in calls],
             )
         ]
+        if "model" in response:  # one of several models answered: the event names it
+            events[0] |= {"provider": response["provider"], "model": response["model"]}
         if not self.limits:
             return events
         behavior, stats = self.behavior, self.stats
@@ -349,16 +352,20 @@ class AgentRun:
 
     async def _model_call(self, turn: int) -> dict[str, Any]:
         """One model step, retried with journaled backoff while the error is retryable. A
-        final error comes back as `{"error": ...}`."""
-        attempt = retries = 0  # every step of the turn; those after an error
+        failed call moves on to the agent's next fallback model at once; the last one's
+        retryable failure backs off and starts again from the first. A final error comes back
+        as `{"error": ...}`."""
+        attempt = retries = model = 0  # every step of the turn; those after an error; which model
         while True:
             name = f"model:{turn}:{attempt}"
             budgeted = bool(self.limits or self.ledger)
-            worst = self._worst_case() if budgeted else None
+            worst = self._worst_case(turn, model) if budgeted else None
             granted = await self._reserve(name, worst) if budgeted else True
             look_first, self._look_first = self._look_first, False
             result: dict[str, Any] = await self.durable.step(
-                "model", name, self._model_fn(turn, attempt, retries, worst, granted, look_first)
+                "model",
+                name,
+                self._model_fn(turn, attempt, retries, worst, granted, look_first, model),
             )
             if budgeted:
                 await self._settle(name, result)
@@ -373,6 +380,10 @@ class AgentRun:
                     await self._append("user", messages, created_at=result["at"])
                 attempt += 1
                 continue  # decided again: the messages make the request larger
+            if "error" in result and result.get("fallback"):  # journaled: a replay asks the same
+                attempt += 1
+                model += 1
+                continue
             if "error" not in result or not result["retry"]:
                 return result
             await self.durable.sleep(
@@ -380,6 +391,7 @@ class AgentRun:
             )
             attempt += 1
             retries += 1
+            model = 0
 
     def _model_fn(
         self,
@@ -389,8 +401,11 @@ class AgentRun:
         worst: Spend | None,
         granted: bool,
         look_first: bool,
+        model: int,
     ) -> Callable[[], Awaitable[JSON]]:
         inbox = self.agent.inbox
+        provider, max_output = self._model(turn, model)
+        fallbacks = len(self.agent.fallbacks)
 
         async def call() -> JSON:
             # Whether the turn happens at all is decided in its model step, not a step of its
@@ -406,7 +421,7 @@ class AgentRun:
             # Looked at here, the inbox costs no step of its own when nothing came.
             if look_first and inbox is not None and inbox.look() is not False:
                 return {"steer": True, "at": now_ms()}
-            request = await self._request(turn)
+            request = await self._request(turn, provider, max_output)
             hooks = self.agent.hooks
             streamed: list[str] = []
             # The step's name and the run's id name the call: a crash that cuts it off and
@@ -426,22 +441,32 @@ class AgentRun:
 
             started = now_ms()
             try:
-                response = await self.abort.race(self.agent.provider.complete(request, on_text))
+                response = await self.abort.race(provider.complete(request, on_text))
             except Aborted:
                 return {"aborted": True, "at": now_ms()}
             except ProviderError as error:
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
-                failed = {
+                # Any failure moves on to a fallback: another model may answer what this one
+                # refused (a key, a quota, a context window); the last one's decides the retry.
+                fallback = model < fallbacks
+                failed: dict[str, Any] = {
                     "error": f"{error.provider}: {error}",
-                    "retry": error.retryable and retries < self.behavior.max_retries,
+                    "retry": not fallback
+                    and error.retryable
+                    and retries < self.behavior.max_retries,
                     "retry_after": error.retry_after,
                     "at": now_ms(),
                 }
-                await hooks.call("turn:error", {"turn": turn, "run_id": self.run_id, **failed})
+                if fallbacks:
+                    failed |= {"fallback": fallback, **self._which(provider)}
+                await hooks.call(
+                    "turn:error",
+                    {"turn": turn, "run_id": self.run_id, **self._which(provider), **failed},
+                )
                 return failed
             if streamed and hooks.wants("stream:end"):
                 await hooks.call("stream:end", {"text": "".join(streamed)})
-            pricing = self.agent.provider.pricing
+            pricing = provider.pricing
             cost = pricing.cost(response.usage) if pricing else 0.0
             ended = now_ms()
             value = {
@@ -452,6 +477,8 @@ class AgentRun:
                 "latency_ms": ended - started,
                 "at": ended,
             }
+            if fallbacks:  # which model answered: its events and the run's record say
+                value |= self._which(provider)
             if inbox is not None and not tool_uses(response.content):
                 value["inbox"] = inbox.look()  # for the answer's boundary
             if hooks.wants("turn:after"):
@@ -465,6 +492,7 @@ class AgentRun:
                         "latency_ms": value["latency_ms"],
                         "stop": response.stop_reason,
                         "run_id": self.run_id,
+                        **self._which(provider),
                     },
                 )
             return value
@@ -473,15 +501,34 @@ class AgentRun:
 
     # Budget ---------------------------------------------------------------------------------
 
-    def _worst_case(self) -> Spend:
-        """The most the next model call can cost: every input token it can send (a bound from
-        the session's journaled turns, so a replay computes the same), and the output and
-        thinking tokens it may get, at the highest price."""
-        agent, behavior = self.agent, self.behavior
-        prefix = [agent.system or "", [t.spec for t in self.tool_defs]]
-        output = behavior.max_output_tokens + (behavior.thinking_budget or 0)
+    def _model(self, turn: int, index: int) -> tuple[Provider, int]:
+        """The provider of a turn's `index`th model (0: the agent's, then its fallbacks) and the
+        output tokens its calls ask for."""
+        if index == 0:
+            return self.agent.provider, self.behavior.max_output_tokens
+        fallbacks = self.agent.fallbacks
+        if index > len(fallbacks):
+            raise ConfigError(
+                f"the journal of run {self.run_id!r} moved model:{turn} on to fallback model "
+                f"{index}, and this agent has {len(fallbacks)}: its models changed since the "
+                "run started; finish it with the models it started with"
+            )
+        chosen = fallbacks[index - 1]
+        return chosen.provider, chosen.max_output_tokens or self.behavior.max_output_tokens
+
+    @staticmethod
+    def _which(provider: Provider) -> dict[str, str]:
+        return {"provider": provider.name, "model": provider.model}
+
+    def _worst_case(self, turn: int, model: int) -> Spend:
+        """The most the turn's next call (to its `model`th model) can cost: every input token
+        it can send (a bound from the session's journaled turns, so a replay computes the
+        same), and the output and thinking tokens it may get, at the highest price."""
+        provider, max_output = self._model(turn, model)
+        prefix = [self.agent.system or "", [t.spec for t in self.tool_defs]]
+        output = max_output + (self.behavior.thinking_budget or 0)
         bound = input_bound(self.session.turns, prefix, self.run_id)
-        return worst_case(bound, output, agent.provider.pricing)
+        return worst_case(bound, output, provider.pricing)
 
     async def _more_budget(self, call_id: str, worst: Spend | None) -> bool:
         """With `on_budget_exhausted="ask"`, ask a person for the budget again, as an approval
@@ -548,13 +595,13 @@ class AgentRun:
             actual = Spend(float(result.get("cost") or 0.0), usage_tokens(result["usage"]))
         await self.ledger.settle(self.budget_tree, self._ledger_key(name), actual)
 
-    async def _request(self, turn: int) -> ModelRequest:
+    async def _request(self, turn: int, provider: Provider, max_output: int) -> ModelRequest:
         agent = self.agent
         messages: list[Message] = self.session.messages()
         if self.behavior.compact_strategy == "tail":
             budget = (
-                agent.provider.context_window
-                - self.behavior.max_output_tokens
+                provider.context_window
+                - max_output
                 - estimate_tokens(agent.system or "")
                 - estimate_tokens([t.spec.input_schema for t in self.tool_defs])
             )
@@ -566,7 +613,7 @@ class AgentRun:
             messages=messages,
             system=agent.system,
             tools=[t.spec for t in self.tool_defs],
-            max_output_tokens=self.behavior.max_output_tokens,
+            max_output_tokens=max_output,
             thinking_budget=self.behavior.thinking_budget,
             cache=self.behavior.cache,
             assistant_turns=self.session.assistant_turns,

@@ -62,6 +62,7 @@ def spawn_tool(
         started = await parent.hooks.call("spawn:start", {**start, "hooks": {}})
         child = Agent(
             provider=provider or parent.provider,
+            fallbacks=() if provider else parent.fallbacks,
             tools=parent.tools if tools is None else tools,
             system=arguments.get("system") or system or parent.system,
             durable=ctx.durable,

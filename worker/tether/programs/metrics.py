@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -241,9 +241,10 @@ PARKED_KINDS: tuple[str, ...] = get_args(ParkedKind)
 RUN_STATUSES: tuple[str, ...] = get_args(AgentStatus)
 
 
-def agent_series_at_zero(agent: str, *, provider: str, model: str) -> None:
+def agent_series_at_zero(agent: str, *, models: Sequence[tuple[str, str]]) -> None:
     """Give the agent's series whose labels are known before any work (runs by status, replays,
-    parks by kind, its model's calls, latency, tokens and cost) a value of 0 when the worker
+    parks by kind, its models' (provider, model) calls, latency, tokens and cost) a value of 0
+    when the worker
     starts. A series that first appears with its first count shows Prometheus no increase, so
     `rate()`, `increase()` and `histogram_quantile()` would miss the first run, error or park of
     every new pod: for rare events (a park, an error), all of them."""
@@ -252,11 +253,13 @@ def agent_series_at_zero(agent: str, *, provider: str, model: str) -> None:
     REPLAYS.labels(agent)
     for kind in PARKED_KINDS:
         PARKED_DURATION.labels(agent, kind)
-    MODEL_CALLS.labels(agent, provider, model, "ok")
-    MODEL_CALL_DURATION.labels(agent, provider, model)
-    for kind in ("input", "output"):
-        MODEL_TOKENS.labels(agent, provider, model, kind)
-    COST_USD.labels(agent, provider, model)
+    for provider, model in models:
+        for outcome in ("ok", "error"):
+            MODEL_CALLS.labels(agent, provider, model, outcome)
+        MODEL_CALL_DURATION.labels(agent, provider, model)
+        for kind in ("input", "output"):
+            MODEL_TOKENS.labels(agent, provider, model, kind)
+        COST_USD.labels(agent, provider, model)
     for way in ("sent", "received", "stale"):
         TOOL_BODIES_HANDED_OVER.labels(agent, way)
     RUNS_LEFT_STOPPING_WORKER.labels(agent)
@@ -301,8 +304,9 @@ def agent_hooks(
 
     What counts, exactly once per piece of work (a crash inside a step body aside, which runs
     the body again):
-    - model calls, their latency, tokens and cost from `turn:after`, which fires inside the
-      model step, live only;
+    - model calls, their latency, tokens and cost from `turn:after`, and failed ones from
+      `turn:error`, which fire inside the model step, live only, labelled with the model the
+      call went to (a fallback's, when the one before failed);
     - a tool call from its `tool:after`. For an ordinary tool that fires inside the tool step.
       A self-journaled tool (`spawn`, `ask_human`, an approval gate) fires it outside any step,
       on a replay too, so with `durable` such a call counts only if the run is live when the
@@ -331,21 +335,27 @@ def agent_hooks(
     def turn_before(payload: HookPayload) -> None:
         observe_fanout()
 
+    def called(payload: HookPayload) -> tuple[str, str]:
+        # the model the call went to: a fallback's, when the one before failed
+        return str(payload.get("provider") or provider), str(payload.get("model") or model)
+
     def turn_after(payload: HookPayload) -> None:
-        _series(MODEL_CALLS, agent, provider, model, "ok").inc()
+        which = called(payload)
+        _series(MODEL_CALLS, agent, *which, "ok").inc()
         latency_ms = payload.get("latency_ms")
         if isinstance(latency_ms, int | float):
-            _series(MODEL_CALL_DURATION, agent, provider, model).observe(
-                max(0.0, latency_ms) / 1000
-            )
+            _series(MODEL_CALL_DURATION, agent, *which).observe(max(0.0, latency_ms) / 1000)
         usage: Mapping[str, Any] = payload.get("usage") or {}
         for kind in TOKEN_KINDS:
             tokens = usage.get(kind) or 0
             if tokens > 0:
-                _series(MODEL_TOKENS, agent, provider, model, kind).inc(tokens)
+                _series(MODEL_TOKENS, agent, *which, kind).inc(tokens)
         cost = float(payload.get("cost") or 0.0)
         if cost > 0:
-            _series(COST_USD, agent, provider, model).inc(cost)
+            _series(COST_USD, agent, *which).inc(cost)
+
+    def turn_error(payload: HookPayload) -> None:
+        _series(MODEL_CALLS, agent, *called(payload), "error").inc()
 
     def tool_after(payload: HookPayload) -> None:
         if not live():
@@ -385,6 +395,7 @@ def agent_hooks(
     return {
         "turn:before": turn_before,
         "turn:after": turn_after,
+        "turn:error": turn_error,
         "tool:after": tool_after,
         "spawn:complete": spawn_complete,
         "agent:done": agent_done,

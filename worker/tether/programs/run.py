@@ -28,16 +28,16 @@ from ..durable import sqlite_runtime
 from ..durable.answers import AnswerBook, Parked, WaitingCall, embedded_wait
 from ..durable.protocol import DurableRuntime
 from ..parked import asks_for_budget
-from ..providers.base import Provider
+from ..providers.base import Fallback, Provider
 from ..providers.scripted import scripted
 from ..session import create_session, load_session
-from ..spec import DurableAgentSpec, SpecError, load_agent, parse_duration
+from ..spec import DEFAULT_KEY_ENV, DurableAgentSpec, SpecError, load_agent, parse_duration
 from ..spec.assemble import (
-    DEFAULT_KEY_ENV,
     SPAWN_TOOL,
     api_key_for,
     behavior_from_spec,
     check_subagents,
+    fallbacks_from_spec,
     load_script,
     parking_with,
     provider_from_spec,
@@ -56,17 +56,18 @@ PARKED_EXIT = 3
 
 def choose_provider(
     spec: DurableAgentSpec, spec_path: Path, script: str | None, env: dict[str, str]
-) -> tuple[Provider, str]:
-    """The provider to use and a line saying why: the spec's provider if its key is set, else
-    whichever of ANTHROPIC_API_KEY / OPENAI_API_KEY is set, else the example's script."""
+) -> tuple[Provider, list[Fallback], str]:
+    """The provider to use, its fallbacks and a line saying why: the spec's models if the
+    first one's key is set, else whichever of ANTHROPIC_API_KEY / OPENAI_API_KEY is set, else
+    the example's script."""
     key = api_key_for(spec, env)
     if spec.model.provider == "scripted" or key:
-        return provider_from_spec(spec, key or ""), (
-            f"model: {spec.model.provider}/{spec.model.name}"
-        )
+        fallbacks = fallbacks_from_spec(spec, env)
+        then = "".join(f", then {model.label}" for model in spec.model.fallbacks or [])
+        return provider_from_spec(spec, key or ""), fallbacks, f"model: {spec.model.label}{then}"
     for provider, variable in DEFAULT_KEY_ENV.items():
         if env.get(variable):
-            fallback = spec.model_copy(
+            other = spec.model_copy(
                 update={
                     "model": spec.model.model_copy(
                         update={
@@ -78,8 +79,10 @@ def choose_provider(
                     )
                 }
             )
-            return provider_from_spec(fallback, env[variable]), (
-                f"model: {provider}/{DEFAULT_MODELS[provider]} ({variable} is set)"
+            return (
+                provider_from_spec(other, env[variable]),
+                [],
+                (f"model: {provider}/{DEFAULT_MODELS[provider]} ({variable} is set)"),
             )
     script_path = Path(script) if script else spec_path.with_suffix(".script.yaml")
     if not script_path.exists():
@@ -88,8 +91,10 @@ def choose_provider(
             "key), or pass --script with a scripted model"
         )
     responses, delay = load_script(script_path)
-    return scripted(responses, model="scripted", delay=delay), (
-        f"model: scripted, from {script_path} (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)"
+    return (
+        scripted(responses, model="scripted", delay=delay),
+        [],
+        (f"model: scripted, from {script_path} (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)"),
     )
 
 
@@ -153,7 +158,7 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
     # `python:` tools of an example may sit next to its manifest.
     sys.path.insert(0, str(spec_path.resolve().parent))
     spec = manifest.spec
-    provider, provider_note = choose_provider(spec, spec_path, args.script, env)
+    provider, fallbacks, provider_note = choose_provider(spec, spec_path, args.script, env)
     refuse_state_in_workspace(Path(args.db), Path(args.workspace), "the runs' database", "--db")
     Path(args.db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     answers = Database(args.db)
@@ -187,7 +192,8 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
             )
 
         try:
-            running = _run(args, spec, provider, tools, book, wait, progress, trace_hooks)
+            models = (provider, fallbacks)
+            running = _run(args, spec, models, tools, book, wait, progress, trace_hooks)
             return asyncio.run(running)
         finally:
             if tracing is not None:
@@ -199,7 +205,7 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
 async def _run(
     args: argparse.Namespace,
     spec: DurableAgentSpec,
-    provider: Provider,
+    models: tuple[Provider, list[Fallback]],
     tools: list[ToolDef | Toolset],
     book: AnswerBook,
     wait: Wait,
@@ -226,7 +232,8 @@ async def _run(
         if prompt is None and not session.turn_count:
             raise SpecError("--prompt is required on the first start of a run")
         agent = create_agent(
-            provider=provider,
+            provider=models[0],
+            fallbacks=models[1],
             tools=tools,
             system=spec.system,
             durable=durable,

@@ -331,11 +331,14 @@ class RunSpans:
     ) -> None:
         run, turn, now = self.run(payload["run_id"]), int(payload["turn"]), now_ms()
         started = run.model_calls.pop(turn, now - float(payload.get("latency_ms") or 0.0))
+        # The model the call went to (a fallback's, when the one before failed).
+        provider = str(payload.get("provider") or self.provider)
+        model = str(payload.get("model") or self.model)
         attributes: dict[str, AttributeValue] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": self.provider,
-            "gen_ai.system": self.provider,
-            "gen_ai.request.model": self.model,
+            "gen_ai.provider.name": provider,
+            "gen_ai.system": provider,
+            "gen_ai.request.model": model,
             "gen_ai.agent.name": self.agent,
             "tether.run.id": run.run_id,
             "tether.turn": turn,
@@ -345,7 +348,7 @@ class RunSpans:
             attributes["error.type"] = "ProviderError"
         self.emit(
             run,
-            f"chat {self.model}",
+            f"chat {model}",
             span_id=None,
             parent_id=run.span("turn", str(turn)),
             start_ms=started,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import (
     ContextWindowExceededError,
+    Fallback,
     ModelRequest,
     ModelResponse,
     Pricing,
@@ -40,6 +41,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AnthropicProvider",
     "ContextWindowExceededError",
+    "Fallback",
     "ModelRequest",
     "ModelResponse",
     "OpenAIProvider",

@@ -100,3 +100,12 @@ class Provider(Protocol):
     async def complete(
         self, request: ModelRequest, on_text: TextCallback | None = None
     ) -> ModelResponse: ...
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A model that answers when the one before it fails (`create_agent(fallbacks=...)`)."""
+
+    provider: Provider
+    max_output_tokens: int | None = None
+    """Output tokens of its calls; None: the agent's (`Behavior.max_output_tokens`)."""

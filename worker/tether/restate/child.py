@@ -27,7 +27,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from ..providers.base import Provider
+    from ..providers.base import Fallback, Provider
 
 ChildHooks = Hooks | HooksInit | Callable[[RestateRuntime], Hooks | HooksInit]
 """The hooks of a child agent, or a function of the child's runtime that builds them."""
@@ -45,6 +45,7 @@ async def run_child(
     request: ChildRunRequest,
     *,
     provider: Provider,
+    fallbacks: Sequence[Provider | Fallback] = (),
     tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
@@ -72,6 +73,7 @@ async def run_child(
     durable = restate_runtime(ctx, settings)
     agent = Agent(
         provider=provider,
+        fallbacks=fallbacks,
         tools=tools,
         system=system,
         durable=durable,

@@ -120,8 +120,12 @@ def _check_responses(responses: list[Any], where: str) -> None:
             )
 
 
-class ModelSpec(_Model):
-    """Which model answers, and how to reach it."""
+DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+"""Where the worker reads a model's API key when its `apiKeyEnv` is unset."""
+
+
+class ModelChoice(_Model):
+    """A model, and how to reach it."""
 
     provider: Literal["anthropic", "openai", "scripted"] = Field(
         description="anthropic, openai (any OpenAI-compatible server) or scripted."
@@ -181,9 +185,57 @@ class ModelSpec(_Model):
         return value
 
     @model_validator(mode="after")
-    def _script_only_when_scripted(self) -> ModelSpec:
+    def _script_only_when_scripted(self) -> ModelChoice:
         if self.provider == "scripted" and not self.script:
             raise ValueError(f"a scripted model needs `script`: {SCRIPT_FORMS}")
+        return self
+
+    @property
+    def key_variable(self) -> str | None:
+        """The variable the worker reads this model's API key from (none: the scripted one)."""
+        if self.provider == "scripted":
+            return None
+        return self.api_key_env or DEFAULT_KEY_ENV[self.provider]
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider}/{self.name}"
+
+
+MAX_FALLBACKS = 4
+
+
+class ModelSpec(ModelChoice):
+    """Which model answers, how to reach it, and the models that answer when it fails."""
+
+    fallbacks: list[ModelChoice] | None = Field(
+        default=None,
+        max_length=MAX_FALLBACKS,
+        description="Models that answer, in order, when the one before fails (an outage, a "
+        "rate limit, a refused request): a failed call goes on to the next one at once, and "
+        "when the last fails too, a retryable failure backs off and starts again from the "
+        "first. Each has its own key, prices, context window and maxTokens.",
+    )
+
+    def choices(self) -> list[tuple[str, ModelChoice]]:
+        """This model and its fallbacks, in order, each with its field's path."""
+        fallbacks = enumerate(self.fallbacks or [])
+        return [("spec.model", self), *((f"spec.model.fallbacks[{i}]", m) for i, m in fallbacks)]
+
+    @model_validator(mode="after")
+    def _one_secret_per_key_variable(self) -> ModelSpec:
+        # The worker reads each key from one variable: two Secrets in it would be one lost.
+        filled: dict[str, tuple[str, SecretKeyRef]] = {}
+        for where, choice in self.choices():
+            variable, ref = choice.key_variable, choice.api_key_secret_ref
+            if variable is None or ref is None:
+                continue
+            first = filled.setdefault(variable, (where, ref))
+            if first[1] != ref:
+                raise ValueError(
+                    f"{where} reads its API key from {variable}, which {first[0]} fills from "
+                    "another Secret: give it an apiKeyEnv of its own"
+                )
         return self
 
 
@@ -813,6 +865,16 @@ class DurableAgentSpec(_Model):
         default=None, description="How much of each session's event stream is kept."
     )
 
+    def secret_variables(self) -> list[str]:
+        """The variables the worker reads secrets from, besides its own: the models' API keys,
+        the notify URL's, MCP headers'."""
+        names = [choice.key_variable for _, choice in self.model.choices()]
+        notify = self.approvals.notify
+        if notify is not None and notify.url is None:
+            names.append(notify.url_variable)
+        names.extend(variable for _, _, variable in self.mcp_header_secrets())
+        return list(dict.fromkeys(name for name in names if name))
+
     def mcp_header_secrets(self) -> list[tuple[str, SecretKeyRef, str]]:
         """The Secrets of MCP headers: the field naming each, its reference, and the variable
         the worker reads it from."""
@@ -828,22 +890,43 @@ class DurableAgentSpec(_Model):
     def _budget_fits_a_call(self) -> DurableAgentSpec:
         # Every model call reserves its output first: a budget below one call's output lets
         # no call start, which is a mistake to say now rather than a run that stops at once.
-        limits, model = self.limits, self.model
-        output = model.max_tokens + (self.behavior.thinking_budget or 0)
-        if limits.max_tokens is not None and limits.max_tokens <= output:
-            raise ValueError(
-                f"limits.maxTokens ({limits.max_tokens}) must be larger than one model call's "
-                f"output (model.maxTokens plus behavior.thinkingBudget: {output}): each call "
-                "reserves it before it starts, so no call could"
-            )
-        pricing = model.pricing
-        if limits.max_cost_usd is not None and pricing is not None:
-            most = output * pricing.output_per_m_tok / 1_000_000
-            if limits.max_cost_usd <= most:
+        limits = self.limits
+        for where, model in self.model.choices():
+            field = where.removeprefix("spec.")
+            output = model.max_tokens + (self.behavior.thinking_budget or 0)
+            if limits.max_tokens is not None and limits.max_tokens <= output:
                 raise ValueError(
-                    f"limits.maxCostUsd ({limits.max_cost_usd}) must be more than one model "
-                    f"call's output can cost ({output} tokens at {pricing.output_per_m_tok} USD "
-                    "per million): each call reserves it before it starts, so no call could"
+                    f"limits.maxTokens ({limits.max_tokens}) must be larger than one model "
+                    f"call's output ({field}.maxTokens plus behavior.thinkingBudget: {output}): "
+                    "each call reserves it before it starts, so no call could"
+                )
+            pricing = model.pricing
+            if limits.max_cost_usd is not None and pricing is not None:
+                most = output * pricing.output_per_m_tok / 1_000_000
+                if limits.max_cost_usd <= most:
+                    raise ValueError(
+                        f"limits.maxCostUsd ({limits.max_cost_usd}) must be more than one call "
+                        f"of {field} can cost ({output} tokens at {pricing.output_per_m_tok} "
+                        "USD per million): each call reserves it before it starts, so no call "
+                        "could"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _no_secret_passed_to_a_command(self) -> DurableAgentSpec:
+        # `shell` refuses the worker's own secrets by name; these are the spec's.
+        secrets = set(self.secret_variables())
+        for index, entry in enumerate(self.tools):
+            config = entry.config if entry.builtin == "shell" else {}
+            passed = config.get("passEnv", config.get("pass_env"))
+            names = {n for n in passed if isinstance(n, str)} if isinstance(passed, list) else ()
+            leaked = sorted(secrets.intersection(names))
+            if leaked:
+                raise ValueError(
+                    f"spec.tools[{index}].config.passEnv: {', '.join(leaked)} holds a secret "
+                    "the spec gives the worker, never passed to a command (with it the agent "
+                    "could act as the worker); give the command a credential of its own under "
+                    "another name"
                 )
         return self
 

@@ -12,20 +12,24 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from ..agent.behavior import Behavior
-from ..providers.base import Pricing, Provider
+from ..providers.base import Fallback, Pricing, Provider
 from ..providers.scripted import scripted
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.builtin import BUILTINS, Workspace
 from ..tools.decorator import build_tool
 from ..tools.human import Wait, approval_gate, ask_human_tool
 from ..tools.toolset import Toolset
-from . import DurableAgentSpec, SpecError, ToolSpecEntry, parse_duration
+from . import (
+    DurableAgentSpec,
+    ModelChoice,
+    SpecError,
+    ToolSpecEntry,
+    parse_duration,
+)
 from .stopping import MCP_TIMEOUT
 
 if TYPE_CHECKING:
     from ..tools.mcp import CallObserver
-
-DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 
 def behavior_from_spec(spec: DurableAgentSpec) -> Behavior:
@@ -42,8 +46,8 @@ def behavior_from_spec(spec: DurableAgentSpec) -> Behavior:
     )
 
 
-def _pricing(spec: DurableAgentSpec) -> Pricing | None:
-    p = spec.model.pricing
+def _pricing(model: ModelChoice) -> Pricing | None:
+    p = model.pricing
     if p is None:
         return None
     return Pricing(
@@ -56,13 +60,17 @@ def _pricing(spec: DurableAgentSpec) -> Pricing | None:
 
 def provider_from_spec(spec: DurableAgentSpec, api_key: str) -> Provider:
     """The spec's provider with `api_key` (anthropic or openai)."""
-    model = spec.model
+    return provider_of(spec.model, api_key)
+
+
+def provider_of(model: ModelChoice, api_key: str) -> Provider:
+    """The provider of `model` with `api_key`."""
     if model.provider == "scripted":
         assert model.script is not None
         return scripted(
             model.script,
             model=model.name,
-            pricing=_pricing(spec),
+            pricing=_pricing(model),
             context_window=model.context_window,
         )
     from .. import providers  # the SDK-backed ones import their SDK on first use
@@ -72,25 +80,38 @@ def provider_from_spec(spec: DurableAgentSpec, api_key: str) -> Provider:
         model.name,
         api_key=api_key,
         base_url=model.base_url,
-        pricing=_pricing(spec),
+        pricing=_pricing(model),
         context_window=model.context_window,
     )
 
 
+def fallbacks_from_spec(spec: DurableAgentSpec, env: dict[str, str]) -> list[Fallback]:
+    """The spec's fallback models, each with its key from `env` and its own output tokens; a
+    clear error for a key that is not set."""
+    return [
+        Fallback(provider_of(model, _require_key(model, env, where)), model.max_tokens)
+        for where, model in spec.model.choices()[1:]
+    ]
+
+
 def api_key_for(spec: DurableAgentSpec, env: dict[str, str]) -> str | None:
-    model = spec.model
-    if model.provider == "scripted":
-        return None
-    return env.get(model.api_key_env or DEFAULT_KEY_ENV[model.provider]) or None
+    variable = spec.model.key_variable
+    return env.get(variable) or None if variable else None
 
 
 def require_api_key(spec: DurableAgentSpec, env: dict[str, str]) -> str:
     """The model's API key from `env` ("" for the scripted model); a clear error without it."""
-    key = api_key_for(spec, env)
-    if spec.model.provider != "scripted" and not key:
-        variable = spec.model.api_key_env or DEFAULT_KEY_ENV[spec.model.provider]
-        raise SpecError(f"{variable} is not set: the worker needs the model's API key")
-    return key or ""
+    return _require_key(spec.model, env, "spec.model")
+
+
+def _require_key(model: ModelChoice, env: dict[str, str], where: str) -> str:
+    variable = model.key_variable
+    if variable is None:
+        return ""
+    if not env.get(variable):
+        whose = "the model's" if where == "spec.model" else f"{where}'s ({model.label})"
+        raise SpecError(f"{variable} is not set: the worker needs {whose} API key")
+    return env[variable]
 
 
 def load_script(path: str | Path) -> tuple[list[dict[str, Any]], float]:

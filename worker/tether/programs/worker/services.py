@@ -38,7 +38,7 @@ from ...agent.compaction import ContextCovered
 from ...agent.hooks import HookFn
 from ...durable.protocol import DurableRuntime
 from ...parked import PARKED_STATE_KEY, ParkedCall
-from ...providers.base import Provider
+from ...providers.base import Fallback, Provider
 from ...restate import (
     ChildRunRequest,
     RestateRuntimeOptions,
@@ -60,6 +60,7 @@ from ...spec.assemble import (
     SpecTools,
     behavior_from_spec,
     check_subagents,
+    fallbacks_from_spec,
     parking_with,
     provider_from_spec,
     require_api_key,
@@ -156,9 +157,10 @@ def counting_leaves(agent: str) -> Iterator[None]:
         raise
 
 
-def build_provider(settings: WorkerSettings) -> Provider:
-    spec = settings.manifest.spec
-    return provider_from_spec(spec, require_api_key(spec, dict(settings.env)))
+def build_models(settings: WorkerSettings) -> tuple[Provider, list[Fallback]]:
+    """The spec's model and its fallbacks, with their keys (a clear error for one not set)."""
+    spec, env = settings.manifest.spec, dict(settings.env)
+    return provider_from_spec(spec, require_api_key(spec, env)), fallbacks_from_spec(spec, env)
 
 
 def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
@@ -168,7 +170,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     manifest = settings.manifest
     spec = manifest.spec
     check_subagents(spec)
-    provider = build_provider(settings)
+    provider, fallbacks = build_models(settings)
     behavior = behavior_from_spec(spec)
     compacted = behavior.compact_strategy == "tail"
     subagents = spec.subagents
@@ -204,7 +206,8 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     budgeted = shares_a_budget(spec)
     # The ledgers are served with the index (`served`): here only the calls to them.
     _, ledger_for = budget_object(manifest.metadata.name, None)
-    agent_series_at_zero(manifest.metadata.name, provider=provider.name, model=provider.model)
+    models = [provider, *(f.provider for f in fallbacks)]
+    agent_series_at_zero(manifest.metadata.name, models=[(m.name, m.model) for m in models])
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -286,7 +289,8 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         assert store is not None
         # With tail compaction the model sees only the newest turns: a run reads only those
         # (and, either way, only the newest run records).
-        seen = ContextCovered(provider.context_window) if compacted else every_turn
+        window = max(m.context_window for m in models)  # whichever model the run asks
+        seen = ContextCovered(window) if compacted else every_turn
         # Held from the start: a new session's first writes go out with its run's first ones.
         with durable.hold_writes():
             session = await load_session(store, ctx.key(), enough=seen) or await create_session(
@@ -295,6 +299,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             wait = restate_wait(ctx, park_settings)
             agent = create_agent(
                 provider=provider,
+                fallbacks=fallbacks,
                 tools=[*tools_for(ctx, wait), *spawn_for(ctx, 0)],
                 system=spec.system,
                 durable=durable,
@@ -320,6 +325,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
                 ctx,
                 child_request,
                 provider=provider,
+                fallbacks=fallbacks,
                 tools=[
                     *tools_for(ctx, restate_wait(ctx, park_settings)),
                     *spawn_for(ctx, child_request["depth"], trace),

@@ -69,16 +69,9 @@ class WorkerSettings:
 
     @property
     def secret_variables(self) -> list[str]:
-        """Variables the spec names that hold secrets: `apiKeyEnv`, the notify URL's, MCP
+        """Variables the spec names that hold secrets: the models' keys, the notify URL's, MCP
         headers'."""
-        spec = self.manifest.spec
-        names = [spec.model.api_key_env]
-        if spec.approvals.notify is not None and spec.approvals.notify.url is None:
-            names.append(spec.approvals.notify.url_variable)
-        for entry in spec.tools:  # MCP headers from Secrets
-            headers = entry.mcp.headers if entry.mcp else []
-            names.extend(h.variable(entry.name) for h in headers if h.value is None)
-        return [name for name in names if name]
+        return self.manifest.spec.secret_variables()
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> WorkerSettings:
@@ -135,7 +128,7 @@ def without_agent_secrets(settings: WorkerSettings) -> dict[str, str]:
     """The environment of a worker that serves only the index: its settings' minus the
     secrets only the agent's runs use (the model's key, the notify URL, MCP servers' headers),
     so the process holds only the webhook secrets and Restate's identity keys."""
-    from ...spec.assemble import DEFAULT_KEY_ENV
+    from ...spec import DEFAULT_KEY_ENV
 
     dropped = {*settings.secret_variables, *DEFAULT_KEY_ENV.values()}
     return {name: value for name, value in settings.env.items() if name not in dropped}
