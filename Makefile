@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test e2e lint typecheck unit venv bench chaos chaos-node restate-server kube-bins helm-bin mcp-servers otelcol chromium iptables clean
+.PHONY: demo test e2e lint typecheck unit venv bench chaos chaos-node restate-server kube-bins helm-bin mcp-servers otelcol promtool chromium iptables clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ mcp-servers:
 otelcol:
 	bash scripts/build-otelcol.sh >/dev/null
 
+# Prometheus's promtool for the alert tests (tests/helm/test_alerts.py: the chart's alerting rules
+# checked and unit-tested), built from the Go module proxy into ~/.cache/tether/prometheus
+# (minutes once, then ms).
+promtool:
+	bash scripts/build-promtool.sh >/dev/null
+
 # Debian's chromium for the browser test of the approval page (tests/restate), driven by the
 # playwright package, which never downloads a browser of its own. Needs root on Debian/Ubuntu.
 chromium:
@@ -63,7 +69,7 @@ iptables:
 	@command -v iptables >/dev/null || { apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q iptables; } >/dev/null
 
-unit: $(STAMP) restate-server kube-bins helm-bin mcp-servers otelcol chromium iptables
+unit: $(STAMP) restate-server kube-bins helm-bin mcp-servers otelcol promtool chromium iptables
 	$(BIN)/pytest -q
 
 test: lint typecheck unit

@@ -60,6 +60,7 @@ from e2e.cluster import (
     PortForward,
     Report,
     StepFailed,
+    helm,
     helm_install,
     http,
     wait_for,
@@ -306,14 +307,37 @@ def install_platform(p: Platform) -> None:
         raise StepFailed(f"Restate's volume claim is {claim['status'].get('phase')}, not Bound")
 
 
+ALERTS_FILE = "tether-alerts.yml"
+"""Where the e2e's Prometheus finds the chart's alerting rules (e2e/prometheus.yaml)."""
+
+
+def chart_alerts(cluster: Cluster) -> dict[str, Any]:
+    """The rule groups of the PrometheusRule the chart renders (`monitoring.alerts.enabled`)."""
+    rendered = helm(
+        cluster,
+        "template",
+        RELEASE,
+        str(ROOT / "helm" / "tether"),
+        "--set",
+        "monitoring.alerts.enabled=true",
+        "--show-only",
+        "templates/alerts.yaml",
+    )
+    spec: dict[str, Any] = yaml.safe_load(rendered)["spec"]
+    return spec
+
+
 def install_prometheus(p: Platform) -> None:
     text = (
         (E2E / "prometheus.yaml")
         .read_text()
         .replace("PROMETHEUS_IMAGE", p.cluster.prometheus_image)
     )
+    objects = yaml.safe_load(text)
+    [config] = [o for o in objects["items"] if o["kind"] == "ConfigMap"]
+    config["data"][ALERTS_FILE] = yaml.safe_dump(chart_alerts(p.cluster))
     p.kubectl("create", "namespace", MONITORING_NS)
-    p.kubectl("apply", "-f", "-", input=text)
+    p.kubectl("apply", "-f", "-", input=json.dumps(objects))
     wait_for("Prometheus Ready", lambda: p.kubectl.ready_pods(MONITORING_NS, "app=prometheus"), 180)
     # Restate's node port is scraped through its NetworkPolicy (scrapeFromNamespaces).
     p.await_metric('sum(up{component="restate"})', 1, timeout=60)
@@ -757,6 +781,48 @@ def mcp_tools(p: Platform) -> None:
     p.await_metric(f"sum(tether_mcp_calls_total{{{labels}}})", 1)
 
 
+def alerts_evaluate(p: Platform) -> None:
+    """Every alerting rule the chart renders evaluates against the platform's real series
+    without an error, and the calls the kills above cut off (reported interrupted) fired
+    TetherToolCallsInterrupted for their agent and tool."""
+    expected = {r["alert"] for group in chart_alerts(p.cluster)["groups"] for r in group["rules"]}
+
+    def loaded() -> list[dict[str, Any]]:
+        status, body = http("GET", f"{p.prometheus.url}/api/v1/rules?type=alert", timeout=10)
+        if status == 0:
+            p.prometheus.restart()
+        if status != 200 or not isinstance(body, dict):
+            return []
+        return [r for group in body["data"]["groups"] for r in group["rules"]]
+
+    def evaluated() -> list[dict[str, Any]] | None:
+        rules = loaded()
+        done = rules and all(not r["lastEvaluation"].startswith("0001") for r in rules)
+        return rules if done else None
+
+    rules = wait_for("the alerting rules evaluated", evaluated, 60)
+    if {r["name"] for r in rules} != expected:
+        raise StepFailed(f"Prometheus loaded {sorted(r['name'] for r in rules)}, not {expected}")
+    failing = [f"{r['name']}: {r.get('lastError')}" for r in rules if r["health"] != "ok"]
+    if failing:
+        raise StepFailed("alerting rules that fail to evaluate:\n" + "\n".join(failing))
+
+    def interrupted() -> list[dict[str, Any]]:
+        return [
+            alert
+            for r in loaded()
+            if r["name"] == "TetherToolCallsInterrupted"
+            for alert in r["alerts"]
+            if alert["state"] == "firing"
+            and alert["labels"].get("agent") == RESUME
+            and alert["labels"].get("tool") == "work"
+        ]
+
+    [alert] = wait_for("TetherToolCallsInterrupted firing for `work`", interrupted, 60)
+    p.report.fact("alerting rules evaluated without an error", len(rules))
+    p.report.fact("calls cut off by the kills, as the alert says", alert["value"])
+
+
 def dashboard_has_data(p: Platform) -> None:
     """Every query of every panel of the chart's Grafana dashboard (the file the chart renders
     into its ConfigMap), with the dashboard's variables as `e2e.dashboard.VARIABLES` fills them
@@ -1197,6 +1263,7 @@ def steps() -> list[Step]:
         ("the operator adds a worker pod under load; it runs its share", scale_out_under_load),
         ("an agent calls the MCP server next to it", mcp_tools),
         ("every panel of the Grafana dashboard has data", dashboard_has_data),
+        ("the chart's alerts evaluate; the cut-off calls fired one", alerts_evaluate),
         ("NetworkPolicy in front of Restate's admin API", network_policy),
         ("an agent's pods reach DNS and Restate only", agents_egress),
         ("only Restate invokes the workers", only_restate_invokes_workers),

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client import Counter, Gauge, Histogram
+
+from tether.programs import metrics
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "tether"
 Manifest = dict[str, Any]
+METRIC = re.compile(r"\btether_[a-z_]+\b")
+"""A name of Tether's in a PromQL query."""
+HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")
 
 
 def helm(
@@ -57,3 +64,17 @@ def pod_specs(objects: list[Manifest]) -> Iterator[tuple[str, Manifest]]:
 
 def env_of(container: Manifest) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def tether_metrics() -> dict[str, str]:
+    """Every metric `tether.programs.metrics` declares, by its name in Prometheus, with its type;
+    and the one the sidecar computes at scrape time without a declared metric."""
+    found = {metrics.PARKED_OLDEST_NAME: "gauge"}
+    for value in vars(metrics).values():
+        if isinstance(value, Counter):
+            found[f"{value._name}_total"] = "counter"
+        elif isinstance(value, Histogram):
+            found[value._name] = "histogram"
+        elif isinstance(value, Gauge):
+            found[value._name] = "gauge"
+    return found

@@ -16,25 +16,37 @@ from tests.kube.conftest import kube_cluster  # noqa: F401  (the shared tier-2 c
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def helm_bin() -> Path:
-    built = subprocess.run(
-        ["bash", str(REPO / "scripts" / "build-helm.sh")],
+def built(script: str) -> Path:
+    """The binary `scripts/<script>` builds (cached outside the repository, built once)."""
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / script)],
         capture_output=True,
         text=True,
         check=True,
         timeout=1800,
     )
-    return Path(built.stdout.strip())
+    return Path(done.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def helm_bin() -> Path:
+    return built("build-helm.sh")
+
+
+@pytest.fixture(scope="session")
+def promtool_bin() -> Path:
+    """Prometheus's promtool (the alert tests)."""
+    return built("build-promtool.sh")
 
 
 PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
 
 
 @pytest.fixture(scope="session")
-def podmonitor_crd() -> Path:
-    """The PodMonitor CRD of the Prometheus Operator, from its Go module (the proxy serves the
-    module's files; cached with the other Go modules outside the repository)."""
+def prometheus_operator_crds() -> Path:
+    """The directory of the Prometheus Operator's CRDs (PodMonitor, PrometheusRule...), from its
+    Go module (the proxy serves the module's files; cached with the other Go modules outside the
+    repository)."""
     cache = Path(os.environ.get("TETHER_CACHE") or Path.home() / ".cache" / "tether")
     cache.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GOMODCACHE": str(cache / "go" / "mod"), "GOFLAGS": "-modcacherw"}
@@ -48,4 +60,4 @@ def podmonitor_crd() -> Path:
     )
     assert downloaded.returncode == 0, downloaded.stdout + downloaded.stderr
     module = Path(json.loads(downloaded.stdout)["Dir"])
-    return module / "example" / "prometheus-operator-crd" / "monitoring.coreos.com_podmonitors.yaml"
+    return module / "example" / "prometheus-operator-crd"

@@ -10,16 +10,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import Counter, Gauge, Histogram
 
 from e2e import dashboard
-from tests.helm.chart import CHART, by_kind, helm, one, render
-from tether.programs import metrics
+from tests.helm.chart import (
+    CHART,
+    HISTOGRAM_SERIES,
+    METRIC,
+    by_kind,
+    helm,
+    one,
+    render,
+    tether_metrics,
+)
 
 BOARD = dashboard.load()
 PANELS = dashboard.panels(BOARD)
-METRIC = re.compile(r"\btether_[a-z_]+\b")
-HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")
 NO_AGENT_LABEL = {"tether_webhook_requests_total"}
 """Tether's metrics without an `agent` label: the sidecar counts its requests by outcome only."""
 
@@ -136,20 +141,6 @@ def test_the_panels_on_call_people_look_at() -> None:
     assert "tether_mcp_calls_total" in exprs("MCP calls")
     assert 'outcome!="ok"' in exprs("MCP errors")
     assert "tether_mcp_call_duration_seconds_bucket" in exprs("MCP latency")
-
-
-def tether_metrics() -> dict[str, str]:
-    """Every metric `tether.programs.metrics` declares, by its name in Prometheus, with its type;
-    and the one the sidecar computes at scrape time without a declared metric."""
-    found = {metrics.PARKED_OLDEST_NAME: "gauge"}
-    for value in vars(metrics).values():
-        if isinstance(value, Counter):
-            found[f"{value._name}_total"] = "counter"
-        elif isinstance(value, Histogram):
-            found[value._name] = "histogram"
-        elif isinstance(value, Gauge):
-            found[value._name] = "gauge"
-    return found
 
 
 def test_the_dashboard_shows_every_tether_metric_and_no_other() -> None:

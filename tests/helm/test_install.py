@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helm.chart import CHART, REPO, helm, render
+from tests.helm.chart import CHART, REPO, helm, one, render
 from tests.kube.controlplane import ControlPlane
 from tether.spec.crd import CRD_NAME
 
@@ -148,20 +148,26 @@ def test_helm_is_the_pinned_build(helm_bin: Path) -> None:
     assert version.stdout.startswith("v3.22.0"), version.stdout
 
 
-def test_the_pod_monitors_are_valid_for_the_prometheus_operator_crd(
-    helm_bin: Path,
-    kube_cluster: ControlPlane,
-    podmonitor_crd: Path,
-    namespace: str,
-) -> None:
-    kube = kube_cluster
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(podmonitor_crd))
+def install_operator_crd(kube: ControlPlane, crds: Path, plural: str) -> None:
+    """The Prometheus Operator's CRD of `plural` (from `crds`), applied and established."""
+    crd = crds / f"monitoring.coreos.com_{plural}.yaml"
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
     kube.kubectl(
         "wait",
         "--for=condition=Established",
-        "crd/podmonitors.monitoring.coreos.com",
+        f"crd/{plural}.monitoring.coreos.com",
         "--timeout=45s",
     )
+
+
+def test_the_pod_monitors_are_valid_for_the_prometheus_operator_crd(
+    helm_bin: Path,
+    kube_cluster: ControlPlane,
+    prometheus_operator_crds: Path,
+    namespace: str,
+) -> None:
+    kube = kube_cluster
+    install_operator_crd(kube, prometheus_operator_crds, "podmonitors")
     monitors = [
         o
         for o in render(helm_bin, "monitoring.podMonitors=true", namespace=namespace)
@@ -176,6 +182,27 @@ def test_the_pod_monitors_are_valid_for_the_prometheus_operator_crd(
         assert "created (server dry run)" in checked.stdout
     # The schema is really enforced: a PodMonitor with a bad endpoint is refused.
     broken = {**monitors[0], "spec": {**monitors[0]["spec"], "podMetricsEndpoints": [{"port": 1}]}}
+    refused = kube.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=json.dumps(broken), check=False
+    )
+    assert refused.returncode != 0
+
+
+def test_the_rule_is_valid_for_the_prometheus_operator_crd(
+    helm_bin: Path, kube_cluster: ControlPlane, prometheus_operator_crds: Path, namespace: str
+) -> None:
+    kube = kube_cluster
+    install_operator_crd(kube, prometheus_operator_crds, "prometheusrules")
+    rule = one(
+        render(helm_bin, "monitoring.alerts.enabled=true", namespace=namespace), "PrometheusRule"
+    )
+    checked = kube.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=json.dumps(rule), check=False
+    )
+    assert checked.returncode == 0, checked.stderr
+    # The schema is really enforced: a rule without its expression is refused.
+    broken = json.loads(json.dumps(rule))
+    del broken["spec"]["groups"][0]["rules"][0]["expr"]
     refused = kube.kubectl(
         "apply", "--dry-run=server", "-f", "-", input=json.dumps(broken), check=False
     )
