@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.fakes.model_server import ErrorReply, ModelServer, Reply
+from tether.messages import text_of
 from tether.session import load_session, sqlite_store
 from tether.spec import SpecError, load_agent, parse_agent
 
@@ -461,3 +462,83 @@ def test_tether_run_asks_the_fallback_model_when_the_first_fails(
         "messages",
         "completions",
     ]
+
+
+def test_tether_run_forks_a_session_after_an_answer(tmp_path: Path) -> None:
+    spec = str(write_manifest(tmp_path, [], [{"text": "one"}, {"text": "two"}, {"text": "3"}]))
+    db = runs_db(tmp_path)
+    for run_id, prompt in (("r1", "hi"), ("r2", "again")):
+        done = tether(
+            "run", spec, "--run-id", run_id, "--session", "s1", "--prompt", prompt, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+
+    def sessions() -> dict[str, Any]:
+        async def read() -> dict[str, Any]:
+            store = sqlite_store(db)
+            return {s: await load_session(store, s) for s in ("s1", "s2")}
+
+        return asyncio.run(read())
+
+    before = sessions()["s1"]
+    # A cut inside an exchange is refused, saying where a fork may end; nothing is made.
+    refused = tether(
+        "run",
+        spec,
+        "--run-id",
+        "f0",
+        "--session",
+        "s2",
+        "--fork",
+        "s1:3",
+        "--prompt",
+        "x",
+        cwd=tmp_path,
+    )
+    assert refused.returncode == 2
+    assert "turn 3 of session 's1' is not an answer" in refused.stderr
+    assert "answers at turns: 2, 4" in refused.stderr
+    assert sessions()["s2"] is None
+
+    forked = tether(
+        "run",
+        spec,
+        "--run-id",
+        "f1",
+        "--session",
+        "s2",
+        "--fork",
+        "s1:2",
+        "--prompt",
+        "instead",
+        "--json",
+        cwd=tmp_path,
+    )
+    assert forked.returncode == 0, forked.stderr
+    assert json.loads(forked.stdout.splitlines()[-1])["stats"]["text"] == "two"
+    after = sessions()
+    s1, s2 = after["s1"], after["s2"]
+    assert [t.id for t in s1.turns] == [t.id for t in before.turns]  # the source stays
+    assert [t.id for t in s2.turns[:2]] == [t.id for t in s1.turns[:2]]
+    assert [text_of(t.content) for t in s2.turns] == ["hi", "one", "instead", "two"]
+    assert s2.metadata["forked_from"] == {"session": "s1", "turns": 2}
+    # The same run again replays its fork; another fork into s2 is refused.
+    again = tether(
+        "run", spec, "--run-id", "f1", "--session", "s2", "--fork", "s1:2", "--json", cwd=tmp_path
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout.splitlines()[-1])["live"] == {}
+    twice = tether(
+        "run",
+        spec,
+        "--run-id",
+        "f2",
+        "--session",
+        "s2",
+        "--fork",
+        "s1",
+        "--prompt",
+        "x",
+        cwd=tmp_path,
+    )
+    assert twice.returncode == 2 and "session 's2' exists" in twice.stderr

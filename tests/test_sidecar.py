@@ -1119,7 +1119,7 @@ async def test_agent_hooks_count_live_work_only() -> None:
 
     first = memory_runtime(journal=journal, id_seed="seed")
     agent = create_agent(
-        provider=CrashingProvider(script, pricing=pricing),
+        provider=CrashingProvider(script, pricing=pricing, model="m"),
         tools=[restart],
         durable=first,
         hooks=agent_hooks(agent_name, provider="scripted", model="m", durable=first),
@@ -1133,7 +1133,7 @@ async def test_agent_hooks_count_live_work_only() -> None:
 
     second = memory_runtime(journal=journal, id_seed="seed")
     agent = create_agent(
-        provider=scripted(script, pricing=pricing),
+        provider=scripted(script, pricing=pricing, model="m"),
         tools=[restart],
         durable=second,
         hooks=agent_hooks(agent_name, provider="scripted", model="m", durable=second),
@@ -1307,7 +1307,33 @@ BAD_RUNS: dict[str, tuple[str, bytes, dict[str, str], int, str]] = {
         "unsupported_media_type",
     ),
     "bad key": ("ok", b'{"prompt": "x"}', {"idempotency-key": "a b"}, 400, "bad_body"),
+    "fork not an object": ("ok", b'{"prompt": "x", "fork": "s1"}', {}, 400, "bad_body"),
+    "fork of a bad id": ("ok", b'{"prompt": "x", "fork": {"session": "a b"}}', {}, 400, "bad_body"),
+    "fork of no turns": (
+        "ok",
+        b'{"prompt": "x", "fork": {"session": "s1", "turns": 0}}',
+        {},
+        400,
+        "bad_body",
+    ),
+    "fork with more": (
+        "ok",
+        b'{"prompt": "x", "fork": {"session": "s1", "at": 2}}',
+        {},
+        400,
+        "bad_body",
+    ),
 }
+
+
+async def test_a_signed_run_may_fork_another_session(sidecar: Sidecar) -> None:
+    path = "/v1/sessions/ticket-46/runs"
+    body = json.dumps({"prompt": "again", "fork": {"session": "ticket-45", "turns": 2}}).encode()
+    started = await sidecar.client.post(path, content=body, headers=signed_run(body, path))
+    assert started.status_code == 202, started.text
+    [sent] = sidecar.restate.runs
+    assert sent.url.path == f"/ingress/{AGENT}/ticket-46/run/send"
+    assert sent.content == body  # as signed: the worker forks, refusing a cut inside an exchange
 
 
 @pytest.mark.parametrize("case", list(BAD_RUNS), ids=list(BAD_RUNS))

@@ -202,6 +202,39 @@ def test_two_runs_of_one_session_are_two_runs(
     assert len(run_ids) == 2 and len(set(run_ids)) == 2, session["runs"]
 
 
+def test_a_new_session_forks_another_after_an_answer(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    agent = name()
+    script = [{"text": "first answer"}, {"text": "second answer"}, {"text": "third"}]
+    agent_worker(manifest(agent, script))
+    ingress = restate_server.ingress_url
+    for prompt in ("one", "two"):
+        response = http("POST", f"{ingress}/{agent}/s1/run", {"prompt": prompt})
+        assert response.status == 200, response.text
+    source = http("POST", f"{ingress}/{agent}/s1/session").json()
+
+    def run(session: str, fork: dict[str, Any]) -> Any:
+        return http("POST", f"{ingress}/{agent}/{session}/run", {"prompt": "instead", "fork": fork})
+
+    refused = run("s2", {"session": "s1", "turns": 3})  # inside the second exchange
+    assert refused.status == 400 and "answers at turns: 2, 4" in refused.text, refused.text
+    assert run("s1", {"session": "s0"}).status == 409  # a session that exists is not replaced
+    assert run("s3", {"session": "nowhere"}).status == 404
+    forked = run("s2", {"session": "s1", "turns": 2})
+    assert forked.status == 200, forked.text
+    assert forked.json()["text"] == "second answer"  # its second answer: the first exchange kept
+    session = http("POST", f"{ingress}/{agent}/s2/session").json()
+    assert [t["id"] for t in session["turns"][:2]] == [t["id"] for t in source["turns"][:2]]
+    assert [t["content"][0]["text"] for t in session["turns"]] == [
+        "one",
+        "first answer",
+        "instead",
+        "second answer",
+    ]
+    assert http("POST", f"{ingress}/{agent}/s1/session").json() == source  # it stays
+
+
 def inbox_takes(server: RestateServer, agent: str) -> int:
     """The calls of the agent's inbox `take`: each an invocation of its own."""
     rows = server.query(

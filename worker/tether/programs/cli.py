@@ -41,6 +41,12 @@ def _run_parser(commands: Any) -> None:
     run.add_argument("--prompt", help="the task (required on the first start of a run)")
     run.add_argument("--session", help="session id (default: the run id)")
     run.add_argument(
+        "--fork",
+        metavar="SESSION[:TURNS]",
+        help="start --session as a fork of SESSION: its first TURNS turns (default: all), "
+        "ending with an answer; SESSION stays as it is",
+    )
+    run.add_argument(
         "--db",
         default=_runs_db(),
         help="SQLite file, outside --workspace (default: %(default)s)",

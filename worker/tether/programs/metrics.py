@@ -299,7 +299,7 @@ def agent_hooks(
 ) -> dict[str, HookFn]:
     """Hooks for `create_agent(hooks=...)` that count the agent's live work.
 
-    `provider` and `model` label the model calls (the hooks' payloads do not name them). With
+    `provider` and `model` label the model calls whose payloads do not name them. With
     `durable`, a replay also adds the runtime's replayed-step counts by kind.
 
     What counts, exactly once per piece of work (a crash inside a step body aside, which runs

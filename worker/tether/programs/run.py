@@ -30,7 +30,8 @@ from ..durable.protocol import DurableRuntime
 from ..parked import asks_for_budget
 from ..providers.base import Fallback, Provider
 from ..providers.scripted import scripted
-from ..session import create_session, load_session
+from ..session import Session, SessionStore, create_session, load_session
+from ..session.fork import ForkError, fork_session
 from ..spec import DEFAULT_KEY_ENV, DurableAgentSpec, SpecError, load_agent, parse_duration
 from ..spec.assemble import (
     SPAWN_TOOL,
@@ -202,6 +203,37 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
         answers.close()
 
 
+async def _forked(
+    args: argparse.Namespace,
+    store: SessionStore,
+    session_id: str,
+    session: Session | None,
+    resuming: bool,
+) -> Session:
+    """`--session` as a fork of `--fork SESSION[:TURNS]` (made at the run's first start; a
+    resumed run replays the same loads, so it makes the same one)."""
+    source_id, _, count = str(args.fork).partition(":")
+    if count and not count.isdigit():
+        raise SpecError(f"--fork {args.fork}: TURNS must be a number of turns")
+    if session is not None:
+        if resuming:
+            return session
+        raise SpecError(f"session {session_id!r} exists: fork into a new --session")
+    source = await load_session(store, source_id)
+    if source is None:
+        raise SpecError(f"--fork: no session {source_id!r} in {args.db}")
+    try:
+        return await fork_session(
+            source_id,
+            source.turns,
+            id=session_id,
+            store=store,
+            count=int(count) if count else None,
+        )
+    except ForkError as error:
+        raise SpecError(f"--fork: {error}") from None
+
+
 async def _run(
     args: argparse.Namespace,
     spec: DurableAgentSpec,
@@ -226,9 +258,10 @@ async def _run(
         store = durable.stores.session
         assert store is not None
         session_id = args.session or args.run_id
-        session = await load_session(store, session_id) or await create_session(
-            id=session_id, store=store
-        )
+        session = await load_session(store, session_id)
+        if args.fork:
+            session = await _forked(args, store, session_id, session, durable.resuming)
+        session = session or await create_session(id=session_id, store=store)
         if prompt is None and not session.turn_count:
             raise SpecError("--prompt is required on the first start of a run")
         agent = create_agent(

@@ -52,8 +52,10 @@ async def _signed_text_field(
     session_id: str,
     field: str,
     idempotency_key: str | None = None,
-) -> tuple[bytes, str, str, int]:
-    """The raw body, text, signature and timestamp of a signed `{field: "<text>"}` request."""
+    optional: frozenset[str] = frozenset(),
+) -> tuple[bytes, dict[str, Any], str, int]:
+    """The raw body, value, signature and timestamp of a signed `{field: "<text>"}` request
+    (with the keys in `optional`, if it has them)."""
     if SESSION_ID.fullmatch(session_id) is None:
         raise Rejection(400, "bad_id", "malformed session id: 1-128 of A-Z a-z 0-9 _ . : -")
     settings = sidecar.settings
@@ -66,20 +68,44 @@ async def _signed_text_field(
         idempotency_key,
     )
     text = value.get(field) if isinstance(value, dict) else None
-    if not isinstance(text, str) or not text.strip() or set(value) != {field}:
+    if (
+        not isinstance(text, str)
+        or not text.strip()
+        or not {field} <= set(value) <= {field, *optional}
+    ):
         raise Rejection(400, "bad_body", f'expected {{"{field}": "<text>"}}')
-    return body, text, signature, timestamp
+    return body, value, signature, timestamp
+
+
+def _check_fork(fork: Any) -> None:
+    """A run's `fork`: `{"session": <id>, "turns": <n>}` (`turns` optional), checked here so a
+    malformed one is refused before Restate is asked."""
+    turns = fork.get("turns") if isinstance(fork, dict) else None
+    if (
+        not isinstance(fork, dict)
+        or not set(fork) <= {"session", "turns"}
+        or not isinstance(fork.get("session"), str)
+        or SESSION_ID.fullmatch(fork["session"]) is None
+        or (turns is not None and (type(turns) is not int or turns < 1))
+    ):
+        raise Rejection(
+            400, "bad_body", 'expected "fork": {"session": "<session id>", "turns": <n > 0>}'
+        )
 
 
 @router.post("/v1/sessions/{session_id}/runs")
 async def start_run(session_id: str, request: Request, sidecar: SidecarDep) -> JSONResponse:
-    """Start a run of the agent in `session_id` with the signed `{"prompt": ...}` body."""
+    """Start a run of the agent in `session_id` with the signed `{"prompt": ...}` body; with
+    `"fork": {"session": ..., "turns": ...}`, `session_id` is a new session that starts with
+    those turns of another."""
     key = request.headers.get(IDEMPOTENCY_KEY_HEADER)
     if key is not None and IDEMPOTENCY_KEY.fullmatch(key) is None:
         raise Rejection(400, "bad_body", "malformed Idempotency-Key: 1-256 printable characters")
-    body, _, signature, timestamp = await _signed_text_field(
-        request, sidecar, session_id, "prompt", key
+    body, value, signature, timestamp = await _signed_text_field(
+        request, sidecar, session_id, "prompt", key, optional=frozenset({"fork"})
     )
+    if "fork" in value:
+        _check_fork(value["fork"])
     agent = sidecar.settings.agent
 
     async def send() -> Any:
@@ -102,9 +128,10 @@ async def start_run(session_id: str, request: Request, sidecar: SidecarDep) -> J
 @router.post("/v1/sessions/{session_id}/messages")
 async def post_message(session_id: str, request: Request, sidecar: SidecarDep) -> JSONResponse:
     """Leave the signed `{"text": ...}` for the agent running in `session_id`."""
-    body, text, signature, timestamp = await _signed_text_field(
+    body, value, signature, timestamp = await _signed_text_field(
         request, sidecar, session_id, "text"
     )
+    text = value["text"]
     if len(text) > MAX_MESSAGE_CHARS:
         raise Rejection(400, "bad_body", f"the text is longer than {MAX_MESSAGE_CHARS} characters")
     agent = sidecar.settings.agent

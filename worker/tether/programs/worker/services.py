@@ -26,12 +26,14 @@ when the run ends), so `pending` of a session lists the calls its children (and 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, cast
 
 import restate
 from pydantic import BaseModel, Field
+from restate.exceptions import TerminalError
 
 from ...agent import AgentStats, create_agent
 from ...agent.compaction import ContextCovered
@@ -51,8 +53,9 @@ from ...restate import (
 from ...restate.budget import budget_object
 from ...restate.errors import WorkerStopping
 from ...restate.events import read_events
-from ...session import create_session, load_session
+from ...session import Session, SessionStore, SessionTurn, create_session, load_session
 from ...session.events import Cursor
+from ...session.fork import ForkError, fork_session
 from ...session.store import every_turn
 from ...spec import EventsSpec, parse_duration
 from ...spec.assemble import (
@@ -99,11 +102,24 @@ a replay of one is refused only while its key is kept. A signature is accepted f
 (`tether.programs.webhooks.TOLERANCE_SECONDS` either side of its timestamp)."""
 
 
+class ForkRequest(BaseModel):
+    """The session a new one starts as a fork of."""
+
+    session: str = Field(min_length=1, description="The session to fork; it stays as it is.")
+    turns: int | None = Field(
+        default=None, gt=0, description="Its first turns to keep, ending with an answer (all)."
+    )
+
+
 class RunRequest(BaseModel):
     """Start or continue the session's conversation."""
 
     prompt: str | None = Field(
         default=None, description="The task; may be omitted when the session already has turns."
+    )
+    fork: ForkRequest | None = Field(
+        default=None,
+        description="Start this new session as a fork of another: its first turns, then the run.",
     )
 
 
@@ -145,6 +161,28 @@ async def forget_children(ctx: restate.ObjectContext) -> None:
     for key in await ctx.state_keys():
         if key.startswith(CHILD_MARKER):
             ctx.clear(key)
+
+
+async def fork_into(
+    ctx: restate.ObjectContext,
+    agent: str,
+    store: SessionStore,
+    fork: ForkRequest,
+    existing: Session | None,
+) -> Session:
+    """This new session as a fork of `fork.session`, whose turns its `session` handler gives
+    (a journaled call: a retry of the run forks the same turns)."""
+    if existing is not None:
+        raise TerminalError(f"session {ctx.key()!r} exists: fork into a new session", 409)
+    raw = await ctx.generic_call(agent, "session", b"null", key=fork.session)
+    source = json.loads(raw)
+    if not source["turns"]:
+        raise TerminalError(f"no session {fork.session!r} to fork", 404)
+    turns = [SessionTurn.from_json(turn) for turn in source["turns"]]
+    try:
+        return await fork_session(fork.session, turns, id=ctx.key(), store=store, count=fork.turns)
+    except ForkError as error:
+        raise TerminalError(str(error), 400) from None
 
 
 @contextlib.contextmanager
@@ -293,9 +331,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         seen = ContextCovered(window) if compacted else every_turn
         # Held from the start: a new session's first writes go out with its run's first ones.
         with durable.hold_writes():
-            session = await load_session(store, ctx.key(), enough=seen) or await create_session(
-                id=ctx.key(), store=store
-            )
+            session = await load_session(store, ctx.key(), enough=seen)
+            if request.fork is not None:
+                session = await fork_into(ctx, manifest.metadata.name, store, request.fork, session)
+            session = session or await create_session(id=ctx.key(), store=store)
             wait = restate_wait(ctx, park_settings)
             agent = create_agent(
                 provider=provider,
