@@ -83,7 +83,7 @@ def choose_provider(
             return (
                 provider_from_spec(other, env[variable]),
                 [],
-                (f"model: {provider}/{DEFAULT_MODELS[provider]} ({variable} is set)"),
+                f"model: {provider}/{DEFAULT_MODELS[provider]} ({variable} is set)",
             )
     script_path = Path(script) if script else spec_path.with_suffix(".script.yaml")
     if not script_path.exists():
@@ -95,7 +95,7 @@ def choose_provider(
     return (
         scripted(responses, model="scripted", delay=delay),
         [],
-        (f"model: scripted, from {script_path} (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)"),
+        f"model: scripted, from {script_path} (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)",
     )
 
 
