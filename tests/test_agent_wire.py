@@ -3,6 +3,7 @@ speaks their wire formats."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from tether.errors import ConfigError
 from tether.providers import anthropic, openai
 from tether.providers.base import Pricing, Provider
 from tether.session import create_session
+from tether.spec import parse_agent
+from tether.spec.assemble import fallbacks_from_spec, provider_from_spec
 
 KEY = "sk-test-wire-0123456789"
 
@@ -224,3 +227,41 @@ async def test_a_resumed_run_asks_the_models_its_journal_asked(
         with pytest.raises(ConfigError, match="moved model:0 on to fallback model 1"):
             await agent.run("go")
     assert len(server.requests) == 3
+
+
+async def test_a_model_that_hangs_past_its_timeout_hands_the_call_to_the_next(
+    server: ModelServer,
+) -> None:
+    # As the spec builds them: the first model waits 1 s for its stream, not the SDK's 10 min.
+    hung = Reply(text=["never"], hold_after=0)
+    server.script(hung, Reply(text=["from the fallback"]))
+    spec = parse_agent(
+        {
+            "apiVersion": "tether.dev/v1alpha1",
+            "kind": "DurableAgent",
+            "metadata": {"name": "a"},
+            "spec": {
+                "model": {
+                    "provider": "anthropic",
+                    "name": "claude-sonnet-4-6",
+                    "baseUrl": server.anthropic_url,
+                    "timeout": "1s",
+                    "fallbacks": [
+                        {"provider": "openai", "name": "gpt-4o", "baseUrl": server.openai_url}
+                    ],
+                },
+            },
+        }
+    ).spec
+    env = {"ANTHROPIC_API_KEY": KEY, "OPENAI_API_KEY": KEY}
+    agent = create_agent(
+        provider=provider_from_spec(spec, KEY), fallbacks=fallbacks_from_spec(spec, env)
+    )
+    started = time.monotonic()
+    try:
+        stats = await agent.run("hi")
+    finally:
+        hung.release.set()
+    assert stats.status == "completed" and stats.text == "from the fallback"
+    assert 1 <= time.monotonic() - started < 10
+    assert models_asked(server) == [PRIMARY, FALLBACK]

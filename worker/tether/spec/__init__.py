@@ -154,6 +154,12 @@ class ModelChoice(_Model):
         'conversation\'s first user message, {prompt, responses} entries (prompt "*": any '
         "other).",
     )
+    timeout: PositiveDuration | None = Field(
+        default=None,
+        description="How long a call waits for the model (to connect, then for each part of "
+        "its streamed answer) before it fails and goes to the next of model.fallbacks "
+        "(default: 10m).",
+    )
 
     @field_validator("script", mode="before")
     @classmethod

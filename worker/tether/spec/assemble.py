@@ -76,12 +76,14 @@ def provider_of(model: ModelChoice, api_key: str) -> Provider:
     from .. import providers  # the SDK-backed ones import their SDK on first use
 
     make = providers.anthropic if model.provider == "anthropic" else providers.openai
+    timeout = {"timeout": parse_duration(model.timeout)} if model.timeout else {}
     return make(
         model.name,
         api_key=api_key,
         base_url=model.base_url,
         pricing=_pricing(model),
         context_window=model.context_window,
+        **timeout,
     )
 
 
