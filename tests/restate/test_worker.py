@@ -232,6 +232,7 @@ def test_a_new_session_forks_another_after_an_answer(
         "instead",
         "second answer",
     ]
+    assert session["metadata"] == {"forked_from": {"session": "s1", "turns": 2}}
     assert http("POST", f"{ingress}/{agent}/s1/session").json() == source  # it stays
 
 

@@ -392,12 +392,13 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         store = restate_session_store(ctx, read_only=True)  # type: ignore[arg-type]
         loaded = await load_session(store, ctx.key())
         if loaded is None:
-            return {"id": ctx.key(), "turns": [], "runs": [], "status": None}
+            return {"id": ctx.key(), "turns": [], "runs": [], "status": None, "metadata": {}}
         return {
             "id": loaded.id,
             "turns": [t.to_json() for t in loaded.turns],
             "runs": [r.to_json() for r in loaded.runs],
             "status": loaded.runs[-1].status if loaded.runs else None,
+            "metadata": loaded.metadata,  # a fork's `forked_from`
         }
 
     @obj.handler(kind="shared", enable_lazy_state=True)
