@@ -1,6 +1,6 @@
 """Runs an earlier Tether left in a SQLite file resume on this one: a run killed part-way, a run
 parked for a week's wait for a person's approval, answer or more budget, a sub-agent parked under
-a budget.
+a budget, a run parked after its fallback model answered.
 Each golden (`tests/golden/`, see its `record.py`) is a database as a released version wrote it,
 loaded into a fresh file and resumed by real processes; and a database a newer Tether wrote is
 refused in a sentence, before anything is written."""
@@ -14,8 +14,10 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.golden.record import KILLED_IN_CALL
+from tests.fakes.model_server import ModelServer, Reply
+from tests.golden.record import FALLBACK_KEYS, KILLED_IN_CALL
 from tests.test_answers import decisions, run, tool_results
 from tests.test_cli import runs_db, tether
 from tests.test_sqlite_crash_matrix import check_outcome, model_steps, run_program
@@ -120,6 +122,29 @@ def test_a_run_parked_for_more_budget_goes_on_once_raised(tmp_path: Path, golden
     assert "run r1: completed after 4 turns and 3 tool calls" in done.stdout
     assert "steps run live: 5 (clock 1, decision 1, model 2, tool 1)" in done.stdout
     assert [(d["tool"], d["approved"]) for d in decisions(tmp_path)] == [("budget", True)]
+
+
+@pytest.mark.parametrize("golden", goldens("parked-after-a-fallback"), ids=lambda p: p.stem)
+def test_a_run_parked_after_a_fallback_goes_on_asking_no_model_again(
+    tmp_path: Path, golden: Path, model_server: ModelServer
+) -> None:
+    document = yaml.safe_load(golden.with_suffix(".yaml").read_text())
+    model = document["spec"]["model"]
+    model["baseUrl"] = model_server.anthropic_url  # this test's server for the recording's
+    model["fallbacks"][0]["baseUrl"] = model_server.openai_url
+    (tmp_path / "agent.yaml").write_text(yaml.safe_dump(document))
+    load(golden, runs_db(tmp_path))
+    model_server.script(Reply(text=["shipped"]))
+
+    answered = tether("answer", "r1", "--approve", cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    done = tether("run", "agent.yaml", "--run-id", "r1", cwd=tmp_path, env=FALLBACK_KEYS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "run r1: completed" in done.stdout
+    assert (tmp_path / "shipped.txt").read_text() == "v1"
+    # The first model's failure and the fallback's answer are replayed from the journal; the
+    # next turn asks the first model again, and only it.
+    assert [r.path.rsplit("/", 1)[-1] for r in model_server.requests] == ["messages"]
 
 
 def test_a_database_a_newer_tether_wrote_is_refused(tmp_path: Path) -> None:

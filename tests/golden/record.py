@@ -28,10 +28,11 @@ from typing import Any
 
 import yaml
 
+from tests.fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
 from tests.mcp.servers import SuiteFiles, suite_stdio_server
 from tests.restate.test_worker import manifest
 from tests.test_answers import ASK, SHIP, run, write_agent, write_spender
-from tests.test_cli import runs_db
+from tests.test_cli import runs_db, tether
 from tests.test_sqlite_crash_matrix import run_program
 from tether.parked import INDEX_KEY
 from tether.spec import restate_services
@@ -110,6 +111,40 @@ def parked_on_an_mcp_tool(work: Path, out: Path) -> None:
     spec.write_text(yaml.safe_dump(document))
     park(work, out, spec, "add 40 and 2")
     assert files.count("add") == 0
+
+
+FALLBACK_KEYS = {"ANTHROPIC_API_KEY": "golden-a", "OPENAI_API_KEY": "golden-o"}
+
+
+def parked_after_a_fallback(work: Path, out: Path) -> None:
+    """`tether run` whose first model (Anthropic's wire) failed with a 529 and whose fallback
+    (OpenAI's) answered with a call that waits for an approval: the failed call, the fallback's
+    answer and the models each named in the journal. The spec's base URLs are this recording's
+    server: a test puts its own there."""
+    spec = write_agent(work, [])
+    document = yaml.safe_load(spec.read_text())
+    with ModelServer() as model_server:
+        model_server.script(
+            ErrorReply(529, "Overloaded", "overloaded_error"), Reply(tool_calls=[ToolCall(**SHIP)])
+        )
+        document["spec"]["model"] = {
+            "provider": "anthropic",
+            "name": "claude-golden",
+            "baseUrl": model_server.anthropic_url,
+            "fallbacks": [
+                {"provider": "openai", "name": "gpt-golden", "baseUrl": model_server.openai_url}
+            ],
+        }
+        spec.write_text(yaml.safe_dump(document))
+        parked = tether(
+            "run", "agent.yaml", "--run-id", "r1", "--prompt", "ship it", cwd=work,
+            env=FALLBACK_KEYS,
+        )  # fmt: skip
+        assert parked.returncode == 3, parked.stdout + parked.stderr
+        asked = [r.path.rsplit("/", 1)[-1] for r in model_server.requests]
+        assert asked == ["messages", "completions"], asked
+    shutil.copy(spec, out.with_suffix(".yaml"))
+    dump(runs_db(work), out.with_suffix(".sql"))
 
 
 SPAWN = {"name": "spawn", "input": {"task": "do the ship"}}
@@ -284,6 +319,7 @@ RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "sub-agent-parked-under-a-budget": sub_agent_parked_under_a_budget,
     "parked-for-more-budget": parked_for_more_budget,
     "parked-on-an-mcp-tool": parked_on_an_mcp_tool,
+    "parked-after-a-fallback": parked_after_a_fallback,
     "restate-session-of-two-runs": restate_session_of_two_runs,
     "restate-parked-for-an-approval": restate_parked_for_an_approval,
     "restate-parked-for-more-budget": restate_parked_for_more_budget,
