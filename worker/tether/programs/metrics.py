@@ -244,10 +244,9 @@ RUN_STATUSES: tuple[str, ...] = get_args(AgentStatus)
 def agent_series_at_zero(agent: str, *, models: Sequence[tuple[str, str]]) -> None:
     """Give the agent's series whose labels are known before any work (runs by status, replays,
     parks by kind, its models' (provider, model) calls, latency, tokens and cost) a value of 0
-    when the worker
-    starts. A series that first appears with its first count shows Prometheus no increase, so
-    `rate()`, `increase()` and `histogram_quantile()` would miss the first run, error or park of
-    every new pod: for rare events (a park, an error), all of them."""
+    when the worker starts. A series that first appears with its first count shows Prometheus
+    no increase, so `rate()`, `increase()` and `histogram_quantile()` would miss the first run,
+    error or park of every new pod: for rare events (a park, an error), all of them."""
     for status in RUN_STATUSES:
         RUNS.labels(agent, status)
     REPLAYS.labels(agent)

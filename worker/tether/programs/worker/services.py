@@ -246,6 +246,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     _, ledger_for = budget_object(manifest.metadata.name, None)
     models = [provider, *(f.provider for f in fallbacks)]
     agent_series_at_zero(manifest.metadata.name, models=[(m.name, m.model) for m in models])
+    window = max(m.context_window for m in models)  # whichever model a run asks
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -327,7 +328,6 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         assert store is not None
         # With tail compaction the model sees only the newest turns: a run reads only those
         # (and, either way, only the newest run records).
-        window = max(m.context_window for m in models)  # whichever model the run asks
         seen = ContextCovered(window) if compacted else every_turn
         # Held from the start: a new session's first writes go out with its run's first ones.
         with durable.hold_writes():
