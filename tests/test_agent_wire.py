@@ -13,7 +13,7 @@ from tests.fakes.model_server import ErrorReply, ModelServer, Reply, ToolCall
 from tether import create_agent, tool
 from tether.durable import sqlite_runtime
 from tether.errors import ConfigError
-from tether.providers import anthropic, openai
+from tether.providers import Cooldown, anthropic, openai
 from tether.providers.base import Pricing, Provider
 from tether.session import create_session
 from tether.spec import parse_agent
@@ -227,6 +227,55 @@ async def test_a_resumed_run_asks_the_models_its_journal_asked(
         with pytest.raises(ConfigError, match="moved model:0 on to fallback model 1"):
             await agent.run("go")
     assert len(server.requests) == 3
+
+
+async def test_a_model_that_keeps_failing_is_skipped_until_its_cooldown_ends(
+    server: ModelServer, tmp_path: Path
+) -> None:
+    clock = [0.0]
+
+    @tool(replay="safe")
+    async def wait_a_minute() -> str:
+        """Moves the cooldown's clock on by a minute."""
+        clock[0] += 61
+        return "later"
+
+    server.script(
+        ErrorReply(529, "Overloaded", "overloaded_error"),
+        Reply(tool_calls=[ToolCall("echo", {"text": "a"})]),
+        ErrorReply(503, "unavailable"),  # its second failure in a row: skipped for 60 s
+        Reply(tool_calls=[ToolCall("echo", {"text": "b"})]),
+        Reply(tool_calls=[ToolCall("wait_a_minute", {})]),  # the fallback, asked at once
+        Reply(tool_calls=[ToolCall("echo", {"text": "c"})]),  # the first again, a minute on
+        Reply(text=["done"]),
+    )
+    skipped: list[dict[str, object]] = []
+    for attempt in range(2):
+        with sqlite_runtime(tmp_path / "j.db", "run") as durable:
+            assert durable.stores.session is not None
+            session = await create_session(id="s", store=durable.stores.session)
+            agent = create_agent(
+                **with_fallback(server, tools=[echo, wait_a_minute], durable=durable),  # type: ignore[arg-type]
+                session=session,
+                # a new one on the resume: what the first attempt learned is gone with it
+                cooldown=Cooldown(failures=2, seconds=60, clock=lambda: clock[0]),
+                hooks={"turn:error": lambda p: skipped.extend([p] if p.get("skipped") else [])},
+            )
+            stats = await agent.run("go")
+            assert (stats.status, stats.text) == ("completed", "done"), attempt
+    assert models_asked(server) == [
+        PRIMARY,
+        FALLBACK,
+        PRIMARY,
+        FALLBACK,
+        FALLBACK,
+        PRIMARY,
+        PRIMARY,
+    ]
+    assert [(p["turn"], p["model"]) for p in skipped] == [(2, "claude-sonnet-4-6")]
+    assert "cooling down for 60 s more after failing 2 calls in a row" in str(skipped[0]["error"])
+    # The resume asked no model again: the skip is in the journal, not in the Cooldown.
+    assert len(server.requests) == 7
 
 
 async def test_a_model_that_hangs_past_its_timeout_hands_the_call_to_the_next(

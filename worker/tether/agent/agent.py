@@ -12,6 +12,7 @@ from ..durable.protocol import DurableRuntime
 from ..errors import ConfigError, TetherError
 from ..messages import JSON
 from ..providers.base import Fallback, Provider
+from ..providers.cooldown import Cooldown
 from ..session.events import MemoryEventLog
 from ..session.session import Session, create_session
 from ..session.store import memory_store
@@ -38,6 +39,7 @@ class Agent:
         *,
         provider: Provider,
         fallbacks: Sequence[Provider | Fallback] = (),
+        cooldown: Cooldown | None = None,
         tools: Sequence[ToolDef | Toolset] = (),
         system: str | None = None,
         durable: DurableRuntime | None = None,
@@ -57,6 +59,8 @@ class Agent:
         self.provider = provider
         self.fallbacks = tuple(f if isinstance(f, Fallback) else Fallback(f) for f in fallbacks)
         """The models that answer, in order, when the one before fails (`AgentRun`)."""
+        self.cooldown = cooldown or (Cooldown() if self.fallbacks else None)
+        """Which of the models to skip while they keep failing (one with fallbacks only)."""
         self.tools = list(tools)
         self.system = system
         self.durable: DurableRuntime = durable or memory_runtime()
@@ -169,6 +173,7 @@ def create_agent(
     *,
     provider: Provider,
     fallbacks: Sequence[Provider | Fallback] = (),
+    cooldown: Cooldown | None = None,
     tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
     durable: DurableRuntime | None = None,
@@ -185,10 +190,13 @@ def create_agent(
     a run waits for a person when its budget runs out (`Behavior.on_budget_exhausted`).
     `fallbacks` answer in order when `provider` fails: a model call that fails moves on to the
     next one at once, and a retryable failure of the last backs off and starts again from
-    `provider`, as the journal records (a replay asks the same models)."""
+    `provider`, as the journal records (a replay asks the same models). `cooldown` skips a
+    model while it keeps failing (default with fallbacks: `Cooldown()`, this agent's own; share
+    one among the agents of one list of models)."""
     return Agent(
         provider=provider,
         fallbacks=fallbacks,
+        cooldown=cooldown,
         tools=tools,
         system=system,
         durable=durable,

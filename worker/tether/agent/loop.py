@@ -406,6 +406,8 @@ class AgentRun:
         inbox = self.agent.inbox
         provider, max_output = self._model(turn, model)
         fallbacks = len(self.agent.fallbacks)
+        # The last model is always asked; the others are skipped while they keep failing.
+        cooldown = self.agent.cooldown if model < fallbacks else None
 
         async def call() -> JSON:
             # Whether the turn happens at all is decided in its model step, not a step of its
@@ -421,8 +423,22 @@ class AgentRun:
             # Looked at here, the inbox costs no step of its own when nothing came.
             if look_first and inbox is not None and inbox.look() is not False:
                 return {"steer": True, "at": now_ms()}
-            request = await self._request(turn, provider, max_output)
             hooks = self.agent.hooks
+            if cooldown is not None and (left := cooldown.skips(model)) is not None:
+                # journaled as a failure: a replay skips it too
+                skipped = {
+                    "error": f"{provider.name}: {provider.model} skipped, cooling down for "
+                    f"{left:.0f} s more after failing {cooldown.failures} calls in a row",
+                    "retry": False,
+                    "retry_after": None,
+                    "at": now_ms(),
+                    "fallback": True,
+                    "skipped": True,
+                    **self._which(provider),
+                }
+                await hooks.call("turn:error", {"turn": turn, "run_id": self.run_id, **skipped})
+                return skipped
+            request = await self._request(turn, provider, max_output)
             streamed: list[str] = []
             # The step's name and the run's id name the call: a crash that cuts it off and
             # runs it again starts the same call twice, which the live stream reports.
@@ -445,6 +461,8 @@ class AgentRun:
             except Aborted:
                 return {"aborted": True, "at": now_ms()}
             except ProviderError as error:
+                if cooldown is not None and error.retryable:
+                    cooldown.failed(model)
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
                 # Any failure moves on to a fallback: another model may answer what this one
                 # refused (a key, a quota, a context window); the last one's decides the retry.
@@ -464,6 +482,8 @@ class AgentRun:
                     {"turn": turn, "run_id": self.run_id, **self._which(provider), **failed},
                 )
                 return failed
+            if cooldown is not None:
+                cooldown.answered(model)
             if streamed and hooks.wants("stream:end"):
                 await hooks.call("stream:end", {"text": "".join(streamed)})
             pricing = provider.pricing

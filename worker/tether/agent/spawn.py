@@ -63,6 +63,7 @@ def spawn_tool(
         child = Agent(
             provider=provider or parent.provider,
             fallbacks=() if provider else parent.fallbacks,
+            cooldown=None if provider else parent.cooldown,
             tools=parent.tools if tools is None else tools,
             system=arguments.get("system") or system or parent.system,
             durable=ctx.durable,

@@ -69,9 +69,10 @@ CHILDREN = Counter(
 RUNS = Counter("tether_runs_total", "Agent runs that finished, by status.", ["agent", "status"])
 MODEL_CALLS = Counter(
     "tether_model_calls_total",
-    "Model calls that ran live.",
+    "Model calls that ran live, and those skipped while their model cooled down.",
     ["agent", "provider", "model", "outcome"],
 )
+MODEL_CALL_OUTCOMES = ("ok", "error", "skipped")
 MODEL_CALL_DURATION = Histogram(
     "tether_model_call_duration_seconds",
     "How long live model calls took (the provider's answer, streamed text included).",
@@ -253,7 +254,7 @@ def agent_series_at_zero(agent: str, *, models: Sequence[tuple[str, str]]) -> No
     for kind in PARKED_KINDS:
         PARKED_DURATION.labels(agent, kind)
     for provider, model in models:
-        for outcome in ("ok", "error"):
+        for outcome in MODEL_CALL_OUTCOMES:
             MODEL_CALLS.labels(agent, provider, model, outcome)
         MODEL_CALL_DURATION.labels(agent, provider, model)
         for kind in ("input", "output"):
@@ -354,7 +355,8 @@ def agent_hooks(
             _series(COST_USD, agent, *which).inc(cost)
 
     def turn_error(payload: HookPayload) -> None:
-        _series(MODEL_CALLS, agent, *called(payload), "error").inc()
+        outcome = "skipped" if payload.get("skipped") else "error"
+        _series(MODEL_CALLS, agent, *called(payload), outcome).inc()
 
     def tool_after(payload: HookPayload) -> None:
         if not live():

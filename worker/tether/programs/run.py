@@ -38,6 +38,7 @@ from ..spec.assemble import (
     api_key_for,
     behavior_from_spec,
     check_subagents,
+    cooldown_from_spec,
     fallbacks_from_spec,
     load_script,
     parking_with,
@@ -267,6 +268,7 @@ async def _run(
         agent = create_agent(
             provider=models[0],
             fallbacks=models[1],
+            cooldown=cooldown_from_spec(spec),
             tools=tools,
             system=spec.system,
             durable=durable,

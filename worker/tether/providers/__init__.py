@@ -16,6 +16,7 @@ from .base import (
     Provider,
     ProviderError,
 )
+from .cooldown import Cooldown
 from .scripted import ScriptedProvider, ScriptExhaustedError, scripted
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AnthropicProvider",
     "ContextWindowExceededError",
+    "Cooldown",
     "Fallback",
     "ModelRequest",
     "ModelResponse",

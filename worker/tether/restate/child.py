@@ -28,6 +28,7 @@ from .types import (
 
 if TYPE_CHECKING:
     from ..providers.base import Fallback, Provider
+    from ..providers.cooldown import Cooldown
 
 ChildHooks = Hooks | HooksInit | Callable[[RestateRuntime], Hooks | HooksInit]
 """The hooks of a child agent, or a function of the child's runtime that builds them."""
@@ -46,6 +47,7 @@ async def run_child(
     *,
     provider: Provider,
     fallbacks: Sequence[Provider | Fallback] = (),
+    cooldown: Cooldown | None = None,
     tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
@@ -74,6 +76,7 @@ async def run_child(
     agent = Agent(
         provider=provider,
         fallbacks=fallbacks,
+        cooldown=cooldown,
         tools=tools,
         system=system,
         durable=durable,

@@ -211,6 +211,22 @@ class ModelChoice(_Model):
 MAX_FALLBACKS = 4
 
 
+class ModelCooldown(_Model):
+    """How long a model that keeps failing is skipped (`tether.providers.Cooldown`)."""
+
+    failures: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Failed calls in a row (a rate limit, an overload, a 5xx, a timeout) after "
+        "which a model is skipped.",
+    )
+    duration: Duration = Field(
+        default="30s",
+        description="How long it is skipped before one call tries it again (0s: never skipped).",
+    )
+
+
 class ModelSpec(ModelChoice):
     """Which model answers, how to reach it, and the models that answer when it fails."""
 
@@ -222,11 +238,25 @@ class ModelSpec(ModelChoice):
         "when the last fails too, a retryable failure backs off and starts again from the "
         "first. Each has its own key, prices, context window and maxTokens.",
     )
+    cooldown: ModelCooldown | None = Field(
+        default=None,
+        description="A model other than the last that keeps failing is skipped for a while, "
+        "each worker learning on its own (default: after 3 failures in a row, for 30s).",
+    )
 
     def choices(self) -> list[tuple[str, ModelChoice]]:
         """This model and its fallbacks, in order, each with its field's path."""
         fallbacks = enumerate(self.fallbacks or [])
         return [("spec.model", self), *((f"spec.model.fallbacks[{i}]", m) for i, m in fallbacks)]
+
+    @model_validator(mode="after")
+    def _cooldown_with_fallbacks(self) -> ModelSpec:
+        if self.cooldown is not None and not self.fallbacks:
+            raise ValueError(
+                "cooldown skips a model for the next of `fallbacks`, and there are none: "
+                "add fallbacks or remove cooldown"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_secret_per_key_variable(self) -> ModelSpec:

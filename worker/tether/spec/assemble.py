@@ -13,6 +13,7 @@ import yaml
 
 from ..agent.behavior import Behavior
 from ..providers.base import Fallback, Pricing, Provider
+from ..providers.cooldown import Cooldown
 from ..providers.scripted import scripted
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.builtin import BUILTINS, Workspace
@@ -22,6 +23,7 @@ from ..tools.toolset import Toolset
 from . import (
     DurableAgentSpec,
     ModelChoice,
+    ModelCooldown,
     SpecError,
     ToolSpecEntry,
     parse_duration,
@@ -94,6 +96,14 @@ def fallbacks_from_spec(spec: DurableAgentSpec, env: dict[str, str]) -> list[Fal
         Fallback(provider_of(model, _require_key(model, env, where)), model.max_tokens)
         for where, model in spec.model.choices()[1:]
     ]
+
+
+def cooldown_from_spec(spec: DurableAgentSpec) -> Cooldown | None:
+    """The cooldown of the spec's models (the default one for fallbacks; none without)."""
+    if not spec.model.fallbacks:
+        return None
+    chosen = spec.model.cooldown or ModelCooldown()
+    return Cooldown(chosen.failures, parse_duration(chosen.duration))
 
 
 def api_key_for(spec: DurableAgentSpec, env: dict[str, str]) -> str | None:

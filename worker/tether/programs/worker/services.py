@@ -63,6 +63,7 @@ from ...spec.assemble import (
     SpecTools,
     behavior_from_spec,
     check_subagents,
+    cooldown_from_spec,
     fallbacks_from_spec,
     parking_with,
     provider_from_spec,
@@ -247,6 +248,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     models = [provider, *(f.provider for f in fallbacks)]
     agent_series_at_zero(manifest.metadata.name, models=[(m.name, m.model) for m in models])
     window = max(m.context_window for m in models)  # whichever model a run asks
+    cooldown = cooldown_from_spec(spec)  # what the worker's runs learn of their models, shared
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -339,6 +341,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             agent = create_agent(
                 provider=provider,
                 fallbacks=fallbacks,
+                cooldown=cooldown,
                 tools=[*tools_for(ctx, wait), *spawn_for(ctx, 0)],
                 system=spec.system,
                 durable=durable,
@@ -365,6 +368,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
                 child_request,
                 provider=provider,
                 fallbacks=fallbacks,
+                cooldown=cooldown,
                 tools=[
                     *tools_for(ctx, restate_wait(ctx, park_settings)),
                     *spawn_for(ctx, child_request["depth"], trace),
