@@ -16,6 +16,7 @@ from kubernetes.client import ApiClient, ApiException
 from tests.kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
 from tests.kube.controlplane import ControlPlane
 from tether.spec import SpecError, parse_agent
+from tether.spec.assemble import cooldown_from_spec
 from tether.spec.crd import (
     CRD_NAME,
     GROUP,
@@ -680,6 +681,33 @@ def test_fallback_models_are_accepted_with_their_defaults_and_bounded(
         parse_agent(too_many)
 
 
+def test_a_cooldown_is_defaulted_by_the_api_server_and_its_bounds_are_kept(
+    api: ApiClient, namespace: str
+) -> None:
+    cooled = _model(**KEY, fallbacks=[FALLBACK], cooldown={})
+    created = create(api, namespace, agent("cooled", **cooled))
+    assert created["spec"]["model"]["cooldown"] == {"failures": 3, "duration": "30s"}
+    for cooldown, field in (({"failures": 0}, "failures"), ({"duration": "soon"}, "duration")):
+        rejected_agent = agent("cold", **_model(**KEY, fallbacks=[FALLBACK], cooldown=cooldown))
+        with pytest.raises(ApiException) as rejected:
+            create(api, namespace, rejected_agent)
+        assert rejected.value.status == 422
+        assert f"spec.model.cooldown.{field}" in json.loads(rejected.value.body or "{}")["message"]
+        with pytest.raises(SpecError, match=field):
+            parse_agent(rejected_agent)
+
+
+def test_the_workers_cooldown_comes_from_the_spec_and_is_there_only_with_fallbacks() -> None:
+    cooled = _model(**KEY, fallbacks=[FALLBACK], cooldown={"failures": 5, "duration": "2m"})
+    cooldown = cooldown_from_spec(parse_agent(agent("a", **cooled)).spec)
+    assert cooldown is not None and (cooldown.failures, cooldown.seconds) == (5, 120)
+    defaulted = cooldown_from_spec(
+        parse_agent(agent("a", **_model(**KEY, fallbacks=[FALLBACK]))).spec
+    )
+    assert defaulted is not None and (defaulted.failures, defaulted.seconds) == (3, 30)
+    assert cooldown_from_spec(parse_agent(agent("a", **_model(**KEY))).spec) is None
+
+
 def _other_key(**model: Any) -> dict[str, Any]:
     return {"provider": "anthropic", "name": "h", **model}
 
@@ -712,8 +740,15 @@ SHELL_WITH = [{"name": "sh", "builtin": "shell", "config": {"passEnv": ["PATHS",
             "spec.tools[0].config.passEnv: LLM_KEY holds a secret",
         ),
         (_model(**KEY, fallbacks=[{"provider": "scripted", "name": "s"}]), "needs `script`"),
+        (_model(**KEY, cooldown={"failures": 1}), "cooldown skips a model for the next of"),
     ],
-    ids=["one-variable-two-secrets", "budget-below-a-fallback-call", "key-to-shell", "no-script"],
+    ids=[
+        "one-variable-two-secrets",
+        "budget-below-a-fallback-call",
+        "key-to-shell",
+        "no-script",
+        "cooldown-without-fallbacks",
+    ],
 )
 def test_the_spec_refuses_fallbacks_that_cannot_work(spec: dict[str, Any], says: str) -> None:
     with pytest.raises(SpecError) as refused:

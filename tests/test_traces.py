@@ -268,6 +268,35 @@ def test_a_failed_model_call_and_its_retry_are_two_spans() -> None:
     assert run.parent is None
 
 
+def test_a_model_skipped_while_it_cools_down_has_no_span() -> None:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from tether import create_agent
+    from tether.durable import memory_runtime
+    from tether.programs.tracing import AgentTracing
+    from tether.providers import Cooldown, scripted
+
+    exporter = InMemorySpanExporter()
+    tracing = AgentTracing([SimpleSpanProcessor(exporter)])
+    first, second = scripted([{"text": "first"}]), scripted([{"text": "second"}])
+    second.model = "second-model"
+    cooldown = Cooldown(failures=1)
+    cooldown.failed(0)  # the first model is cooling down
+    durable = memory_runtime()
+    agent = create_agent(
+        provider=first,
+        fallbacks=[second],
+        cooldown=cooldown,
+        durable=durable,
+        hooks=tracing.hooks(agent="a", provider="scripted", model=first.model, durable=durable),
+    )
+    stats = asyncio.run(agent.run("hello"))
+    assert (stats.status, stats.text) == ("completed", "second")
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["chat second-model", "turn 0", "invoke_agent a"]
+
+
 def test_traces_are_on_only_with_an_endpoint_and_a_known_exporter() -> None:
     assert not traces_wanted({})
     assert not traces_wanted({"OTEL_SERVICE_NAME": "x"})

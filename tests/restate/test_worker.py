@@ -911,18 +911,56 @@ def test_a_model_that_fails_hands_the_turn_to_its_fallback_and_a_replay_asks_no_
     ]
     assert keys_sent == ["a-key", "o-key", "a-key"]  # each model its own key
 
+    assert model_calls(metrics, agent) == {
+        ("claude-test", "ok"): 1,
+        ("claude-test", "error"): 1,
+        ("claude-test", "skipped"): 0,
+        ("gpt-test", "ok"): 1,
+        ("gpt-test", "error"): 0,
+        ("gpt-test", "skipped"): 0,
+    }
+
+
+def model_calls(metrics: Path, agent: str) -> dict[tuple[str, str], float]:
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(metrics))
-    calls = {
+    return {
         (s.labels["model"], s.labels["outcome"]): s.value
         for family in registry.collect()
         if family.name == "tether_model_calls"
         for s in family.samples
         if s.name == "tether_model_calls_total" and s.labels["agent"] == agent
     }
-    assert calls == {
-        ("claude-test", "ok"): 1,
-        ("claude-test", "error"): 1,
-        ("gpt-test", "ok"): 1,
-        ("gpt-test", "error"): 0,
+
+
+def test_a_model_that_failed_is_skipped_by_the_workers_next_runs_while_it_cools_down(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path, model_server: ModelServer
+) -> None:
+    model_server.script(
+        ErrorReply(529, "Overloaded", "overloaded_error"),
+        Reply(text=["one"]),
+        Reply(text=["two"]),  # the next run's: the fallback's at once
+    )
+    agent = name()
+    document = manifest(agent, [])
+    document["spec"]["model"] = {
+        "provider": "anthropic",
+        "name": "claude-test",
+        "baseUrl": model_server.anthropic_url,
+        "fallbacks": [
+            {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
+        ],
+        "cooldown": {"failures": 1, "duration": "1h"},
     }
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    keys = {"ANTHROPIC_API_KEY": "a-key", "OPENAI_API_KEY": "o-key"}
+    agent_worker(document, PROMETHEUS_MULTIPROC_DIR=str(metrics), **keys)
+    for session, text in (("s1", "one"), ("s2", "two")):
+        result = result_of(restate_server, send_run(restate_server, agent, session, "hi"))
+        assert (result["status"], result["text"]) == ("completed", text)
+    paths = [r.path.rsplit("/", 1)[-1] for r in model_server.requests]
+    assert paths == ["messages", "completions", "completions"]
+    calls = model_calls(metrics, agent)
+    assert (calls[("claude-test", "error")], calls[("claude-test", "skipped")]) == (1, 1)
+    assert calls[("gpt-test", "ok")] == 2
