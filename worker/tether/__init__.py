@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 EXPORTS = {
-    ".agent": ("Agent", "AgentStats", "Behavior", "create_agent"),
+    ".agent": ("Agent", "AgentStats", "Behavior", "Output", "create_agent"),
     ".durable.errors": ("DurableControlError", "JournalMismatchError", "RunLeasedError"),
     ".errors": ("ConfigError", "TetherError"),
     ".providers.base": ("ProviderError",),
@@ -23,6 +23,7 @@ __all__ = [
     "ConfigError",
     "DurableControlError",
     "JournalMismatchError",
+    "Output",
     "ProviderError",
     "RunLeasedError",
     "TetherError",
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # what the names are, for type checkers
-    from .agent import Agent, AgentStats, Behavior, create_agent
+    from .agent import Agent, AgentStats, Behavior, Output, create_agent
     from .durable.errors import DurableControlError, JournalMismatchError, RunLeasedError
     from .errors import ConfigError, TetherError
     from .providers.base import ProviderError

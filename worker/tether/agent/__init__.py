@@ -4,6 +4,7 @@ from .agent import Agent, AgentBusyError, create_agent
 from .behavior import Behavior
 from .hooks import HOOK_NAMES, Hooks
 from .inbox import Inbox, MemoryInbox
+from .output import Output
 from .spawn import spawn_tool
 from .stats import AgentStats, AgentStatus
 
@@ -17,6 +18,7 @@ __all__ = [
     "Hooks",
     "Inbox",
     "MemoryInbox",
+    "Output",
     "create_agent",
     "spawn_tool",
 ]

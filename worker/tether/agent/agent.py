@@ -24,6 +24,7 @@ from .behavior import DEFAULT_BEHAVIOR, Behavior
 from .hooks import Hooks, HooksInit
 from .inbox import Inbox
 from .loop import AgentRun
+from .output import Output
 from .stats import AgentStats
 
 
@@ -42,6 +43,7 @@ class Agent:
         cooldown: Cooldown | None = None,
         tools: Sequence[ToolDef | Toolset] = (),
         system: str | None = None,
+        output: Output | dict[str, Any] | None = None,
         durable: DurableRuntime | None = None,
         session: Session | None = None,
         behavior: Behavior | dict[str, Any] | None = None,
@@ -63,6 +65,8 @@ class Agent:
         """Which of the models to skip while they keep failing (one with fallbacks only)."""
         self.tools = list(tools)
         self.system = system
+        self.output = Output(output) if isinstance(output, dict) else output
+        """The value its runs end with (`AgentStats.output`); None: text."""
         self.durable: DurableRuntime = durable or memory_runtime()
         self.session = session
         self.behavior = DEFAULT_BEHAVIOR.override(behavior)
@@ -176,6 +180,7 @@ def create_agent(
     cooldown: Cooldown | None = None,
     tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
+    output: Output | dict[str, Any] | None = None,
     durable: DurableRuntime | None = None,
     session: Session | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
@@ -190,7 +195,9 @@ def create_agent(
     a run waits for a person when its budget runs out (`Behavior.on_budget_exhausted`).
     `fallbacks` answer in order when `provider` fails: a model call that fails moves on to the
     next one at once, and a retryable failure of the last backs off and starts again from
-    `provider`, as the journal records (a replay asks the same models). `cooldown` skips a
+    `provider`, as the journal records (a replay asks the same models). `output` (an `Output`,
+    or its JSON schema) makes a run end with a value of that schema (`AgentStats.output`),
+    given as the input of a tool of its own. `cooldown` skips a
     model while it keeps failing (default with fallbacks: `Cooldown()`, this agent's own; share
     one among the agents of one list of models)."""
     return Agent(
@@ -199,6 +206,7 @@ def create_agent(
         cooldown=cooldown,
         tools=tools,
         system=system,
+        output=output,
         durable=durable,
         session=session,
         behavior=behavior,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..budget import BudgetLedger, Limits, Spend, input_bound, usage_tokens, worst_case
 from ..durable.journal import now_ms
 from ..errors import ConfigError
+from ..jsoncodec import dumps
 from ..messages import JSON, Message, text_block, text_of, tool_uses
 from ..parked import BUDGET_TOOL
 from ..providers.base import ModelRequest, Provider, ProviderError
@@ -35,6 +36,7 @@ from .tool_calls import ToolCallExecutor, ToolRun
 if TYPE_CHECKING:
     from .agent import Agent
     from .behavior import Behavior
+    from .output import Output
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +168,7 @@ class AgentRun:
                 tool_calls=stats.tool_calls,
                 tokens=stats.total_tokens,
                 cost_usd=stats.total_cost_usd,
+                **({} if stats.output is None else {"output": stats.output}),
             )
         )
         return self.stats
@@ -174,6 +177,8 @@ class AgentRun:
         """The run's tools: the agent's own, and each toolset's from a listing journaled now,
         so a replay has the tools the run started with."""
         tools = [t for t in self.agent.tools if isinstance(t, ToolDef)]
+        if self.agent.output is not None:
+            tools.append(self.agent.output.tool)
         for toolset in self._toolsets():
             listing = await self.durable.step(
                 "decision", f"toolset:{toolset.name}", _lister(toolset)
@@ -208,7 +213,8 @@ class AgentRun:
     async def _turns(self, tools: ToolCallExecutor) -> tuple[AgentStatus, str | None, float]:
         """The run's turns: how it stopped, and when (the journaled time of the model step that
         stopped it, so the end needs no step of its own)."""
-        turn = 0
+        turn = misses = 0  # misses: answers that gave no accepted output (an `Output`)
+        output = self.agent.output
         while True:
             response = await self._model_call(turn)
             if "decision" in response:  # the run stops before this turn's model call
@@ -231,6 +237,12 @@ class AgentRun:
                 # the answer's step looked at the inbox once the model had answered
                 looked = response.get("inbox")
                 follow_ups = [] if looked is False else await self._take_messages(turn)
+                if not follow_ups and output is not None:  # text only: not the answer
+                    misses += 1
+                    if misses > output.retries:
+                        error = f"the model answered in text {misses} times, not with {output.name}"
+                        return "error", error, response["at"]
+                    follow_ups = [text_block(output.reminder)]
                 if not follow_ups:
                     return "completed", None, response["at"]
                 await self._append("user", follow_ups, created_at=response["at"])
@@ -241,9 +253,33 @@ class AgentRun:
             await self._publish(
                 *[event("tool_finished", self.run_id, finished_at, **o) for o in outcomes]
             )
+            if output is not None and any(c["name"] == output.name for c in calls):
+                refused = self._final_answer(output, calls, results)
+                misses += refused is not None
+                if refused is None or misses > output.retries:
+                    await self._append("user", results, created_at=finished_at)
+                    if refused is None:
+                        return "completed", None, finished_at
+                    error = f"the final answer did not match its schema {misses} times"
+                    return "error", f"{error}: {refused}", finished_at
             steering = await self._take_messages(turn) if self._steering(finished_at) else []
             await self._append("user", [*results, *steering], created_at=finished_at)
             turn += 1
+
+    def _final_answer(self, output: Output, calls: list[Any], results: list[Any]) -> str | None:
+        """None: the turn's first accepted call of the output tool gave the run its output (in
+        `stats`); else why the last call of it was refused."""
+        refused = ""
+        for call, result in zip(calls, results, strict=True):
+            if call["name"] != output.name:
+                continue
+            content = result["content"]
+            if not result.get("is_error"):
+                self.stats.output = output.value(call["input"])
+                self.stats.text = dumps(self.stats.output).decode()
+                return None
+            refused = content if isinstance(content, str) else text_of(content)
+        return refused
 
     async def _turn_end(self, turn: int, response: dict[str, Any], ended_at: float) -> None:
         """`turn:end`, with the turn's journaled start and end; it fires on replays too."""

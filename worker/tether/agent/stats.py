@@ -27,6 +27,8 @@ class AgentStats:
     run_id: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    output: Any = None
+    """The value of the run's final answer, for an agent with an `Output`."""
 
     @property
     def tokens(self) -> int:
@@ -49,6 +51,8 @@ class AgentStats:
         # by hand: `asdict` deep-copies through `copy.deepcopy`, once per run and child
         data = dict(vars(self))  # its attributes are its fields, in their order
         data["children"] = [child.to_json() for child in self.children]
+        if data["output"] is None:  # as records and results were before it existed
+            del data["output"]
         return data
 
     @classmethod

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
+import jsonschema
 import yaml
 from pydantic import (
     AfterValidator,
@@ -841,6 +842,36 @@ class ScalingSpec(_Model):
         return min(max(replicas, low), high)
 
 
+OUTPUT_TOOL = "final_answer"
+"""The tool a run gives its output with (`tether.agent.output.OUTPUT_TOOL`)."""
+
+
+class OutputSpec(_Model):
+    """The value each run ends with besides its text, of a JSON Schema (`tether.Output`)."""
+
+    json_schema: dict[str, Any] = Field(
+        alias="schema",
+        description="The JSON Schema of the value. The model gives it as the input of the "
+        "tool final_answer (an object's schema as it is; any other's as its `value`).",
+    )
+    retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="How many answers in a run may miss (text only, or a value that does not "
+        "match: the model is told why) before it ends with status error.",
+    )
+
+    @field_validator("json_schema")
+    @classmethod
+    def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except jsonschema.SchemaError as error:
+            raise ValueError(f"not a JSON Schema: {error.message}") from None
+        return value
+
+
 class EventsSpec(_Model):
     """How much of each session's event stream is kept (`GET /v1/sessions/<session>/events`)."""
 
@@ -899,6 +930,11 @@ class DurableAgentSpec(_Model):
     )
     events: EventsSpec | None = Field(
         default=None, description="How much of each session's event stream is kept."
+    )
+    output: OutputSpec | None = Field(
+        default=None,
+        description="A value each run ends with, of a JSON Schema (the run's `output`), given "
+        "by the model through the tool final_answer. Unset: runs end with text.",
     )
 
     def secret_variables(self) -> list[str]:
@@ -972,6 +1008,11 @@ class DurableAgentSpec(_Model):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
+        if self.output is not None and OUTPUT_TOOL in names:
+            raise ValueError(
+                f"a tool is named {OUTPUT_TOOL}, the name of the tool that gives the output: "
+                "rename it"
+            )
         return self
 
 

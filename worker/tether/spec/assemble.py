@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 
 from ..agent.behavior import Behavior
+from ..agent.output import Output
 from ..providers.base import Fallback, Pricing, Provider
 from ..providers.cooldown import Cooldown
 from ..providers.scripted import scripted
@@ -104,6 +105,12 @@ def cooldown_from_spec(spec: DurableAgentSpec) -> Cooldown | None:
         return None
     chosen = spec.model.cooldown or ModelCooldown()
     return Cooldown(chosen.failures, parse_duration(chosen.duration))
+
+
+def output_from_spec(spec: DurableAgentSpec) -> Output | None:
+    """The value the spec's runs end with (none: text)."""
+    chosen = spec.output
+    return None if chosen is None else Output(chosen.json_schema, retries=chosen.retries)
 
 
 def api_key_for(spec: DurableAgentSpec, env: dict[str, str]) -> str | None:

@@ -65,6 +65,7 @@ from ...spec.assemble import (
     check_subagents,
     cooldown_from_spec,
     fallbacks_from_spec,
+    output_from_spec,
     parking_with,
     provider_from_spec,
     require_api_key,
@@ -136,6 +137,8 @@ class RunResult(BaseModel):
     output_tokens: int
     cost_usd: float
     error: str | None = None
+    output: Any = None
+    """The value the run ended with (`spec.output`)."""
 
     @classmethod
     def of(cls, stats: AgentStats) -> RunResult:
@@ -149,6 +152,7 @@ class RunResult(BaseModel):
             output_tokens=stats.output_tokens,
             cost_usd=stats.total_cost_usd,
             error=stats.error,
+            output=stats.output,
         )
 
 
@@ -249,6 +253,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     agent_series_at_zero(manifest.metadata.name, models=[(m.name, m.model) for m in models])
     window = max(m.context_window for m in models)  # whichever model a run asks
     cooldown = cooldown_from_spec(spec)  # what the worker's runs learn of their models, shared
+    output = output_from_spec(spec)
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -344,6 +349,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
                 cooldown=cooldown,
                 tools=[*tools_for(ctx, wait), *spawn_for(ctx, 0)],
                 system=spec.system,
+                output=output,
                 durable=durable,
                 session=session,
                 behavior=behavior,
