@@ -75,6 +75,29 @@ async def test_a_tool_using_run_over_the_wire(wire: str, server: ModelServer) ->
     assert stats.input_tokens == 40
 
 
+async def test_a_structured_output_over_the_wire(wire: str, server: ModelServer) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"verdict": {"type": "string"}, "score": {"type": "number"}},
+        "required": ["verdict", "score"],
+    }
+    server.script(
+        Reply(text=["Looks fine."]),  # text only: told to use the tool
+        Reply(tool_calls=[ToolCall("final_answer", {"verdict": "ok", "score": 0.9})]),
+    )
+    agent = create_agent(provider=provider_for(wire, server), output=schema)
+    stats = await agent.run("judge")
+    assert (stats.status, stats.output) == ("completed", {"verdict": "ok", "score": 0.9})
+    sent = server.requests[0].body["tools"]
+    if wire == "anthropic":
+        assert [(t["name"], t["input_schema"]) for t in sent] == [("final_answer", schema)]
+    else:
+        assert [(t["function"]["name"], t["function"]["parameters"]) for t in sent] == [
+            ("final_answer", schema)
+        ]
+    assert len(server.requests) == 2
+
+
 async def test_a_429_is_retried_by_the_loop_then_succeeds(wire: str, server: ModelServer) -> None:
     server.script(ErrorReply(429, "rate limited, slow down", retry_after="0"), Reply(text=["ok"]))
     agent = create_agent(provider=provider_for(wire, server))

@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -462,6 +463,31 @@ def test_tether_run_asks_the_fallback_model_when_the_first_fails(
         "messages",
         "completions",
     ]
+
+
+def test_tether_run_killed_mid_run_keeps_counting_the_answers_that_missed_its_output(
+    tmp_path: Path,
+) -> None:
+    script = [
+        {"text": "it is 42"},  # a miss: text only
+        {"tool_calls": [{"name": "sh", "input": {"command": "kill -9 $PPID"}}]},  # SIGKILL
+        {"tool_calls": [{"name": "final_answer", "input": {"value": "42"}}]},  # the second
+        {"tool_calls": [{"name": "final_answer", "input": {"value": 42}}]},
+    ]
+    path = write_manifest(tmp_path, [{"name": "sh", "builtin": "shell"}], script)
+    document = yaml.safe_load(path.read_text())
+    document["spec"]["output"] = {"schema": {"type": "integer"}, "retries": 1}
+    path.write_text(yaml.safe_dump(document))
+    args = ("run", str(path), "--run-id", "r", "--prompt", "what is it?", "--json")
+    killed = tether(*args, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    # The resumed run counts the journal's miss: the value that does not match is its second.
+    resumed = tether(*args, cwd=tmp_path)
+    assert resumed.returncode == 1, resumed.stderr
+    stats = json.loads(resumed.stdout.splitlines()[-1])["stats"]
+    assert stats["status"] == "error" and "output" not in stats
+    assert stats["error"].startswith("the final answer did not match its schema 2 times: ")
+    assert "'42' is not of type 'integer'" in stats["error"]
 
 
 def test_tether_run_forks_a_session_after_an_answer(tmp_path: Path) -> None:

@@ -708,6 +708,33 @@ def test_the_workers_cooldown_comes_from_the_spec_and_is_there_only_with_fallbac
     assert cooldown_from_spec(parse_agent(agent("a", **_model(**KEY))).spec) is None
 
 
+OUTPUT_SCHEMA = {
+    "type": "object",
+    "properties": {"tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}}},
+    "$defs": {"tag": {"type": "string", "pattern": "^[a-z]+$"}},
+    "required": ["tags"],
+}
+
+
+def test_an_output_schema_is_kept_whole_by_the_api_server_and_checked_by_the_spec(
+    api: ApiClient, namespace: str
+) -> None:
+    created = create(
+        api, namespace, agent("shaped", **_model(**KEY), output={"schema": OUTPUT_SCHEMA})
+    )
+    assert created["spec"]["output"] == {"schema": OUTPUT_SCHEMA, "retries": 2}
+    assert parse_agent(created).spec.output is not None
+    with pytest.raises(ApiException) as rejected:
+        create(api, namespace, agent("unshaped", **_model(**KEY), output={"retries": 1}))
+    assert rejected.value.status == 422
+    assert "spec.output.schema" in json.loads(rejected.value.body or "{}")["message"]
+    with pytest.raises(SpecError, match="spec.output.schema: not a JSON Schema"):
+        parse_agent(agent("bad", **_model(**KEY), output={"schema": {"type": 3}}))
+    clash = [{"name": "final_answer", "builtin": "read_file"}]
+    with pytest.raises(SpecError, match="a tool is named final_answer"):
+        parse_agent(agent("clash", **_model(**KEY), output={"schema": OUTPUT_SCHEMA}, tools=clash))
+
+
 def _other_key(**model: Any) -> dict[str, Any]:
     return {"provider": "anthropic", "name": "h", **model}
 

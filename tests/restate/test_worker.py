@@ -188,6 +188,26 @@ def test_a_run_through_the_ingress(restate_server: RestateServer, agent_worker: 
     assert kinds[:first_step].count("Command: SetState") == 1, rows
 
 
+def test_a_run_of_an_agent_with_an_output_ends_with_its_value(
+    restate_server: RestateServer, agent_worker: Any
+) -> None:
+    agent = name()
+    schema = {"type": "array", "items": {"type": "integer"}}
+    script = [
+        {"text": "1, 2, 3"},  # text only: reminded
+        {"tool_calls": [{"name": "final_answer", "input": {"value": [1, 2, 3]}}]},
+    ]
+    agent_worker(manifest(agent, script, output={"schema": schema}))
+    result = result_of(restate_server, send_run(restate_server, agent, "s1", "count"))
+    assert (result["status"], result["output"], result["text"]) == (
+        "completed",
+        [1, 2, 3],
+        "[1,2,3]",
+    )
+    session = http("POST", f"{restate_server.ingress_url}/{agent}/s1/session").json()
+    assert session["runs"][-1]["stats"]["output"] == [1, 2, 3]
+
+
 def test_two_runs_of_one_session_are_two_runs(
     restate_server: RestateServer, agent_worker: Any
 ) -> None:
