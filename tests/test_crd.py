@@ -728,7 +728,7 @@ def test_an_output_schema_is_kept_whole_by_the_api_server_and_checked_by_the_spe
         create(api, namespace, agent("unshaped", **_model(**KEY), output={"retries": 1}))
     assert rejected.value.status == 422
     assert "spec.output.schema" in json.loads(rejected.value.body or "{}")["message"]
-    with pytest.raises(SpecError, match="spec.output.schema: not a JSON Schema"):
+    with pytest.raises(SpecError, match=r"spec\.output\.schema: not a JSON Schema"):
         parse_agent(agent("bad", **_model(**KEY), output={"schema": {"type": 3}}))
     clash = [{"name": "final_answer", "builtin": "read_file"}]
     with pytest.raises(SpecError, match="a tool is named final_answer"):

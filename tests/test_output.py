@@ -39,9 +39,7 @@ async def check(host: str) -> str:
     return f"{host} is down"
 
 
-async def test_a_run_ends_with_the_first_value_that_matches_after_being_told_why_the_others_missed() -> (
-    None
-):
+async def test_a_run_ends_with_the_first_value_that_matches_told_why_the_others_missed() -> None:
     provider = scripted(
         [
             {"text": "The database is down."},  # text only: reminded
