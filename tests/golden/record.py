@@ -113,6 +113,28 @@ def parked_on_an_mcp_tool(work: Path, out: Path) -> None:
     assert files.count("add") == 0
 
 
+SHIPPED = {
+    "type": "object",
+    "properties": {"shipped": {"type": "boolean"}},
+    "required": ["shipped"],
+}
+
+
+def answer(value: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "final_answer", "input": value}]}
+
+
+def parked_with_an_output(work: Path, out: Path) -> None:
+    """`tether run` of an agent with an output (`spec.output`), parked for an approval after
+    two answers that missed it: one in text only, one its schema refused."""
+    script = [{"text": "shipping"}, answer({"shipped": "yes"}), {"tool_calls": [SHIP]}]
+    spec = write_agent(work, [*script, answer({"shipped": True})])
+    document = yaml.safe_load(spec.read_text())
+    document["spec"]["output"] = {"schema": SHIPPED, "retries": 2}
+    spec.write_text(yaml.safe_dump(document))
+    park(work, out, spec, "ship it, then say whether it shipped")
+
+
 FALLBACK_KEYS = {"ANTHROPIC_API_KEY": "golden-a", "OPENAI_API_KEY": "golden-o"}
 
 
@@ -320,6 +342,7 @@ RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "parked-for-more-budget": parked_for_more_budget,
     "parked-on-an-mcp-tool": parked_on_an_mcp_tool,
     "parked-after-a-fallback": parked_after_a_fallback,
+    "parked-with-an-output": parked_with_an_output,
     "restate-session-of-two-runs": restate_session_of_two_runs,
     "restate-parked-for-an-approval": restate_parked_for_an_approval,
     "restate-parked-for-more-budget": restate_parked_for_more_budget,
