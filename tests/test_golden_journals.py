@@ -1,6 +1,6 @@
 """Runs an earlier Tether left in a SQLite file resume on this one: a run killed part-way, a run
 parked for a week's wait for a person's approval, answer or more budget, a sub-agent parked under
-a budget, a run parked after its fallback model answered.
+a budget, a run parked after its fallback model answered, a run of an agent with an output.
 Each golden (`tests/golden/`, see its `record.py`) is a database as a released version wrote it,
 loaded into a fresh file and resumed by real processes; and a database a newer Tether wrote is
 refused in a sentence, before anything is written."""
@@ -145,6 +145,25 @@ def test_a_run_parked_after_a_fallback_goes_on_asking_no_model_again(
     # The first model's failure and the fallback's answer are replayed from the journal; the
     # next turn asks the first model again, and only it.
     assert [r.path.rsplit("/", 1)[-1] for r in model_server.requests] == ["messages"]
+
+
+@pytest.mark.parametrize("golden", goldens("parked-with-an-output"), ids=lambda p: p.stem)
+def test_a_run_parked_with_an_output_ends_with_its_value_counting_the_misses_before(
+    tmp_path: Path, golden: Path
+) -> None:
+    shutil.copy(golden.with_suffix(".yaml"), tmp_path / "agent.yaml")
+    load(golden, runs_db(tmp_path))
+
+    answered = tether("answer", "r1", "--approve", cwd=tmp_path)
+    assert answered.returncode == 0, answered.stderr
+    done = run(tmp_path, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    stats = json.loads(done.stdout.splitlines()[-1])["stats"]
+    assert (stats["status"], stats["output"], stats["turns"]) == ("completed", {"shipped": True}, 4)
+    # The golden's three answers are replayed (the two misses, the call that parked); one more
+    # is asked, whose value ends the run.
+    assert "steps run live: 6 (clock 1, decision 1, model 1, tool 3)" in done.stdout
+    assert (tmp_path / "shipped.txt").read_text() == "v1"
 
 
 def test_a_database_a_newer_tether_wrote_is_refused(tmp_path: Path) -> None:
