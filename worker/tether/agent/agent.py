@@ -195,11 +195,11 @@ def create_agent(
     a run waits for a person when its budget runs out (`Behavior.on_budget_exhausted`).
     `fallbacks` answer in order when `provider` fails: a model call that fails moves on to the
     next one at once, and a retryable failure of the last backs off and starts again from
-    `provider`, as the journal records (a replay asks the same models). `output` (an `Output`,
-    or its JSON schema) makes a run end with a value of that schema (`AgentStats.output`),
-    given as the input of a tool of its own. `cooldown` skips a
+    `provider`, as the journal records (a replay asks the same models). `cooldown` skips a
     model while it keeps failing (default with fallbacks: `Cooldown()`, this agent's own; share
-    one among the agents of one list of models)."""
+    one among the agents of one list of models). `output` (an `Output`, or its JSON schema)
+    makes a run end with a value of that schema (`AgentStats.output`), given as the input of
+    a tool of its own."""
     return Agent(
         provider=provider,
         fallbacks=fallbacks,
