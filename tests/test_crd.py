@@ -15,8 +15,9 @@ from kubernetes.client import ApiClient, ApiException
 
 from tests.kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
 from tests.kube.controlplane import ControlPlane
+from tether.providers import Limited
 from tether.spec import SpecError, parse_agent
-from tether.spec.assemble import cooldown_from_spec
+from tether.spec.assemble import cooldown_from_spec, fallbacks_from_spec, provider_from_spec
 from tether.spec.crd import (
     CRD_NAME,
     GROUP,
@@ -695,6 +696,21 @@ def test_a_cooldown_is_defaulted_by_the_api_server_and_its_bounds_are_kept(
         assert f"spec.model.cooldown.{field}" in json.loads(rejected.value.body or "{}")["message"]
         with pytest.raises(SpecError, match=field):
             parse_agent(rejected_agent)
+
+
+def test_a_models_cap_on_calls_in_flight_is_bounded_and_wraps_its_provider(
+    api: ApiClient, namespace: str
+) -> None:
+    capped = {**FALLBACK, "maxConcurrentCalls": 8}
+    created = create(api, namespace, agent("capped", **_model(**KEY, fallbacks=[capped])))
+    assert created["spec"]["model"]["fallbacks"][0]["maxConcurrentCalls"] == 8
+    with pytest.raises(ApiException) as rejected:
+        create(api, namespace, agent("uncapped", **_model(**KEY, maxConcurrentCalls=0)))
+    assert "spec.model.maxConcurrentCalls" in json.loads(rejected.value.body or "{}")["message"]
+    spec = parse_agent(agent("capped", **_model(**KEY, fallbacks=[capped]))).spec
+    [fallback] = fallbacks_from_spec(spec, {"ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "o"})
+    assert isinstance(fallback.provider, Limited) and fallback.provider.max_calls == 8
+    assert not isinstance(provider_from_spec(spec, "a"), Limited)
 
 
 def test_the_workers_cooldown_comes_from_the_spec_and_is_there_only_with_fallbacks() -> None:

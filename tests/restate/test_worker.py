@@ -953,6 +953,47 @@ def model_calls(metrics: Path, agent: str) -> dict[tuple[str, str], float]:
     }
 
 
+def waiting_calls(metrics: Path, agent: str) -> float:
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics))
+    return sum(
+        s.value
+        for family in registry.collect()
+        if family.name == "tether_model_calls_waiting"
+        for s in family.samples
+        if s.labels["agent"] == agent
+    )
+
+
+def test_a_workers_calls_past_its_models_cap_wait_for_a_slot(
+    restate_server: RestateServer, agent_worker: Any, tmp_path: Path, model_server: ModelServer
+) -> None:
+    held = Reply(text=["first"], hold_after=0)
+    model_server.script(held, Reply(text=["second"]))
+    agent = name()
+    document = manifest(agent, [])
+    document["spec"]["model"] = {
+        "provider": "anthropic",
+        "name": "claude-test",
+        "baseUrl": model_server.anthropic_url,
+        "maxConcurrentCalls": 1,
+    }
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    agent_worker(document, PROMETHEUS_MULTIPROC_DIR=str(metrics), ANTHROPIC_API_KEY="a-key")
+    first = send_run(restate_server, agent, "s1", "one")
+    wait_until(lambda: len(model_server.requests) == 1, what="the first call")
+    second = send_run(restate_server, agent, "s2", "two")
+    try:
+        wait_until(lambda: waiting_calls(metrics, agent) == 1, what="the second call to wait")
+        assert len(model_server.requests) == 1  # not sent while the first is in flight
+    finally:
+        held.release.set()
+    texts = {result_of(restate_server, i)["text"] for i in (first, second)}
+    assert texts == {"first", "second"} and len(model_server.requests) == 2
+    assert waiting_calls(metrics, agent) == 0
+
+
 def test_a_model_that_failed_is_skipped_by_the_workers_next_runs_while_it_cools_down(
     restate_server: RestateServer, agent_worker: Any, tmp_path: Path, model_server: ModelServer
 ) -> None:

@@ -35,6 +35,8 @@ from ..agent.hooks import HookFn, HookPayload
 from ..agent.stats import AgentStatus
 from ..durable.protocol import DurableRuntime
 from ..parked import ParkedKind
+from ..providers.base import Provider
+from ..providers.limit import Limited
 
 PARKED_CALLS_NAME = "tether_parked_calls"
 PARKED_CALLS_HELP = "Calls parked on an awakeable, waiting for a person."
@@ -73,6 +75,13 @@ MODEL_CALLS = Counter(
     ["agent", "provider", "model", "outcome"],
 )
 MODEL_CALL_OUTCOMES = ("ok", "error", "skipped")
+MODEL_CALLS_WAITING = Gauge(
+    "tether_model_calls_waiting",
+    "Model calls waiting for a slot under their model's cap on calls in flight in a worker "
+    "(spec.model.maxConcurrentCalls).",
+    ["agent", "provider", "model"],
+    multiprocess_mode="livesum",
+)
 MODEL_CALL_DURATION = Histogram(
     "tether_model_call_duration_seconds",
     "How long live model calls took (the provider's answer, streamed text included).",
@@ -263,6 +272,15 @@ def agent_series_at_zero(agent: str, *, models: Sequence[tuple[str, str]]) -> No
     for way in ("sent", "received", "stale"):
         TOOL_BODIES_HANDED_OVER.labels(agent, way)
     RUNS_LEFT_STOPPING_WORKER.labels(agent)
+
+
+def watch_waiting_calls(agent: str, models: Sequence[Provider]) -> None:
+    """Report the calls that wait under each capped model's limit (`Limited`), from 0."""
+    for model in models:
+        if isinstance(model, Limited):
+            series = MODEL_CALLS_WAITING.labels(agent, model.name, model.model)
+            series.set(model.waiting)
+            model.on_waiting = series.set
 
 
 def count_run_that_left(agent: str) -> None:

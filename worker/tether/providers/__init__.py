@@ -17,6 +17,7 @@ from .base import (
     ProviderError,
 )
 from .cooldown import Cooldown
+from .limit import Limited
 from .scripted import ScriptedProvider, ScriptExhaustedError, scripted
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ __all__ = [
     "ContextWindowExceededError",
     "Cooldown",
     "Fallback",
+    "Limited",
     "ModelRequest",
     "ModelResponse",
     "OpenAIProvider",

@@ -161,6 +161,14 @@ class ModelChoice(_Model):
         "its streamed answer) before it fails and goes to the next of model.fallbacks "
         "(default: 10m).",
     )
+    max_concurrent_calls: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Calls of this model in flight at once in one worker process; its runs' "
+        "other calls wait their turn (unset: no cap). The cap of the agent is this times its "
+        "workers.",
+    )
 
     @field_validator("script", mode="before")
     @classmethod

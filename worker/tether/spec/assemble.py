@@ -15,6 +15,7 @@ from ..agent.behavior import Behavior
 from ..agent.output import Output
 from ..providers.base import Fallback, Pricing, Provider
 from ..providers.cooldown import Cooldown
+from ..providers.limit import Limited
 from ..providers.scripted import scripted
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.builtin import BUILTINS, Workspace
@@ -67,7 +68,13 @@ def provider_from_spec(spec: DurableAgentSpec, api_key: str) -> Provider:
 
 
 def provider_of(model: ModelChoice, api_key: str) -> Provider:
-    """The provider of `model` with `api_key`."""
+    """The provider of `model` with `api_key`, behind its cap on calls in flight."""
+    made = _made(model, api_key)
+    cap = model.max_concurrent_calls
+    return made if cap is None else Limited(made, cap)
+
+
+def _made(model: ModelChoice, api_key: str) -> Provider:
     if model.provider == "scripted":
         assert model.script is not None
         return scripted(

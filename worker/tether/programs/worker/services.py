@@ -74,7 +74,13 @@ from ...spec.stopping import LONGEST_STEP_SECONDS
 from ...tools.base import ToolContext, ToolDef
 from ...tools.human import Wait
 from ...tools.toolset import Toolset
-from ..metrics import agent_hooks, agent_series_at_zero, count_run_that_left, mcp_observer
+from ..metrics import (
+    agent_hooks,
+    agent_series_at_zero,
+    count_run_that_left,
+    mcp_observer,
+    watch_waiting_calls,
+)
 from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, traces_wanted
 from . import stopping
 from .handoff_client import RestateHandoff
@@ -251,6 +257,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     _, ledger_for = budget_object(manifest.metadata.name, None)
     models = [provider, *(f.provider for f in fallbacks)]
     agent_series_at_zero(manifest.metadata.name, models=[(m.name, m.model) for m in models])
+    watch_waiting_calls(manifest.metadata.name, models)
     window = max(m.context_window for m in models)  # whichever model a run asks
     cooldown = cooldown_from_spec(spec)  # what the worker's runs learn of their models, shared
     output = output_from_spec(spec)
