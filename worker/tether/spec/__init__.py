@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-import jsonschema
 import yaml
 from pydantic import (
     AfterValidator,
@@ -873,6 +872,8 @@ class OutputSpec(_Model):
     @field_validator("json_schema")
     @classmethod
     def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import jsonschema  # here: most specs have no output, and the CLI starts faster
+
         try:
             jsonschema.validators.validator_for(value).check_schema(value)
         except jsonschema.SchemaError as error:
