@@ -490,6 +490,37 @@ def test_tether_run_killed_mid_run_keeps_counting_the_answers_that_missed_its_ou
     assert "'42' is not of type 'integer'" in stats["error"]
 
 
+def test_tether_run_killed_inside_a_named_sub_agent_resumes_it_to_its_output(
+    tmp_path: Path,
+) -> None:
+    spawn = {"task": "check the change", "agent": "reviewer"}
+    script = {  # by the first user message: the agent's, then the reviewer's
+        "ship it": [{"tool_calls": [{"name": "spawn", "input": spawn}]}, {"text": "shipped"}],
+        "check the change": [
+            {"tool_calls": [{"name": "sh", "input": {"command": "kill -9 $PPID"}}]},  # SIGKILL
+            {"tool_calls": [{"name": "final_answer", "input": {"ok": True}}]},
+        ],
+    }
+    tools = [{"name": "sh", "builtin": "shell"}, {"name": "read", "builtin": "read_file"}]
+    path = write_manifest(tmp_path, tools, [])
+    document = yaml.safe_load(path.read_text())
+    document["spec"]["model"]["script"] = script
+    reviewer = {"name": "reviewer", "description": "Reviews.", "tools": ["sh"]}
+    reviewer["output"] = {"schema": {"type": "object", "required": ["ok"]}}
+    document["spec"]["subagents"] = {"maxDepth": 1, "agents": [reviewer]}
+    path.write_text(yaml.safe_dump(document))
+    args = ("run", str(path), "--run-id", "r", "--prompt", "ship it", "--json")
+    killed = tether(*args, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = tether(*args, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    stats = json.loads(resumed.stdout.splitlines()[-1])["stats"]
+    assert (stats["status"], stats["text"]) == ("completed", "shipped")
+    [child] = stats["children"]
+    assert (child["output"], child["tool_calls"]) == ({"ok": True}, 2)
+    assert tool_results(runs_db(tmp_path), "r") == ['{"ok":true}']
+
+
 def test_tether_run_forks_a_session_after_an_answer(tmp_path: Path) -> None:
     spec = str(write_manifest(tmp_path, [], [{"text": "one"}, {"text": "two"}, {"text": "3"}]))
     db = runs_db(tmp_path)

@@ -17,7 +17,12 @@ from tests.kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1
 from tests.kube.controlplane import ControlPlane
 from tether.providers import Limited
 from tether.spec import SpecError, parse_agent
-from tether.spec.assemble import cooldown_from_spec, fallbacks_from_spec, provider_from_spec
+from tether.spec.assemble import (
+    cooldown_from_spec,
+    fallbacks_from_spec,
+    provider_from_spec,
+    subagents_from_spec,
+)
 from tether.spec.crd import (
     CRD_NAME,
     GROUP,
@@ -803,3 +808,76 @@ def test_two_models_of_one_provider_read_their_keys_from_variables_of_their_own(
     other = _other_key(apiKeySecretRef={"name": "b", "key": "k"}, apiKeyEnv="HAIKU_KEY")
     spec = parse_agent(agent("fallen", **_model(**KEY, fallbacks=[other]))).spec
     assert spec.secret_variables() == ["ANTHROPIC_API_KEY", "HAIKU_KEY"]
+
+
+REVIEWER = {
+    "name": "reviewer",
+    "description": "Reviews a change.",
+    "tools": ["read"],
+    "model": "gpt-4o",
+    "output": {"schema": {"type": "object"}},
+    "maxTurns": 5,
+}
+
+
+def test_named_sub_agents_are_kept_by_the_api_server_and_built_on_the_agents_models(
+    api: ApiClient, namespace: str
+) -> None:
+    spec = {
+        **_model(**KEY, maxTokens=1000, fallbacks=[{**FALLBACK, "maxTokens": 300}]),
+        "tools": [{"name": "read", "builtin": "read_file"}],
+        "subagents": {"agents": [REVIEWER]},
+    }
+    created = create(api, namespace, agent("team", **spec))
+    assert created["spec"]["subagents"]["agents"] == [
+        {**REVIEWER, "output": {"schema": {"type": "object"}, "retries": 2}}
+    ]
+    for bad, field in (({"name": "Bad_Name"}, "name"), ({"description": ""}, "description")):
+        with pytest.raises(ApiException) as rejected:
+            spec_ = {**spec, "subagents": {"agents": [{**REVIEWER, **bad}]}}
+            create(api, namespace, agent("bad", **spec_))
+        assert (
+            f"spec.subagents.agents[0].{field}"
+            in json.loads(rejected.value.body or "{}")["message"]
+        )
+    parsed = parse_agent(created).spec
+    keys = {"ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "o"}
+    first, fallbacks = provider_from_spec(parsed, "a"), fallbacks_from_spec(parsed, keys)
+    [reviewer] = subagents_from_spec(parsed, first, fallbacks)
+    # Its model first (with its own output tokens), then the agent's main one.
+    assert reviewer.provider is fallbacks[0].provider
+    assert [(f.provider, f.max_output_tokens) for f in reviewer.fallbacks] == [(first, 1000)]
+    assert reviewer.behavior == {"max_turns": 5, "max_output_tokens": 300}
+    assert reviewer.tools == ("read",) and reviewer.output is not None
+
+
+@pytest.mark.parametrize(
+    ("changed", "says"),
+    [
+        ({"tools": ["write"]}, "spec.subagents.agents[0].tools: write is not among spec.tools"),
+        ({"model": "gpt-5"}, "'gpt-5' is not one of the agent's models (anthropic/c)"),
+    ],
+    ids=["unknown-tool", "unknown-model"],
+)
+def test_the_spec_refuses_a_sub_agent_naming_what_the_agent_does_not_have(
+    changed: dict[str, Any], says: str
+) -> None:
+    spec = {
+        **_model(**KEY),
+        "tools": [{"name": "read", "builtin": "read_file"}],
+        "subagents": {"agents": [{**REVIEWER, "model": "c", **changed}]},
+    }
+    with pytest.raises(SpecError) as refused:
+        parse_agent(agent("team", **spec))
+    assert says in str(refused.value)
+
+
+def test_the_spec_refuses_two_sub_agents_of_one_name_and_a_tool_their_output_needs() -> None:
+    read = [{"name": "read", "builtin": "read_file"}]
+    twice = {"agents": [{**REVIEWER, "model": "c"}] * 2}
+    with pytest.raises(SpecError, match=r"agents\[1\]\.name: 'reviewer' is the name of another"):
+        parse_agent(agent("team", **_model(**KEY), tools=read, subagents=twice))
+    clash = [*read, {"name": "final_answer", "builtin": "read_file"}]
+    once = {"agents": [{**REVIEWER, "model": "c"}]}
+    with pytest.raises(SpecError, match="a tool is named final_answer"):
+        parse_agent(agent("team", **_model(**KEY), tools=clash, subagents=once))

@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import RecordingProvider, calls, results_after
 from tether import create_agent, tool
-from tether.agent import spawn_tool
+from tether.agent import Output, Subagent, spawn_tool
 from tether.durable import MemoryJournal, memory_runtime
 from tether.providers import Pricing
 from tether.session import INTERRUPTED_RESULT
@@ -123,3 +123,61 @@ async def test_a_child_reserves_from_its_parents_budget() -> None:
     assert len(child.requests) == 2
     assert stats.status == "budget_exceeded"
     assert stats.total_cost_usd == pytest.approx(0.30)
+
+
+async def test_a_named_sub_agent_has_its_own_prompt_tools_model_and_output() -> None:
+    done: list[str] = []
+
+    @tool
+    async def work(item: str) -> str:
+        """Works on an item."""
+        done.append(item)
+        return f"{item} done"
+
+    @tool
+    async def deploy() -> str:
+        """Deploys."""
+        raise AssertionError("the reviewer has no deploy tool")
+
+    reviewer_model = RecordingProvider(
+        [calls("work", work={"item": "a"}), calls("final_answer", final_answer={"ok": True})]
+    )
+    reviewer = Subagent(
+        "reviewer",
+        "Reviews a change and says whether it may ship.",
+        system="You review changes.",
+        tools=("work",),
+        provider=reviewer_model,
+        output=Output({"type": "object", "properties": {"ok": {"type": "boolean"}}}),
+        behavior={"max_turns": 3},
+    )
+    parent = RecordingProvider(
+        [calls("spawn", spawn={"task": "review a", "agent": "reviewer"}), {"text": "shipped"}]
+    )
+    spawn = spawn_tool(agents=[reviewer])
+    agent = create_agent(provider=parent, tools=[work, deploy, spawn], system="You ship.")
+    stats = await agent.run("ship a")
+    assert stats.status == "completed" and done == ["a"]
+    [offered] = [t for t in parent.requests[0].tools if t.name == "spawn"]
+    assert offered.input_schema["properties"]["agent"]["enum"] == ["reviewer"]
+    assert "reviewer: Reviews a change" in offered.description
+    first = reviewer_model.requests[0]
+    assert first.system == "You review changes."
+    assert sorted(t.name for t in first.tools) == ["final_answer", "spawn", "work"]
+    [child] = stats.children
+    assert (child.output, child.text) == ({"ok": True}, '{"ok":true}')
+    assert agent.session is not None
+    assert results_after(agent.session.turns, 1)["call_0_0"]["content"] == '{"ok":true}'
+
+
+async def test_a_spawn_call_naming_no_such_sub_agent_is_told_which_there_are() -> None:
+    parent = RecordingProvider(
+        [calls("spawn", spawn={"task": "t", "agent": "critic"}), {"text": "ok"}]
+    )
+    reviewer = Subagent("reviewer", "Reviews.", provider=RecordingProvider([{"text": "x"}]))
+    agent = create_agent(provider=parent, tools=[spawn_tool(agents=[reviewer])])
+    stats = await agent.run("go")
+    assert stats.status == "completed" and stats.children == []
+    assert agent.session is not None
+    result = results_after(agent.session.turns, 1)["call_0_0"]
+    assert result["is_error"] and "'critic' is not one of ['reviewer']" in result["content"]

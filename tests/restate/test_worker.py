@@ -64,6 +64,20 @@ def manifest(name: str, script: list[dict[str, Any]], **spec: Any) -> dict[str, 
     }
 
 
+def two_models(model_server: ModelServer, **model: Any) -> dict[str, Any]:
+    """Anthropic's model, then OpenAI's as its fallback, both on `model_server` (a request's
+    path says which model it went to)."""
+    return {
+        "provider": "anthropic",
+        "name": "claude-test",
+        "baseUrl": model_server.anthropic_url,
+        "fallbacks": [
+            {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
+        ],
+        **model,
+    }
+
+
 class Notifications(BaseHTTPRequestHandler):
     received: list[dict[str, Any]] = []
 
@@ -904,14 +918,7 @@ def test_a_model_that_fails_hands_the_turn_to_its_fallback_and_a_replay_asks_no_
     )
     agent = name()
     document = manifest(agent, [])
-    document["spec"]["model"] = {
-        "provider": "anthropic",
-        "name": "claude-test",
-        "baseUrl": model_server.anthropic_url,
-        "fallbacks": [
-            {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
-        ],
-    }
+    document["spec"]["model"] = two_models(model_server)
     document["spec"]["tools"] = [{"name": "shell", "builtin": "shell", "replay": "safe"}]
     metrics = tmp_path / "metrics"
     metrics.mkdir()
@@ -1004,15 +1011,7 @@ def test_a_model_that_failed_is_skipped_by_the_workers_next_runs_while_it_cools_
     )
     agent = name()
     document = manifest(agent, [])
-    document["spec"]["model"] = {
-        "provider": "anthropic",
-        "name": "claude-test",
-        "baseUrl": model_server.anthropic_url,
-        "fallbacks": [
-            {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
-        ],
-        "cooldown": {"failures": 1, "duration": "1h"},
-    }
+    document["spec"]["model"] = two_models(model_server, cooldown={"failures": 1, "duration": "1h"})
     metrics = tmp_path / "metrics"
     metrics.mkdir()
     keys = {"ANTHROPIC_API_KEY": "a-key", "OPENAI_API_KEY": "o-key"}
@@ -1025,3 +1024,46 @@ def test_a_model_that_failed_is_skipped_by_the_workers_next_runs_while_it_cools_
     calls = model_calls(metrics, agent)
     assert (calls[("claude-test", "error")], calls[("claude-test", "skipped")]) == (1, 1)
     assert calls[("gpt-test", "ok")] == 2
+
+
+def test_a_named_sub_agent_runs_on_its_own_model_and_answers_with_its_output(
+    restate_server: RestateServer, agent_worker: Any, model_server: ModelServer
+) -> None:
+    task = {"task": "check the change", "agent": "reviewer"}
+    model_server.script(
+        Reply(tool_calls=[ToolCall("spawn", task)]),  # the agent, on its first model
+        Reply(tool_calls=[ToolCall("final_answer", {"ok": True})]),  # the reviewer, on its own
+        Reply(text=["shipped"]),
+    )
+    agent = name()
+    document = manifest(agent, [])
+    document["spec"]["model"] = two_models(model_server)
+    document["spec"]["subagents"] = {
+        "maxDepth": 1,
+        "agents": [
+            {
+                "name": "reviewer",
+                "description": "Reviews a change.",
+                "system": "You review changes.",
+                "tools": [],
+                "model": "gpt-test",
+                "output": {"schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}}},
+            }
+        ],
+    }
+    agent_worker(document, ANTHROPIC_API_KEY="a-key", OPENAI_API_KEY="o-key")
+    result = result_of(restate_server, send_run(restate_server, agent, "s1", "ship it"))
+    assert (result["status"], result["text"]) == ("completed", "shipped")
+    first, child, last = model_server.requests
+    assert [r.path.rsplit("/", 1)[-1] for r in (first, child, last)] == [
+        "messages",
+        "completions",
+        "messages",
+    ]
+    [spawn] = [t for t in first.body["tools"] if t["name"] == "spawn"]
+    assert spawn["input_schema"]["properties"]["agent"]["enum"] == ["reviewer"]
+    assert child.body["messages"][0] == {"role": "system", "content": "You review changes."}
+    assert [t["function"]["name"] for t in child.body["tools"]] == ["final_answer"]
+    session = http("GET", f"{restate_server.ingress_url}/{agent}/s1/session").json()
+    [answer] = [b for b in session["turns"][2]["content"] if b["type"] == "tool_result"]
+    assert answer["content"] == '{"ok":true}'

@@ -5,7 +5,7 @@ from .behavior import Behavior
 from .hooks import HOOK_NAMES, Hooks
 from .inbox import Inbox, MemoryInbox
 from .output import Output
-from .spawn import spawn_tool
+from .spawn import Subagent, spawn_tool
 from .stats import AgentStats, AgentStatus
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Inbox",
     "MemoryInbox",
     "Output",
+    "Subagent",
     "create_agent",
     "spawn_tool",
 ]

@@ -44,6 +44,7 @@ from ..spec.assemble import (
     output_from_spec,
     parking_with,
     provider_from_spec,
+    subagents_from_spec,
     tools_from_spec,
 )
 from ..tools.base import ToolDef
@@ -173,7 +174,9 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
         parking = parking_with(wait, spec.approvals.on_timeout)
         tools = tools_from_spec(spec, args.workspace, parking, env=env)
         if spec.subagents is not None:  # in-process children, journaled in the run's scopes
-            tools.append(spawn_tool(name=SPAWN_TOOL, max_depth=spec.subagents.max_depth))
+            named = subagents_from_spec(spec, provider, fallbacks)
+            depth = spec.subagents.max_depth
+            tools.append(spawn_tool(name=SPAWN_TOOL, max_depth=depth, agents=named))
         progress = Progress(not args.quiet)
         progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
         progress.say(f"  {provider_note}")

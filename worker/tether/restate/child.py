@@ -27,6 +27,7 @@ from .types import (
 )
 
 if TYPE_CHECKING:
+    from ..agent.output import Output
     from ..providers.base import Fallback, Provider
     from ..providers.cooldown import Cooldown
 
@@ -51,6 +52,7 @@ async def run_child(
     tools: Sequence[ToolDef | Toolset] = (),
     system: str | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
+    output: Output | None = None,
     max_depth: int = 2,
     runtime_options: RestateRuntimeOptions | None = None,
     hooks: ChildHooks | None = None,
@@ -60,7 +62,8 @@ async def run_child(
     descendants its own spawn tools merged (`children`), all replay-stable.
 
     Call it from the child service's handler. The agent runs on `restate_runtime(ctx)` without
-    a session of its own (its turns go back to the parent in the result), at depth
+    a session of its own (its turns go back to the parent in the result; with an `output`, its
+    text is the value's JSON), at depth
     `request["depth"]`; a depth over `max_depth` is refused with an error result. A
     `restate_spawn_tool` among `tools` dispatches grandchildren; their merged records are
     collected automatically. `hooks` are the child agent's hooks, or a function of the child's
@@ -79,6 +82,7 @@ async def run_child(
         cooldown=cooldown,
         tools=tools,
         system=system,
+        output=output,
         durable=durable,
         behavior=behavior,
         hooks=hooks(durable) if callable(hooks) else hooks,

@@ -18,6 +18,7 @@ import restate
 from restate.context import RestateDurableFuture
 from restate.exceptions import TerminalError
 
+from ..agent.spawn import Subagent, chosen, offering
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .awakeable_tool import maybe_await
 from .child_results import child_result, failed_result
@@ -64,8 +65,11 @@ def requested_tasks(arguments: dict[str, Any]) -> list[str]:
     return tasks
 
 
-def child_request(task: str, label: str, depth: int, ctx: ToolContext) -> ChildRunRequest:
-    """What the child invocation gets: its task, label, depth and the parent's ids."""
+def child_request(
+    task: str, label: str, depth: int, ctx: ToolContext, kind: Subagent | None = None
+) -> ChildRunRequest:
+    """What the child invocation gets: its task, label, depth, the parent's ids and the named
+    sub-agent it is."""
     request: ChildRunRequest = {
         "task": task,
         "depth": depth,
@@ -73,6 +77,8 @@ def child_request(task: str, label: str, depth: int, ctx: ToolContext) -> ChildR
         "parent_call_id": ctx.call_id,
         "parent_run_id": ctx.run_id,
     }
+    if kind is not None:
+        request["subagent_type"] = kind.name
     if ctx.session_id is not None:
         request["session_id"] = ctx.session_id
     if ctx.budget_tree is not None:
@@ -165,8 +171,9 @@ def restate_spawn_tool(options: RestateSpawnToolOptions) -> ToolDef:
             raise ToolError(
                 f"sub-agents may nest at most {options.max_depth} deep; do the task yourself"
             )
+        kind = chosen(arguments, options.agents)
         merge = Merge(options, ctx, labels)
-        requests = [child_request(t, labels.next(merge.session), depth, ctx) for t in tasks]
+        requests = [child_request(t, labels.next(merge.session), depth, ctx, kind) for t in tasks]
         results: list[ChildRunResult] = []
         for wave in waves(requests, options.max_concurrent):
             futures = [options.dispatch(request, ctx) for request in wave]
@@ -182,12 +189,11 @@ def restate_spawn_tool(options: RestateSpawnToolOptions) -> ToolDef:
         await merge.announce(merged)
         return tool_output([r["label"] for r in requests], results)
 
+    schema, description = offering(
+        SPAWN_SCHEMA, options.description or DEFAULT_DESCRIPTION, options.agents
+    )
     return ToolDef(
-        spec=ToolSpec(
-            name=options.name,
-            description=options.description or DEFAULT_DESCRIPTION,
-            input_schema=SPAWN_SCHEMA,
-        ),
+        spec=ToolSpec(name=options.name, description=description, input_schema=schema),
         execute=execute,
         self_journaled=True,
     )

@@ -7,7 +7,7 @@ tests and other hosts can pass anything of that shape. Combinators are the SDK's
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, NotRequired, Protocol, TypedDict, TypeVar
@@ -18,6 +18,7 @@ from ..durable.replay import ReplayDoneHooks, ReplayTracker
 from ..session.events import DEFAULT_RETAIN
 
 if TYPE_CHECKING:
+    from ..agent.spawn import Subagent
     from ..budget import BudgetLedger
     from ..session.store import Clock, SessionStore
     from ..tools.base import ToolContext, ToolOutput
@@ -338,6 +339,9 @@ class RestateSpawnToolOptions:
     on_child_merged: Callable[[MergedChild, ToolContext], None] | None = None
     max_depth: int = 2
     max_concurrent: int | None = None
+    agents: Sequence[Subagent] = ()
+    """The named sub-agents a call may choose (`agent`); the request's `subagent_type` names
+    the chosen one, which the child's handler builds."""
 
 
 @dataclass

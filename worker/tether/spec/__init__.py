@@ -257,6 +257,13 @@ class ModelSpec(ModelChoice):
         fallbacks = enumerate(self.fallbacks or [])
         return [("spec.model", self), *((f"spec.model.fallbacks[{i}]", m) for i, m in fallbacks)]
 
+    def index_of(self, name: str) -> int | None:
+        """The place in `choices` of the model named `name` (or `provider/name`), if any."""
+        for index, (_, choice) in enumerate(self.choices()):
+            if name in (choice.name, choice.label):
+                return index
+        return None
+
     @model_validator(mode="after")
     def _cooldown_with_fallbacks(self) -> ModelSpec:
         if self.cooldown is not None and not self.fallbacks:
@@ -666,11 +673,85 @@ class Approvals(_Model):
     )
 
 
+OUTPUT_TOOL = "final_answer"
+"""The tool a run gives its output with (`tether.agent.output.OUTPUT_TOOL`)."""
+
+
+class OutputSpec(_Model):
+    """The value each run ends with besides its text, of a JSON Schema (`tether.Output`)."""
+
+    json_schema: dict[str, Any] = Field(
+        alias="schema",
+        description="The JSON Schema of the value. The model gives it as the input of the "
+        "tool final_answer (an object's schema as it is; any other's as its `value`).",
+    )
+    retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="How many answers in a run may miss (text only, or a value that does not "
+        "match: the model is told why) before it ends with status error.",
+    )
+
+    @field_validator("json_schema")
+    @classmethod
+    def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import jsonschema  # here: most specs have no output, and the CLI starts faster
+
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except jsonschema.SchemaError as error:
+            raise ValueError(f"not a JSON Schema: {error.message}") from None
+        return value
+
+
+class SubagentSpec(_Model):
+    """A sub-agent the spawn tool starts by name (`tether.agent.Subagent`): a specialist with a
+    prompt, tools, model and output of its own; what it leaves unset it has from the agent."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="The name the model gives as the spawn tool's `agent`.",
+    )
+    description: str = Field(
+        min_length=1,
+        max_length=2048,
+        description="What it is for: the model reads it in the spawn tool's description to choose.",
+    )
+    system: str | None = Field(default=None, description="Its system prompt (unset: the agent's).")
+    tools: list[str] | None = Field(
+        default=None,
+        description="The names of the spec.tools it has (unset: all of them; []: none). It "
+        "may spawn in turn while maxDepth allows.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="One of the agent's models (spec.model's name or a fallback's, or "
+        "provider/name): asked first, the others after it in their order (unset: the "
+        "agent's order).",
+    )
+    output: OutputSpec | None = Field(
+        default=None,
+        description="A value it ends with, of a JSON Schema: its answer to the spawn call is "
+        "the value's JSON.",
+    )
+    max_turns: int | None = Field(
+        default=None, gt=0, description="Model calls per run of it (unset: limits.maxTurns)."
+    )
+
+
 class Subagents(_Model):
     """Sub-agents started by the spawn tool."""
 
     max_depth: int = Field(default=2, ge=0, le=8, description="How deep sub-agents may nest.")
     max_concurrent: int = Field(default=3, gt=0, description="Children running at once per call.")
+    agents: list[SubagentSpec] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Named sub-agents a spawn call may choose (its `agent`); unset, a call "
+        "starts one like the agent.",
+    )
 
 
 class Resources(_Model):
@@ -849,38 +930,6 @@ class ScalingSpec(_Model):
         return min(max(replicas, low), high)
 
 
-OUTPUT_TOOL = "final_answer"
-"""The tool a run gives its output with (`tether.agent.output.OUTPUT_TOOL`)."""
-
-
-class OutputSpec(_Model):
-    """The value each run ends with besides its text, of a JSON Schema (`tether.Output`)."""
-
-    json_schema: dict[str, Any] = Field(
-        alias="schema",
-        description="The JSON Schema of the value. The model gives it as the input of the "
-        "tool final_answer (an object's schema as it is; any other's as its `value`).",
-    )
-    retries: int = Field(
-        default=2,
-        ge=0,
-        le=10,
-        description="How many answers in a run may miss (text only, or a value that does not "
-        "match: the model is told why) before it ends with status error.",
-    )
-
-    @field_validator("json_schema")
-    @classmethod
-    def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        import jsonschema  # here: most specs have no output, and the CLI starts faster
-
-        try:
-            jsonschema.validators.validator_for(value).check_schema(value)
-        except jsonschema.SchemaError as error:
-            raise ValueError(f"not a JSON Schema: {error.message}") from None
-        return value
-
-
 class EventsSpec(_Model):
     """How much of each session's event stream is kept (`GET /v1/sessions/<session>/events`)."""
 
@@ -1017,11 +1066,35 @@ class DurableAgentSpec(_Model):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
-        if self.output is not None and OUTPUT_TOOL in names:
+        agents = self.subagents.agents if self.subagents else []
+        if OUTPUT_TOOL in names and (self.output or any(a.output for a in agents)):
             raise ValueError(
                 f"a tool is named {OUTPUT_TOOL}, the name of the tool that gives the output: "
                 "rename it"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _subagents_name_what_exists(self) -> DurableAgentSpec:
+        agents = self.subagents.agents if self.subagents else []
+        seen: set[str] = set()
+        tools = {t.name for t in self.tools}
+        for index, agent in enumerate(agents):
+            where = f"spec.subagents.agents[{index}]"
+            if agent.name in seen:
+                raise ValueError(f"{where}.name: {agent.name!r} is the name of another one")
+            seen.add(agent.name)
+            unknown = sorted(set(agent.tools or ()) - tools)
+            if unknown:
+                raise ValueError(
+                    f"{where}.tools: {', '.join(unknown)} is not among spec.tools "
+                    f"({', '.join(sorted(tools)) or 'none'})"
+                )
+            if agent.model is not None and self.model.index_of(agent.model) is None:
+                models = ", ".join(choice.label for _, choice in self.model.choices())
+                raise ValueError(
+                    f"{where}.model: {agent.model!r} is not one of the agent's models ({models})"
+                )
         return self
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,6 +13,7 @@ import yaml
 
 from ..agent.behavior import Behavior
 from ..agent.output import Output
+from ..agent.spawn import Subagent
 from ..providers.base import Fallback, Pricing, Provider
 from ..providers.cooldown import Cooldown
 from ..providers.limit import Limited
@@ -26,6 +27,7 @@ from . import (
     DurableAgentSpec,
     ModelChoice,
     ModelCooldown,
+    OutputSpec,
     SpecError,
     ToolSpecEntry,
     parse_duration,
@@ -116,8 +118,43 @@ def cooldown_from_spec(spec: DurableAgentSpec) -> Cooldown | None:
 
 def output_from_spec(spec: DurableAgentSpec) -> Output | None:
     """The value the spec's runs end with (none: text)."""
-    chosen = spec.output
+    return _output(spec.output)
+
+
+def _output(chosen: OutputSpec | None) -> Output | None:
     return None if chosen is None else Output(chosen.json_schema, retries=chosen.retries)
+
+
+def subagents_from_spec(
+    spec: DurableAgentSpec, provider: Provider, fallbacks: Sequence[Fallback]
+) -> list[Subagent]:
+    """The spec's named sub-agents on its models as built (`provider`, `fallbacks`). One that
+    names a model asks it first, then the others in their order, each with its maxTokens;
+    models other than the spec's (`tether run` without the spec's key) are kept as they are."""
+    if spec.subagents is None:
+        return []
+    models = [Fallback(provider, spec.model.max_tokens), *fallbacks]
+    made = []
+    for entry in spec.subagents.agents:
+        behavior: dict[str, Any] = {} if entry.max_turns is None else {"max_turns": entry.max_turns}
+        first = None if entry.model is None else spec.model.index_of(entry.model)
+        chain: list[Fallback] = []
+        if first and len(models) == len(spec.model.choices()):
+            chain = [models[first], *models[:first], *models[first + 1 :]]
+            behavior["max_output_tokens"] = chain[0].max_output_tokens
+        made.append(
+            Subagent(
+                entry.name,
+                entry.description,
+                system=entry.system,
+                tools=None if entry.tools is None else tuple(entry.tools),
+                provider=chain[0].provider if chain else None,
+                fallbacks=tuple(chain[1:]),
+                output=_output(entry.output),
+                behavior=behavior or None,
+            )
+        )
+    return made
 
 
 def api_key_for(spec: DurableAgentSpec, env: dict[str, str]) -> str | None:

@@ -51,6 +51,7 @@ from ...restate import (
     run_child,
 )
 from ...restate.budget import budget_object
+from ...restate.child_results import failed_result
 from ...restate.errors import WorkerStopping
 from ...restate.events import read_events
 from ...session import Session, SessionStore, SessionTurn, create_session, load_session
@@ -69,6 +70,7 @@ from ...spec.assemble import (
     parking_with,
     provider_from_spec,
     require_api_key,
+    subagents_from_spec,
 )
 from ...spec.stopping import LONGEST_STEP_SECONDS
 from ...tools.base import ToolContext, ToolDef
@@ -261,6 +263,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     window = max(m.context_window for m in models)  # whichever model a run asks
     cooldown = cooldown_from_spec(spec)  # what the worker's runs learn of their models, shared
     output = output_from_spec(spec)
+    named = {agent.name: agent for agent in subagents_from_spec(spec, provider, fallbacks)}
     obj = restate.VirtualObject(
         manifest.metadata.name,
         description=f"The {manifest.metadata.name} agent; the object key is the session id.",
@@ -322,6 +325,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             name=SPAWN_TOOL,
             max_depth=subagents.max_depth,
             max_concurrent=subagents.max_concurrent,
+            agents=tuple(named.values()),
         )
         return [restate_spawn_tool(options)]
 
@@ -375,19 +379,27 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         """A sub-agent run (a `ChildRunRequest`), started by a parent's spawn tool only."""
         child_request = cast(ChildRunRequest, request)
         trace = TraceParent.parse(child_request.get(TRACEPARENT_KEY))
+        own: dict[str, Any] = {
+            "provider": provider,
+            "fallbacks": fallbacks,
+            "tools": [
+                *tools_for(ctx, restate_wait(ctx, park_settings)),
+                *spawn_for(ctx, child_request["depth"], trace),
+            ],
+            "system": spec.system,
+            "behavior": behavior,
+        }
+        kind = child_request.get("subagent_type")
+        if kind is not None:
+            if kind not in named:  # spawned by a version that had it
+                return dict(failed_result(f"this version of the agent has no sub-agent {kind!r}"))
+            own = named[kind].configure(**own, spawn=SPAWN_TOOL)
         with counting_leaves(manifest.metadata.name):
             result = await run_child(
                 ctx,
                 child_request,
-                provider=provider,
-                fallbacks=fallbacks,
+                **own,
                 cooldown=cooldown,
-                tools=[
-                    *tools_for(ctx, restate_wait(ctx, park_settings)),
-                    *spawn_for(ctx, child_request["depth"], trace),
-                ],
-                system=spec.system,
-                behavior=behavior,
                 max_depth=subagents.max_depth if subagents is not None else 0,
                 runtime_options=RestateRuntimeOptions(
                     budget=ledger_for(ctx) if budgeted else None,
