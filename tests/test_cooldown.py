@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tether.providers import Cooldown
+from tether.spec import ModelCooldown, parse_duration
 
 
 class Clock:
@@ -69,3 +70,9 @@ def test_bad_settings_are_refused() -> None:
         Cooldown(failures=0)
     with pytest.raises(ValueError, match="seconds must not be negative"):
         Cooldown(seconds=-1)
+
+
+def test_the_specs_default_cooldown_is_the_librarys() -> None:
+    # Written twice: the spec (which the operator imports) sits below the providers.
+    spec, library = ModelCooldown(), Cooldown()
+    assert (spec.failures, parse_duration(spec.duration)) == (library.failures, library.seconds)

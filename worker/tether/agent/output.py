@@ -5,12 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
 from ..errors import ConfigError
+from ..output_schema import OUTPUT_TOOL, schema_problem
 from ..tools.base import ToolDef, ToolSpec
 
-OUTPUT_TOOL = "final_answer"  # `tether.spec.OUTPUT_TOOL` too: the spec sits below the agent
 WRAPPED = "value"
 """The one property of the tool's input that holds an output whose schema is not an object's
 (tool inputs are objects for every provider)."""
@@ -39,10 +37,9 @@ class Output:
     def __post_init__(self) -> None:
         if self.retries < 0:
             raise ValueError(f"retries must not be negative, not {self.retries}")
-        try:
-            jsonschema.validators.validator_for(self.schema).check_schema(self.schema)
-        except jsonschema.SchemaError as error:
-            raise ConfigError(f"the output schema is not a JSON Schema: {error.message}") from None
+        problem = schema_problem(self.schema)
+        if problem is not None:
+            raise ConfigError(f"the output schema is not a JSON Schema: {problem}")
         wrapped = {
             "type": "object",
             "properties": {WRAPPED: self.schema},

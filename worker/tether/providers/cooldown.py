@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-DEFAULT_FAILURES = 3
+DEFAULT_FAILURES = 3  # `tether.spec.ModelCooldown` too (tests/test_cooldown.py holds them equal)
 DEFAULT_SECONDS = 30.0
 
 

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from ..errors import ConfigError
+from ..output_schema import OUTPUT_TOOL, schema_problem
 
 API_VERSION = "tether.dev/v1alpha1"
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -673,10 +674,6 @@ class Approvals(_Model):
     )
 
 
-OUTPUT_TOOL = "final_answer"
-"""The tool a run gives its output with (`tether.agent.output.OUTPUT_TOOL`)."""
-
-
 class OutputSpec(_Model):
     """The value each run ends with besides its text, of a JSON Schema (`tether.Output`)."""
 
@@ -696,12 +693,9 @@ class OutputSpec(_Model):
     @field_validator("json_schema")
     @classmethod
     def _a_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        import jsonschema  # here: most specs have no output, and the CLI starts faster
-
-        try:
-            jsonschema.validators.validator_for(value).check_schema(value)
-        except jsonschema.SchemaError as error:
-            raise ValueError(f"not a JSON Schema: {error.message}") from None
+        problem = schema_problem(value)
+        if problem is not None:
+            raise ValueError(f"not a JSON Schema: {problem}")
         return value
 
 
