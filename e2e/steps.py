@@ -587,10 +587,18 @@ def kill_restate(p: Platform) -> None:
 def fan_out(p: Platform) -> None:
     p.apply_agent(E2E / "fanout-agent.yaml")
     wait_for(f"{FANOUT} Ready", lambda: p.ready(FANOUT), 300)
-    invocation = p.start_run(FANOUT, f"fanout-{secrets.token_hex(3)}", "count the fruit")
-    result = p.result(invocation)
+    session = f"fanout-{secrets.token_hex(3)}"
+    result = p.result(p.start_run(FANOUT, session, "count the fruit"))
     if result.get("status") != "completed":
         raise StepFailed(f"the fan-out run did not complete: {result}")
+    [answer] = [  # the named sub-agent's outputs, one section each
+        block["content"]
+        for turn in p.session(FANOUT, session)["turns"]
+        for block in turn["content"]
+        if block["type"] == "tool_result"
+    ]
+    if answer != '[child-1] {"count":3}\n\n[child-2] {"count":3}':
+        raise StepFailed(f"the counters' answers are not their outputs: {answer!r}")
     p.await_metric(f'sum(tether_child_fanout_sum{{agent="{FANOUT}"}})', 2)
     p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
 
