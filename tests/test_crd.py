@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient, ApiException
 
 from tests.kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
 from tests.kube.controlplane import ControlPlane
-from tether.providers import Limited
+from tether.providers import Limited, LocalPacer, Rate
 from tether.spec import SpecError, parse_agent
 from tether.spec.assemble import (
     cooldown_from_spec,
@@ -716,6 +716,27 @@ def test_a_models_cap_on_calls_in_flight_is_bounded_and_wraps_its_provider(
     [fallback] = fallbacks_from_spec(spec, {"ANTHROPIC_API_KEY": "a", "OPENAI_API_KEY": "o"})
     assert isinstance(fallback.provider, Limited) and fallback.provider.max_calls == 8
     assert not isinstance(provider_from_spec(spec, "a"), Limited)
+
+
+def test_a_models_rate_limit_is_bounded_and_paces_its_provider(
+    api: ApiClient, namespace: str
+) -> None:
+    paced = _model(**KEY, rateLimit={"requestsPerMinute": 50})
+    created = create(api, namespace, agent("paced", **paced))
+    assert created["spec"]["model"]["rateLimit"] == {"requestsPerMinute": 50}
+    for limit, field in (
+        ({"requestsPerMinute": 0}, "requestsPerMinute"),
+        ({}, "requestsPerMinute"),
+    ):
+        unpaced = agent("unpaced", **_model(**KEY, rateLimit=limit))
+        with pytest.raises(ApiException) as rejected:
+            create(api, namespace, unpaced)
+        assert f"spec.model.rateLimit.{field}" in json.loads(rejected.value.body or "{}")["message"]
+        with pytest.raises(SpecError, match=field):
+            parse_agent(unpaced)
+    provider = provider_from_spec(parse_agent(created).spec, "a")
+    assert isinstance(provider, Limited) and provider.max_calls is None
+    assert isinstance(provider.pacer, LocalPacer) and provider.pacer.rate == Rate(50)
 
 
 def test_the_workers_cooldown_comes_from_the_spec_and_is_there_only_with_fallbacks() -> None:

@@ -25,14 +25,16 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from tests.restate.support import attach, send_run
+from tests.restate.support import attach, http, send_run
 from tests.restate.test_worker import manifest
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer
+from tether.programs.webhooks import pace_signature
 from tether.testing import HypercornWorker, ServiceFront, wait_until
 
 AGENT = "loss-agent"
@@ -79,15 +81,21 @@ class Scripted:
 
 @contextmanager
 def serving(
-    restate_server: RestateServer, directory: Path, tool_seconds: float, **env: str
+    restate_server: RestateServer,
+    directory: Path,
+    tool_seconds: float,
+    model: dict[str, Any] | None = None,
+    **env: str,
 ) -> Iterator[dict[str, HypercornWorker]]:
-    """Replicas `a` and `b` of one `tether worker`, on ports of their own; stopped at exit."""
+    """Replicas `a` and `b` of one `tether worker`, on ports of their own; stopped at exit.
+    `model` adds to the spec's model."""
     (directory / "loss_tools.py").write_text(TOOL)
     script = [
         {"text": f"step {n}", "tool_calls": [{"name": "slow", "input": {"n": n}}]} for n in range(3)
     ]
     tools = [{"name": "slow", "python": "loss_tools:slow", "replay": "safe"}]
     document = manifest(AGENT, [*script, {"text": "done"}], tools=tools)
+    document["spec"]["model"].update(model or {})
     spec = directory / "agent.yaml"
     spec.write_text(yaml.safe_dump(document))
     command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
@@ -218,3 +226,52 @@ def test_a_replica_that_joins_under_steady_load_gets_runs(
     assert len(stamps(path)) == 3 * len(results)  # no body ran twice: nothing was cut off
     assert failed_attempts(restate_server) == failed_before
     assert cut_responses(restate_server) == cut_before
+
+
+PACED_RUNS = 24
+PACE = {"requestsPerMinute": 600, "burst": 1}
+"""One call every 100 ms, one at a time."""
+
+
+def test_a_models_rate_limit_paces_the_calls_of_both_replicas_as_one(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    secret = {"TETHER_WEBHOOK_SECRET": "s3cret", "RESTATE_INGRESS_URL": restate_server.ingress_url}
+    with serving(restate_server, tmp_path, 0, {"rateLimit": PACE}, **secret) as replicas:
+        ports = itertools.cycle([replicas["a"].port, replicas["b"].port])  # connections alternate
+        with ServiceFront(lambda: next(ports)) as front:
+            restate_server.register(front.url)
+            started = time.monotonic()
+            runs = [
+                send_run(restate_server.ingress_url, AGENT, f"p{i}", "go")
+                for i in range(PACED_RUNS)
+            ]
+            results = [attach(restate_server.ingress_url, run, timeout=120) for run in runs]
+            took = time.monotonic() - started
+        logs = "".join(worker.log_path.read_text() for worker in replicas.values())
+    assert all(result["status"] == "completed" for result in results), results
+    # Both replicas ran runs, and their 96 calls (4 a run) went 100 ms apart: paced apart, each
+    # replica would have taken about half of it.
+    assert {replica for _, replica, _ in stamps(tmp_path / "stamps")} == {"a", "b"}
+    calls = PACED_RUNS * 4
+    assert took >= 0.9 * (calls - 1) * 0.1, f"{calls} calls in {took:.1f} s"
+    assert "paced in this process" not in logs
+
+
+def test_a_forged_or_stale_ask_for_a_slot_is_refused(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    secret = {"TETHER_WEBHOOK_SECRET": "s3cret", "RESTATE_INGRESS_URL": restate_server.ingress_url}
+    with serving(restate_server, tmp_path, 0, {"rateLimit": PACE}, **secret) as replicas:
+        restate_server.register(replicas["a"].url)
+        url = f"{restate_server.ingress_url}/{AGENT}-pace/scripted%2Fs/admit"
+        ask = {"perMinute": 1, "burst": 1, "stamp": time.time()}
+        assert http("POST", url, {**ask, "sig": "0" * 64}).status == 401
+        stale = {**ask, "stamp": time.time() - 3600}
+        stale["sig"] = pace_signature(b"s3cret", "scripted/s", stale)
+        assert http("POST", url, stale).status == 401
+        fresh = {**ask, "sig": pace_signature(b"s3cret", "scripted/s", ask)}
+        assert http("POST", url, fresh).json() == 0  # the first slot, at once
+        again = {**ask, "stamp": time.time()}
+        again["sig"] = pace_signature(b"s3cret", "scripted/s", again)
+        assert http("POST", url, again).json() == pytest.approx(60_000, abs=1_000)

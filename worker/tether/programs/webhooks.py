@@ -284,6 +284,13 @@ def handoff_peek_signature(secret: bytes, nonce: str, call: str) -> str:
     return hmac_hex(secret, json.dumps(["tether-handoff-peek:v1", nonce, call]).encode())
 
 
+def pace_signature(secret: bytes, model: str, ask: Mapping[str, Any]) -> str:
+    """HMAC(secret, ["tether-pace:v1", model, perMinute, burst, stamp]): a worker asks for the
+    next slot of a model's calls (`tether.programs.worker.pace`); only a worker takes one."""
+    fields = ["tether-pace:v1", model, ask.get("perMinute"), ask.get("burst"), ask.get("stamp")]
+    return hmac_hex(secret, json.dumps(fields).encode())
+
+
 def watch_tag(secret: bytes, session: str) -> str:
     """HMAC(secret, "tether-watch:v1:<session>"), 32 hex digits: a watched session as the
     sidecar registers it in `<agent>-watchers` and the workers ask about it, through the

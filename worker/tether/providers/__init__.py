@@ -7,6 +7,7 @@ are not shadowed by submodules of the same name).
 
 from typing import TYPE_CHECKING, Any
 
+from ..rate import Rate
 from .base import (
     ContextWindowExceededError,
     Fallback,
@@ -18,6 +19,7 @@ from .base import (
 )
 from .cooldown import Cooldown
 from .limit import Limited
+from .pace import LocalPacer, Pacer
 from .scripted import ScriptedProvider, ScriptExhaustedError, scripted
 
 if TYPE_CHECKING:
@@ -46,12 +48,15 @@ __all__ = [
     "Cooldown",
     "Fallback",
     "Limited",
+    "LocalPacer",
     "ModelRequest",
     "ModelResponse",
     "OpenAIProvider",
+    "Pacer",
     "Pricing",
     "Provider",
     "ProviderError",
+    "Rate",
     "ScriptExhaustedError",
     "ScriptedProvider",
     "anthropic",

@@ -1,27 +1,32 @@
-"""A cap on a model's calls in flight in this process: a provider's rate limits are per key, and
-a worker with many runs would otherwise send every run's call at once and get 429s back."""
+"""A model's calls held back in this process: at most so many in flight, and each at its pace.
+A provider's rate limits are per key, and a worker with many runs would otherwise send every
+run's call at once and get 429s back."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .base import ModelRequest, ModelResponse, Provider, TextCallback
+from .pace import Pacer
 
 
 class Limited:
-    """`provider` with at most `max_calls` of its calls in flight at once; the others wait their
-    turn, in order, inside their model step (a wait is not journaled: it only delays the call,
-    and its timeout starts once it is sent). `on_waiting` hears how many calls wait, each time
-    that changes (the worker's `tether_model_calls_waiting`)."""
+    """`provider` with at most `max_calls` of its calls in flight at once (None: no cap), each
+    sent at its slot of `pacer` (None: at once). The others wait their turn, in order, inside
+    their model step (a wait is not journaled: it only delays the call, and its timeout starts
+    once it is sent). `on_waiting` hears how many calls wait, each time that changes (the
+    worker's `tether_model_calls_waiting`)."""
 
     def __init__(
         self,
         provider: Provider,
-        max_calls: int,
+        max_calls: int | None = None,
         on_waiting: Callable[[int], None] | None = None,
+        *,
+        pacer: Pacer | None = None,
     ) -> None:
-        if max_calls < 1:
+        if max_calls is not None and max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, not {max_calls}")
         self.provider = provider
         self.name = provider.name
@@ -29,25 +34,41 @@ class Limited:
         self.pricing = provider.pricing
         self.context_window = provider.context_window
         self.max_calls = max_calls
+        self.pacer = pacer
         self.on_waiting = on_waiting
         self.waiting = 0
-        self._slots = asyncio.Semaphore(max_calls)
+        self._slots = asyncio.Semaphore(max_calls) if max_calls is not None else None
 
     async def complete(
         self, request: ModelRequest, on_text: TextCallback | None = None
     ) -> ModelResponse:
-        if self._slots.locked():
-            self._count_waiting(+1)
-            try:
-                await self._slots.acquire()
-            finally:  # a run aborted while it waits leaves the queue too
-                self._count_waiting(-1)
+        slots = self._slots
+        if slots is None:
+            await self._paced()
+            return await self.provider.complete(request, on_text)
+        if slots.locked():
+            await self._waiting(slots.acquire())
         else:
-            await self._slots.acquire()
+            await slots.acquire()
         try:
+            await self._paced()  # in flight from here: the slot goes to it when its time comes
             return await self.provider.complete(request, on_text)
         finally:
-            self._slots.release()
+            slots.release()
+
+    async def _paced(self) -> None:
+        if self.pacer is None:
+            return
+        seconds = await self.pacer.admit()
+        if seconds > 0:
+            await self._waiting(asyncio.sleep(seconds))
+
+    async def _waiting(self, wait: Awaitable[object]) -> None:
+        self._count_waiting(+1)
+        try:
+            await wait
+        finally:  # a run aborted while it waits leaves the queue too
+            self._count_waiting(-1)
 
     def _count_waiting(self, change: int) -> None:
         self.waiting += change

@@ -125,6 +125,21 @@ DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 """Where the worker reads a model's API key when its `apiKeyEnv` is unset."""
 
 
+class RateLimit(_Model):
+    """The pace of a model's calls, across all the agent's workers (`tether.providers.Rate`)."""
+
+    requests_per_minute: int = Field(
+        ge=1, le=1_000_000, description="Calls a minute, as the provider counts them for a key."
+    )
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Calls that may go at once after a quiet while (unset: requestsPerMinute, "
+        "as a provider's own token bucket lets them).",
+    )
+
+
 class ModelChoice(_Model):
     """A model, and how to reach it."""
 
@@ -168,6 +183,12 @@ class ModelChoice(_Model):
         description="Calls of this model in flight at once in one worker process; its runs' "
         "other calls wait their turn (unset: no cap). The cap of the agent is this times its "
         "workers.",
+    )
+
+    rate_limit: RateLimit | None = Field(
+        default=None,
+        description="Its calls paced to a rate across all the agent's workers and versions: a "
+        "call that would go past it waits for its slot, inside its model step (unset: no pace).",
     )
 
     @field_validator("script", mode="before")
@@ -1222,6 +1243,9 @@ class RestateServices(NamedTuple):
     handoff: str
     """Tool results handed from one worker replica to another, by intent
     (`tether.programs.worker.handoff`)."""
+    pace: str
+    """The slots of the calls of its models with a rate limit, by model
+    (`tether.programs.worker.pace`)."""
 
     @property
     def of_versions(self) -> tuple[str, ...]:
@@ -1243,6 +1267,7 @@ def restate_services(agent: str) -> RestateServices:
         f"{agent}-watchers",
         f"{agent}-budget",
         f"{agent}-handoff",
+        f"{agent}-pace",
     )
 
 

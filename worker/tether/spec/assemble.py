@@ -17,7 +17,9 @@ from ..agent.spawn import Subagent
 from ..providers.base import Fallback, Pricing, Provider
 from ..providers.cooldown import Cooldown
 from ..providers.limit import Limited
+from ..providers.pace import LocalPacer, Pacer
 from ..providers.scripted import scripted
+from ..rate import Rate
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.builtin import BUILTINS, Workspace
 from ..tools.decorator import build_tool
@@ -64,16 +66,32 @@ def _pricing(model: ModelChoice) -> Pricing | None:
     )
 
 
-def provider_from_spec(spec: DurableAgentSpec, api_key: str) -> Provider:
+PacerOf = Callable[[ModelChoice, Rate], Pacer]
+"""Where the calls of a model with a `rateLimit` take their slots: this process
+(`local_pacer`), or every worker of the agent (the worker's, through Restate)."""
+
+
+def local_pacer(_: ModelChoice, rate: Rate) -> Pacer:
+    return LocalPacer(rate)
+
+
+def provider_from_spec(
+    spec: DurableAgentSpec, api_key: str, pacer_of: PacerOf = local_pacer
+) -> Provider:
     """The spec's provider with `api_key` (anthropic or openai)."""
-    return provider_of(spec.model, api_key)
+    return provider_of(spec.model, api_key, pacer_of)
 
 
-def provider_of(model: ModelChoice, api_key: str) -> Provider:
-    """The provider of `model` with `api_key`, behind its cap on calls in flight."""
+def provider_of(model: ModelChoice, api_key: str, pacer_of: PacerOf = local_pacer) -> Provider:
+    """The provider of `model` with `api_key`, behind its cap on calls in flight and its pace."""
     made = _made(model, api_key)
-    cap = model.max_concurrent_calls
-    return made if cap is None else Limited(made, cap)
+    cap, limit = model.max_concurrent_calls, model.rate_limit
+    if cap is None and limit is None:
+        return made
+    pacer = None
+    if limit is not None:
+        pacer = pacer_of(model, Rate(limit.requests_per_minute, limit.burst))
+    return Limited(made, cap, pacer=pacer)
 
 
 def _made(model: ModelChoice, api_key: str) -> Provider:
@@ -99,11 +117,13 @@ def _made(model: ModelChoice, api_key: str) -> Provider:
     )
 
 
-def fallbacks_from_spec(spec: DurableAgentSpec, env: dict[str, str]) -> list[Fallback]:
+def fallbacks_from_spec(
+    spec: DurableAgentSpec, env: dict[str, str], pacer_of: PacerOf = local_pacer
+) -> list[Fallback]:
     """The spec's fallback models, each with its key from `env` and its own output tokens; a
     clear error for a key that is not set."""
     return [
-        Fallback(provider_of(model, _require_key(model, env, where)), model.max_tokens)
+        Fallback(provider_of(model, _require_key(model, env, where), pacer_of), model.max_tokens)
         for where, model in spec.model.choices()[1:]
     ]
 

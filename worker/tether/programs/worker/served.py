@@ -3,8 +3,10 @@
 - `agent`: the runs (`services.agent_services`): the agent's object.
 - `index`: what the runs of every version share, and the sidecars read (`index_services`): the
   index of parked calls `<agent>-parked`, the live events `<agent>-live` and the sessions
-  clients watch `<agent>-watchers`, the sessions' inboxes `<agent>-inbox` and, when runs with
-  sub-agents have a budget, the budget ledgers `<agent>-budget`. They need the webhook secrets
+  clients watch `<agent>-watchers`, the sessions' inboxes `<agent>-inbox`, the tool results
+  handed between replicas `<agent>-handoff`, the slots of rate-limited models' calls
+  `<agent>-pace` and, when runs with sub-agents have a budget, the budget ledgers
+  `<agent>-budget`. They need the webhook secrets
   and nothing of the agent's loop (no model key, provider, tools or MCP clients), so they are
   served from the sidecar's pods, up whichever versions have pods: a version woken from zero to
   finish a run takes its messages and budget there, without waking the active version too.
@@ -21,6 +23,7 @@ from ...spec import DurableAgentSpec, EventsSpec
 from .handoff import handoff_object
 from .inbox import inbox_object
 from .live import live_object
+from .pace import pace_object
 from .parked_index import ParkedIndex
 from .settings import WorkerSettings
 from .watchers import watchers_object
@@ -34,9 +37,9 @@ def shares_a_budget(spec: DurableAgentSpec) -> bool:
 
 
 def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
-    """`<agent>-parked`, `<agent>-live` and `<agent>-handoff` (checked with the webhook
-    secrets), `<agent>-watchers`, `<agent>-inbox`, and `<agent>-budget` when the runs share a
-    budget."""
+    """`<agent>-parked`, `<agent>-live`, `<agent>-handoff` and `<agent>-pace` (checked with the
+    webhook secrets), `<agent>-watchers`, `<agent>-inbox`, and `<agent>-budget` when the runs
+    share a budget."""
     agent, secrets, spec = settings.agent_name, settings.webhook_secrets, settings.manifest.spec
     kept = spec.events or EventsSpec()
     served = [
@@ -45,6 +48,7 @@ def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         watchers_object(agent),
         inbox_object(agent)[0],
         handoff_object(agent, secrets),
+        pace_object(agent, secrets),
     ]
     if shares_a_budget(spec):
         # Imported here: both load the agent's loop, which an index without a ledger needs

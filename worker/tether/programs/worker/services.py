@@ -41,6 +41,8 @@ from ...agent.hooks import HookFn
 from ...durable.protocol import DurableRuntime
 from ...parked import PARKED_STATE_KEY, ParkedCall
 from ...providers.base import Fallback, Provider
+from ...providers.pace import Pacer
+from ...rate import Rate
 from ...restate import (
     ChildRunRequest,
     RestateRuntimeOptions,
@@ -58,14 +60,16 @@ from ...session import Session, SessionStore, SessionTurn, create_session, load_
 from ...session.events import Cursor
 from ...session.fork import ForkError, fork_session
 from ...session.store import every_turn
-from ...spec import EventsSpec, parse_duration
+from ...spec import EventsSpec, ModelChoice, parse_duration
 from ...spec.assemble import (
     SPAWN_TOOL,
+    PacerOf,
     SpecTools,
     behavior_from_spec,
     check_subagents,
     cooldown_from_spec,
     fallbacks_from_spec,
+    local_pacer,
     output_from_spec,
     parking_with,
     provider_from_spec,
@@ -87,7 +91,9 @@ from ..trace_context import TRACEPARENT_KEY, TraceParent, child_traceparent, tra
 from . import stopping
 from .handoff_client import RestateHandoff
 from .inbox import RestateInbox, inbox_object
+from .ingress import IngressPoster
 from .live import LivePublisher
+from .pace_client import RestatePacer
 from .parked_index import ParkedIndex
 from .parking import ParkSettings, restate_wait
 from .retries import RETRY_AFTER_WORKER_LOSS
@@ -209,9 +215,20 @@ def counting_leaves(agent: str) -> Iterator[None]:
 
 
 def build_models(settings: WorkerSettings) -> tuple[Provider, list[Fallback]]:
-    """The spec's model and its fallbacks, with their keys (a clear error for one not set)."""
+    """The spec's model and its fallbacks, with their keys (a clear error for one not set),
+    each with a rate limit paced across the agent's workers (through Restate's ingress; a
+    worker without one, or without a secret to sign with, paces its own calls)."""
     spec, env = settings.manifest.spec, dict(settings.env)
-    return provider_from_spec(spec, require_api_key(spec, env)), fallbacks_from_spec(spec, env)
+    pacer_of: PacerOf = local_pacer
+    if settings.ingress_url and settings.webhook_secret:
+        ingress, secret = IngressPoster(settings.ingress_url, timeout=5.0), settings.webhook_secret
+
+        def across_workers(model: ModelChoice, rate: Rate) -> Pacer:
+            return RestatePacer(settings.agent_name, model.label, rate, ingress, secret)
+
+        pacer_of = across_workers
+    provider = provider_from_spec(spec, require_api_key(spec, env), pacer_of)
+    return provider, fallbacks_from_spec(spec, env, pacer_of)
 
 
 def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
