@@ -599,6 +599,13 @@ def fan_out(p: Platform) -> None:
     ]
     if answer != '[child-1] {"count":3}\n\n[child-2] {"count":3}':
         raise StepFailed(f"the counters' answers are not their outputs: {answer!r}")
+    # Its three calls took their slots in the index's pace object, not each worker's own.
+    [slot] = p.sql(
+        f"SELECT value_utf8 FROM state WHERE service_name = '{FANOUT}-pace' "
+        "AND service_key = 'scripted/scripted'"
+    )
+    if not float(slot["value_utf8"]) > 0:
+        raise StepFailed(f"the fan-out's model calls took no slot of {FANOUT}-pace: {slot}")
     p.await_metric(f'sum(tether_child_fanout_sum{{agent="{FANOUT}"}})', 2)
     p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
 
