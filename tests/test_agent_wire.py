@@ -96,6 +96,23 @@ async def test_a_structured_output_over_the_wire(wire: str, server: ModelServer)
             ("final_answer", schema)
         ]
     assert len(server.requests) == 2
+    required = {"type": "any"} if wire == "anthropic" else "required"
+    assert [r.body.get("tool_choice") for r in server.requests] == [required, required]
+
+
+async def test_an_output_with_extended_thinking_leaves_the_tool_to_the_prompt(
+    server: ModelServer,
+) -> None:
+    server.script(Reply(tool_calls=[ToolCall("final_answer", {"value": 1})]))
+    agent = create_agent(
+        provider=provider_for("anthropic", server),
+        output={"type": "integer"},
+        behavior={"thinking_budget": 1024},
+    )
+    stats = await agent.run("count")
+    assert (stats.status, stats.output) == ("completed", 1)
+    [request] = server.requests
+    assert "tool_choice" not in request.body and request.body["thinking"]["budget_tokens"] == 1024
 
 
 async def test_a_429_is_retried_by_the_loop_then_succeeds(wire: str, server: ModelServer) -> None:
@@ -104,6 +121,7 @@ async def test_a_429_is_retried_by_the_loop_then_succeeds(wire: str, server: Mod
     stats = await agent.run("hi")
     assert stats.status == "completed" and stats.text == "ok"
     assert len(server.requests) == 2  # one per attempt: the SDK itself does not retry
+    assert "tool_choice" not in server.requests[0].body  # no output: the model may answer text
     assert agent.durable.counters.live["sleep"] == 1
 
 

@@ -673,6 +673,7 @@ class AgentRun:
             thinking_budget=self.behavior.thinking_budget,
             cache=self.behavior.cache,
             assistant_turns=self.session.assistant_turns,
+            tool_required=agent.output is not None,
         )
         if hooks.wants("turn:before"):
             await hooks.call(

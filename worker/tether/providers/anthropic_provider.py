@@ -203,6 +203,8 @@ def request_params(model: str, request: ModelRequest) -> dict[str, Any]:
         if max_tokens <= request.thinking_budget:
             max_tokens += request.thinking_budget
         # No temperature is sent: extended thinking only accepts the default of 1.
+    elif request.tool_required and request.tools:
+        params["tool_choice"] = {"type": "any"}  # refused with thinking on
     params["max_tokens"] = max_tokens
     return params
 

@@ -50,6 +50,10 @@ class ModelRequest:
     """Place prompt-cache breakpoints (system, tools, last message) where the provider has them."""
     assistant_turns: int | None = None
     """Assistant turns in the whole conversation; `messages` may be compacted to fewer."""
+    tool_required: bool = False
+    """The answer must call one of `tools` (a run with an output gives it by a tool call): sent
+    as the provider's `tool_choice` where it has one, and not with Anthropic's extended
+    thinking, which refuses it (the loop reminds a model that answered in text instead)."""
 
 
 @dataclass

@@ -145,6 +145,7 @@ class OpenAIProvider:
             model=self.model,
             messages=chat_messages(request.system, request.messages),
             tools=cast(Any, chat_tools(request.tools)) if request.tools else openai_sdk.omit,
+            tool_choice="required" if request.tool_required and request.tools else openai_sdk.omit,
             stream=True,
             stream_options={"include_usage": True},
             max_completion_tokens=limit if self._official_api else openai_sdk.omit,
