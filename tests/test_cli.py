@@ -521,6 +521,18 @@ def test_tether_run_killed_inside_a_named_sub_agent_resumes_it_to_its_output(
     assert tool_results(runs_db(tmp_path), "r") == ['{"ok":true}']
 
 
+def test_tether_run_fans_out_like_the_worker_on_kubernetes(tmp_path: Path) -> None:
+    # The e2e fan-out agent, run embedded: two tasks to a named sub-agent, run at once.
+    fanout = EXAMPLES.parent / "e2e" / "fanout-agent.yaml"
+    args = ("run", str(fanout), "--run-id", "r", "--prompt", "count the fruit", "--json")
+    done = tether(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.splitlines()[-1])["stats"]
+    assert [child["output"] for child in stats["children"]] == [{"count": 3}, {"count": 3}]
+    answer = '[child-1] {"count":3}\n\n[child-2] {"count":3}'  # as the worker's
+    assert tool_results(runs_db(tmp_path), "r") == [answer]
+
+
 def test_tether_run_forks_a_session_after_an_answer(tmp_path: Path) -> None:
     spec = str(write_manifest(tmp_path, [], [{"text": "one"}, {"text": "two"}, {"text": "3"}]))
     db = runs_db(tmp_path)

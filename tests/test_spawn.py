@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from tests.helpers import RecordingProvider, calls, results_after
-from tether import create_agent, tool
+from tether import ToolContext, create_agent, tool
 from tether.agent import Output, Subagent, spawn_tool
 from tether.durable import MemoryJournal, memory_runtime
 from tether.providers import Pricing
@@ -181,3 +184,105 @@ async def test_a_spawn_call_naming_no_such_sub_agent_is_told_which_there_are() -
     assert agent.session is not None
     result = results_after(agent.session.turns, 1)["call_0_0"]
     assert result["is_error"] and "'critic' is not one of ['reviewer']" in result["content"]
+
+
+def fruit_script() -> dict[str, Any]:
+    """The parent hands three tasks out at once; each child counts with `count`, then answers."""
+    tasks = {"tasks": ["apples", "pears", "plums"]}
+    child = [calls("count", count={"fruit": "x"}), {"text": "counted"}]
+    return {"go": [calls("spawn", spawn=tasks), {"text": "all counted"}], "*": child}
+
+
+async def test_several_tasks_run_at_once_up_to_the_cap_each_in_a_scope_of_its_own() -> None:
+    running, most, counted = 0, 0, []
+
+    @tool
+    async def count(fruit: str, ctx: ToolContext) -> str:
+        """Counts."""
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        counted.append(ctx.run_id)
+        return "3"
+
+    provider = RecordingProvider(fruit_script())
+    spawn = spawn_tool(max_depth=1, max_concurrent=2)
+    agent = create_agent(provider=provider, tools=[count, spawn])
+    stats = await agent.run("go")
+    assert stats.status == "completed" and stats.text == "all counted"
+    assert most == 2 and len(counted) == 3 and len(set(counted)) == 3  # three runs, two at once
+    assert [c.text for c in stats.children] == ["counted"] * 3
+    assert agent.session is not None
+    answer = results_after(agent.session.turns, 1)["call_0_0"]["content"]
+    assert answer == "[child-1] counted\n\n[child-2] counted\n\n[child-3] counted"
+
+
+async def test_a_crash_amid_several_children_replays_the_finished_ones_and_resumes_the_rest() -> (
+    None
+):
+    crash = True
+    executed: list[str] = []
+
+    @tool
+    async def count(fruit: str, ctx: ToolContext) -> str:
+        """Counts."""
+        executed.append(ctx.run_id)
+        if crash and len(executed) == 3:  # the last child's count: the process dies
+            raise SimulatedCrash
+        return "3"
+
+    journal = MemoryJournal()
+
+    def agent(provider: RecordingProvider) -> Any:
+        return create_agent(
+            provider=provider,
+            tools=[count, spawn_tool(max_depth=1, max_concurrent=1)],
+            durable=memory_runtime(journal=journal, run_id="r"),
+        )
+
+    with pytest.raises(SimulatedCrash):
+        await agent(RecordingProvider(fruit_script())).run("go")
+    crash = False
+    resumed = RecordingProvider(fruit_script())
+    stats = await agent(resumed).run("go")
+    assert stats.status == "completed" and len(stats.children) == 3
+    # Two children finished before the crash: replayed. The third's count was cut off (reported
+    # interrupted, not run again), so only its answer and the parent's are asked again.
+    assert len(executed) == 3
+    assert len(resumed.requests) == 2
+
+
+async def test_a_finished_fan_out_replays_whatever_order_its_children_ran_in() -> None:
+    @tool
+    async def count(fruit: str) -> str:
+        """Counts."""
+        await asyncio.sleep(0.01)  # live, the children's steps interleave; replayed, they do not
+        return "3"
+
+    def script() -> dict[str, Any]:
+        tasks = {"tasks": ["apples", "pears", "plums"]}
+        twice = [calls("count", count={"fruit": "a"})] * 2
+        return {
+            "go": [calls("spawn", spawn=tasks), {"text": "all counted"}],
+            "apples": [*twice, {"text": "apples: 6"}],
+            "pears": [{"text": "pears: 0"}],
+            "plums": [calls("count", count={"fruit": "p"}), {"text": "plums: 3"}],
+        }
+
+    journal = MemoryJournal()
+
+    def agent(provider: RecordingProvider) -> Any:
+        return create_agent(
+            provider=provider,
+            tools=[count, spawn_tool(max_depth=1)],
+            durable=memory_runtime(journal=journal, run_id="r"),
+        )
+
+    first = await agent(RecordingProvider(script())).run("go")
+    replaying = RecordingProvider(script())
+    again = await agent(replaying).run("go")
+    assert replaying.requests == []  # all of it from the journal
+    assert [c.text for c in again.children] == ["apples: 6", "pears: 0", "plums: 3"]
+    assert (again.status, again.text) == (first.status, first.text) == ("completed", "all counted")

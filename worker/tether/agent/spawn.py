@@ -8,6 +8,7 @@ budget its parent reserves from (`tether.budget`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,19 +17,37 @@ from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.toolset import Toolset
 
 if TYPE_CHECKING:
+    from ..durable.protocol import DurableRuntime
     from ..providers.base import Fallback, Provider
     from .behavior import Behavior
     from .output import Output
     from .stats import AgentStats
 
-SPAWN_SCHEMA: dict[str, Any] = {
+TASKS_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "task": {"type": "string", "description": "What the sub-agent should do."},
-        "system": {"type": "string", "description": "Optional system prompt for it."},
+        "tasks": {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "description": "Several independent tasks, one sub-agent each, run in parallel.",
+        },
     },
-    "required": ["task"],
 }
+"""The input of a spawn tool (`requested_tasks`), in process or on Restate."""
+SPAWN_SCHEMA: dict[str, Any] = {
+    **TASKS_SCHEMA,
+    "properties": {
+        **TASKS_SCHEMA["properties"],
+        "system": {"type": "string", "description": "Optional system prompt for them."},
+    },
+}
+
+SPAWN_DESCRIPTION = (
+    "Hand self-contained tasks to sub-agents and get their final answers. Give `task` for one "
+    "sub-agent, or `tasks` for several that run in parallel."
+)
 
 AGENT_ARGUMENT = "agent"
 """The spawn tool's input naming the `Subagent` that runs its tasks."""
@@ -117,12 +136,15 @@ def spawn_tool(
     system: str | None = None,
     behavior: Behavior | dict[str, Any] | None = None,
     max_depth: int = 2,
+    max_concurrent: int | None = None,
     agents: Sequence[Subagent] = (),
 ) -> ToolDef:
     """A tool that runs a task in a sub-agent and returns its final answer.
 
-    By default the child has the parent's provider, tools (this one included, so children may
-    spawn until `max_depth`) and system prompt; a call may name one of `agents` instead.
+    A call gives `task`, or `tasks` for several children that run at once, `max_concurrent` at
+    a time (default: all), each in a journal scope of its own. By default a child has the
+    parent's provider, tools (this one included, so children may spawn until `max_depth`) and
+    system prompt; a call may name one of `agents` instead.
     """
     from ..session.session import create_session
     from .agent import Agent
@@ -133,15 +155,12 @@ def spawn_tool(
             raise ToolError("spawn needs the running agent in its context")
         if ctx.depth + 1 > max_depth:
             raise ToolError(f"sub-agents may nest at most {max_depth} deep; do the task yourself")
+        tasks = requested_tasks(arguments)
         kind = chosen(arguments, agents)
         child_behavior = parent.behavior.override(behavior)
         remaining = _remaining_budget(parent.behavior.max_cost_usd, ctx)
         if remaining is not None:
             child_behavior = child_behavior.override({"max_cost_usd": remaining})
-        session = await create_session(id=ctx.durable.uuid(), clock=ctx.durable.now)
-        # The parent's hooks may give the child hooks of its own (tracing: under this call).
-        start = {"run_id": ctx.run_id, "call_id": ctx.call_id, "durable": ctx.durable}
-        started = await parent.hooks.call("spawn:start", {**start, "hooks": {}})
         own: dict[str, Any] = {
             "provider": provider or parent.provider,
             "fallbacks": () if provider else parent.fallbacks,
@@ -151,35 +170,83 @@ def spawn_tool(
         }
         if kind is not None:
             own = kind.configure(**own, spawn=name)
-        child = Agent(
-            **own,
-            cooldown=None if provider else parent.cooldown,
-            durable=ctx.durable,
-            session=session,
-            hooks=started["hooks"],
-            depth=ctx.depth + 1,
-            tool_extras=parent.tool_extras,
-            budget_tree=ctx.budget_tree,
-        )
+        slots = asyncio.Semaphore(max_concurrent or len(tasks))
+
+        async def run_child(task: str, durable: DurableRuntime) -> AgentStats:
+            async with slots:
+                session = await create_session(id=durable.uuid(), clock=durable.now)
+                # The parent's hooks may give the child hooks of its own (tracing: under the call).
+                start = {"run_id": ctx.run_id, "call_id": ctx.call_id, "durable": durable}
+                started = await parent.hooks.call("spawn:start", {**start, "hooks": {}})
+                child = Agent(
+                    **own,
+                    cooldown=None if provider else parent.cooldown,
+                    durable=durable,
+                    session=session,
+                    hooks=started["hooks"],
+                    depth=ctx.depth + 1,
+                    tool_extras=parent.tool_extras,
+                    budget_tree=ctx.budget_tree,
+                )
+                return await child.run(task)
+
         live_before = ctx.durable.counters.live.total()
-        stats = await child.run(arguments["task"])
+        # One task journals in the call's scope; several run at once, each in a scope of its own.
+        scopes = (
+            [ctx.durable]
+            if len(tasks) == 1
+            else [ctx.durable.scope(f"task:{i}") for i in range(len(tasks))]
+        )
+        results = await asyncio.gather(*map(run_child, tasks, scopes))
         run_stats: AgentStats | None = ctx.run_stats
         if run_stats is not None:
-            run_stats.children.append(stats)
-        if ctx.durable.counters.live.total() > live_before:
-            await parent.hooks.call("spawn:complete", {"call_id": ctx.call_id, "stats": stats})
-        if stats.status != "completed":
-            raise ToolError(f"the sub-agent stopped ({stats.status}): {stats.error or stats.text}")
-        return stats.text or "(the sub-agent gave no answer)"
+            run_stats.children.extend(results)
+        if ctx.durable.counters.live.total() > live_before:  # not a replay of the whole call
+            for stats in results:
+                await parent.hooks.call("spawn:complete", {"call_id": ctx.call_id, "stats": stats})
+        labels = [f"child-{n}" for n in range(1, len(results) + 1)]
+        return answers(labels, [(r.status, r.text, r.error) for r in results])
 
-    schema, description = offering(
-        SPAWN_SCHEMA, "Hand a self-contained task to a sub-agent and get its final answer.", agents
-    )
+    schema, description = offering(SPAWN_SCHEMA, SPAWN_DESCRIPTION, agents)
     return ToolDef(
         spec=ToolSpec(name=name, description=description, input_schema=schema),
         execute=execute,
         self_journaled=True,
     )
+
+
+def requested_tasks(arguments: dict[str, Any]) -> list[str]:
+    """The tasks of a spawn call: `task`, then `tasks`."""
+    tasks = [str(t) for t in arguments.get("tasks") or []]
+    if arguments.get("task"):
+        tasks.insert(0, str(arguments["task"]))
+    if not tasks:
+        raise ToolError("give `task` (one sub-agent) or `tasks` (several)")
+    return tasks
+
+
+Outcome = tuple[str, str, "str | None"]
+"""A child's status, final text and error."""
+
+
+def answers(labels: Sequence[str], outcomes: Sequence[Outcome]) -> str:
+    """The children's final answers, one labeled section each when several; any that did not
+    complete makes it an error result."""
+    failed = [status for status, _, _ in outcomes if status != "completed"]
+    if len(outcomes) == 1:
+        [(status, text, error)] = outcomes
+        if failed:
+            raise ToolError(f"the sub-agent stopped ({status}): {error or text}")
+        return text or "(the sub-agent gave no answer)"
+    sections = [
+        f"[{label}] {text or '(no answer)'}"
+        if status == "completed"
+        else f"[{label}] stopped ({status}): {error or text}"
+        for label, (status, text, error) in zip(labels, outcomes, strict=True)
+    ]
+    if failed:
+        raise ToolError("\n\n".join(sections))
+    return "\n\n".join(sections)
 
 
 def _remaining_budget(limit: float | None, ctx: ToolContext) -> float | None:

@@ -174,9 +174,14 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
         parking = parking_with(wait, spec.approvals.on_timeout)
         tools = tools_from_spec(spec, args.workspace, parking, env=env)
         if spec.subagents is not None:  # in-process children, journaled in the run's scopes
-            named = subagents_from_spec(spec, provider, fallbacks)
-            depth = spec.subagents.max_depth
-            tools.append(spawn_tool(name=SPAWN_TOOL, max_depth=depth, agents=named))
+            children = spec.subagents
+            spawn = spawn_tool(
+                name=SPAWN_TOOL,
+                max_depth=children.max_depth,
+                max_concurrent=children.max_concurrent,
+                agents=subagents_from_spec(spec, provider, fallbacks),
+            )
+            tools.append(spawn)
         progress = Progress(not args.quiet)
         progress.say(f"agent {manifest.metadata.name}, run {args.run_id} in {args.db}")
         progress.say(f"  {provider_note}")

@@ -18,7 +18,15 @@ import restate
 from restate.context import RestateDurableFuture
 from restate.exceptions import TerminalError
 
-from ..agent.spawn import Subagent, chosen, offering
+from ..agent.spawn import (
+    SPAWN_DESCRIPTION,
+    TASKS_SCHEMA,
+    Subagent,
+    answers,
+    chosen,
+    offering,
+    requested_tasks,
+)
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .awakeable_tool import maybe_await
 from .child_results import child_result, failed_result
@@ -35,34 +43,6 @@ from .types import (
 )
 
 log = logging.getLogger("tether.restate.spawn")
-
-SPAWN_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "task": {"type": "string", "description": "What the sub-agent should do."},
-        "tasks": {
-            "type": "array",
-            "items": {"type": "string"},
-            "minItems": 1,
-            "description": "Several independent tasks, one sub-agent each, run in parallel.",
-        },
-    },
-}
-
-DEFAULT_DESCRIPTION = (
-    "Hand self-contained tasks to sub-agents and get their final answers. Give `task` for one "
-    "sub-agent, or `tasks` for several that run in parallel."
-)
-
-
-def requested_tasks(arguments: dict[str, Any]) -> list[str]:
-    """The tasks of a spawn call: `task`, then `tasks`."""
-    tasks = [str(t) for t in arguments.get("tasks") or []]
-    if arguments.get("task"):
-        tasks.insert(0, str(arguments["task"]))
-    if not tasks:
-        raise ToolError("give `task` (one sub-agent) or `tasks` (several)")
-    return tasks
 
 
 def child_request(
@@ -113,24 +93,7 @@ async def settle(futures: Sequence[Any], ctx: ToolContext) -> list[ChildRunResul
 
 def tool_output(labels: list[str], results: list[ChildRunResult]) -> ToolOutput:
     """The child's final text; several children are labeled. Any failure is an error result."""
-    failed = [r for r in results if r["status"] != "completed"]
-    if len(results) == 1:
-        result = results[0]
-        if failed:
-            detail = result.get("error") or result["text"]
-            raise ToolError(f"the sub-agent stopped ({result['status']}): {detail}")
-        return result["text"] or "(the sub-agent gave no answer)"
-    sections = []
-    for label, result in zip(labels, results, strict=True):
-        if result["status"] == "completed":
-            sections.append(f"[{label}] {result['text'] or '(no answer)'}")
-        else:
-            detail = result.get("error") or result["text"]
-            sections.append(f"[{label}] stopped ({result['status']}): {detail}")
-    text = "\n\n".join(sections)
-    if failed:
-        raise ToolError(text)
-    return text
+    return answers(labels, [(r["status"], r["text"], r.get("error")) for r in results])
 
 
 def waves(requests: list[ChildRunRequest], size: int | None) -> list[list[ChildRunRequest]]:
@@ -190,7 +153,7 @@ def restate_spawn_tool(options: RestateSpawnToolOptions) -> ToolDef:
         return tool_output([r["label"] for r in requests], results)
 
     schema, description = offering(
-        SPAWN_SCHEMA, options.description or DEFAULT_DESCRIPTION, options.agents
+        TASKS_SCHEMA, options.description or SPAWN_DESCRIPTION, options.agents
     )
     return ToolDef(
         spec=ToolSpec(name=options.name, description=description, input_schema=schema),
