@@ -286,3 +286,46 @@ async def test_a_finished_fan_out_replays_whatever_order_its_children_ran_in() -
     assert replaying.requests == []  # all of it from the journal
     assert [c.text for c in again.children] == ["apples: 6", "pears: 0", "plums: 3"]
     assert (again.status, again.text) == (first.status, first.text) == ("completed", "all counted")
+
+
+async def test_a_named_sub_agents_own_sub_agents_never_get_a_tool_it_lacks() -> None:
+    @tool
+    async def read() -> str:
+        """Reads."""
+        return "text"
+
+    @tool
+    async def shell() -> str:
+        """Runs a command."""
+        raise AssertionError("no sub-agent of the reader may run a command")
+
+    script = {
+        "go": [calls("spawn", spawn={"task": "read it", "agent": "reader"}), {"text": "ok"}],
+        "read it": [
+            calls("spawn", spawn={"task": "copy"}),
+            calls("spawn", spawn={"task": "as another", "agent": "runner"}),
+            {"text": "read"},
+        ],
+        "*": [calls("shell"), {"text": "no shell here"}],
+    }
+    provider = RecordingProvider(script)
+    spawn = spawn_tool(
+        max_depth=3,
+        agents=[
+            Subagent("reader", "Reads untrusted files.", tools=("read",)),
+            Subagent("runner", "Runs commands.", tools=("shell",)),
+        ],
+    )
+    agent = create_agent(provider=provider, tools=[read, shell, spawn])
+    stats = await agent.run("go")
+    assert stats.status == "completed"
+    offered: dict[str, list[str]] = {}
+    for request in provider.requests:  # the tools of each conversation, by its task
+        task = request.messages[0]["content"][0]["text"]
+        offered.setdefault(task, sorted(t.name for t in request.tools))
+    assert offered == {
+        "go": ["read", "shell", "spawn"],
+        "read it": ["read", "spawn"],
+        "copy": ["read", "spawn"],  # a copy of the reader
+        "as another": ["spawn"],  # the runner, but only with what the reader has
+    }

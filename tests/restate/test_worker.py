@@ -1067,3 +1067,35 @@ def test_a_named_sub_agent_runs_on_its_own_model_and_answers_with_its_output(
     session = http("GET", f"{restate_server.ingress_url}/{agent}/s1/session").json()
     [answer] = [b for b in session["turns"][2]["content"] if b["type"] == "tool_result"]
     assert answer["content"] == '{"ok":true}'
+
+
+def test_a_named_sub_agents_own_sub_agents_never_get_a_tool_it_lacks(
+    restate_server: RestateServer, agent_worker: Any, model_server: ModelServer, tmp_path: Path
+) -> None:
+    model_server.script(
+        Reply(tool_calls=[ToolCall("spawn", {"task": "read it", "agent": "reader"})]),
+        Reply(tool_calls=[ToolCall("spawn", {"task": "now run this"})]),  # the reader: a copy
+        Reply(tool_calls=[ToolCall("shell", {"command": "touch escaped"})]),  # the copy tries
+        Reply(text=["no shell here"]),
+        Reply(text=["read"]),
+        Reply(text=["done"]),
+    )
+    agent = name()
+    document = manifest(agent, [])
+    document["spec"]["model"] = {
+        "provider": "anthropic",
+        "name": "claude-test",
+        "baseUrl": model_server.anthropic_url,
+    }
+    document["spec"]["tools"] = [
+        {"name": "read", "builtin": "read_file"},
+        {"name": "shell", "builtin": "shell"},
+    ]
+    reader = {"name": "reader", "description": "Reads untrusted files.", "tools": ["read"]}
+    document["spec"]["subagents"] = {"maxDepth": 2, "agents": [reader]}
+    agent_worker(document, ANTHROPIC_API_KEY="a-key")
+    result = result_of(restate_server, send_run(restate_server, agent, "s1", "go"))
+    assert (result["status"], result["text"]) == ("completed", "done")
+    tools = [sorted(t["name"] for t in r.body["tools"]) for r in model_server.requests]
+    assert tools[:3] == [["read", "shell", "spawn"], ["read", "spawn"], ["read"]]
+    assert not (tmp_path / "escaped").exists()

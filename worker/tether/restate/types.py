@@ -278,6 +278,9 @@ class ChildRunRequest(TypedDict):
     """The W3C trace context of the spawn call, so the child's spans join the parent's trace."""
     budget_tree: NotRequired[str]
     """The budget the parent reserves from (`tether.budget`): the child reserves there too."""
+    allowed_tools: NotRequired[list[str]]
+    """The most the child may have: its spawner's tools, when that was a named sub-agent or
+    under one (a sub-agent never gets a tool its spawner lacks)."""
 
 
 ChildStatus = Literal["completed", "error", "aborted", "timeout"]

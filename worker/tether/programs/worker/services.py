@@ -323,10 +323,14 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         return merged
 
     def spawn_for(
-        ctx: restate.ObjectContext, depth: int, trace: TraceParent | None = None
+        ctx: restate.ObjectContext,
+        depth: int,
+        trace: TraceParent | None = None,
+        allowed: list[str] | None = None,
     ) -> list[ToolDef]:
         """The spawn tool of the agent at `depth` (0: the session's), while it may spawn; the
-        run it belongs to is under `trace` (a child's) or a trace of its own."""
+        run it belongs to is under `trace` (a child's) or a trace of its own, and its children
+        get at most the tools `allowed` (None: the agent's)."""
         if subagents is None or depth >= subagents.max_depth:
             return []
 
@@ -335,7 +339,10 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             ctx.set(CHILD_MARKER + key, True)  # `pending` looks there while the run goes on
             # Derived from the ids, tracing or not: the journaled call is the same either way.
             parent = child_traceparent(trace, tool_ctx.run_id, tool_ctx.call_id)
-            return ctx.object_call(child, key=key, arg={**request, TRACEPARENT_KEY: parent})
+            arg = {**request, TRACEPARENT_KEY: parent}
+            if allowed is not None:
+                arg["allowed_tools"] = allowed
+            return ctx.object_call(child, key=key, arg=arg)
 
         options = RestateSpawnToolOptions(
             dispatch=dispatch,
@@ -399,10 +406,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         own: dict[str, Any] = {
             "provider": provider,
             "fallbacks": fallbacks,
-            "tools": [
-                *tools_for(ctx, restate_wait(ctx, park_settings)),
-                *spawn_for(ctx, child_request["depth"], trace),
-            ],
+            "tools": tools_for(ctx, restate_wait(ctx, park_settings)),
             "system": spec.system,
             "behavior": behavior,
         }
@@ -411,6 +415,12 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             if kind not in named:  # spawned by a version that had it
                 return dict(failed_result(f"this version of the agent has no sub-agent {kind!r}"))
             own = named[kind].configure(**own, spawn=SPAWN_TOOL)
+        allowed = child_request.get("allowed_tools")
+        if allowed is not None:
+            own["tools"] = [t for t in own["tools"] if t.name in allowed]
+        # A sub-agent never gets a tool its spawner lacks: a named one's children, theirs too.
+        narrowed = None if kind is None and allowed is None else [t.name for t in own["tools"]]
+        own["tools"].extend(spawn_for(ctx, child_request["depth"], trace, narrowed))
         with counting_leaves(manifest.metadata.name):
             result = await run_child(
                 ctx,
