@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient, ApiException
 
 from tests.kube.conftest import kube_apiserver  # noqa: F401  (the shared tier-1 control plane)
 from tests.kube.controlplane import ControlPlane
-from tether.providers import Limited, LocalPacer, Rate
+from tether.providers import Limited, LocalPacer, Pace, Rate
 from tether.spec import SpecError, parse_agent
 from tether.spec.assemble import (
     cooldown_from_spec,
@@ -726,7 +726,7 @@ def test_a_models_rate_limit_is_bounded_and_paces_its_provider(
     assert created["spec"]["model"]["rateLimit"] == {"requestsPerMinute": 50}
     for limit, field in (
         ({"requestsPerMinute": 0}, "requestsPerMinute"),
-        ({}, "requestsPerMinute"),
+        ({"inputTokensPerMinute": 0}, "inputTokensPerMinute"),
     ):
         unpaced = agent("unpaced", **_model(**KEY, rateLimit=limit))
         with pytest.raises(ApiException) as rejected:
@@ -734,9 +734,19 @@ def test_a_models_rate_limit_is_bounded_and_paces_its_provider(
         assert f"spec.model.rateLimit.{field}" in json.loads(rejected.value.body or "{}")["message"]
         with pytest.raises(SpecError, match=field):
             parse_agent(unpaced)
+    only_burst = {"burst": 5, "inputTokensPerMinute": 100}
+    for limit, says in (({}, "give requestsPerMinute"), (only_burst, "burst is of")):
+        with pytest.raises(SpecError, match=says):
+            parse_agent(agent("unpaced", **_model(**KEY, rateLimit=limit)))
     provider = provider_from_spec(parse_agent(created).spec, "a")
     assert isinstance(provider, Limited) and provider.max_calls is None
-    assert isinstance(provider.pacer, LocalPacer) and provider.pacer.rate == Rate(50)
+    assert isinstance(provider.pacer, LocalPacer) and provider.pacer.pace == Pace(Rate(50))
+    tokens = _model(**KEY, rateLimit={"inputTokensPerMinute": 30_000})
+    paced = provider_from_spec(
+        parse_agent(create(api, namespace, agent("tokens", **tokens))).spec, "a"
+    )
+    assert isinstance(paced, Limited) and isinstance(paced.pacer, LocalPacer)
+    assert paced.pacer.pace == Pace(input_tokens=Rate(30_000))
 
 
 def test_the_workers_cooldown_comes_from_the_spec_and_is_there_only_with_fallbacks() -> None:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.helpers import RecordingProvider
-from tether.providers import Limited, LocalPacer, ModelRequest, Rate
+from tether.providers import Limited, LocalPacer, ModelRequest, Pace, Rate
 
 
 def test_calls_go_an_interval_apart_after_a_burst() -> None:
@@ -50,7 +50,7 @@ async def test_paced_calls_wait_for_their_slots_in_order_and_are_counted() -> No
 
     model = Stamped([{"text": "hi"}])
     paced = Limited(
-        model, pacer=LocalPacer(Rate(per_minute=600, burst=2)), on_waiting=waiting.append
+        model, pacer=LocalPacer(Pace(Rate(per_minute=600, burst=2))), on_waiting=waiting.append
     )
     start = time.monotonic()
     request = ModelRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
@@ -58,3 +58,32 @@ async def test_paced_calls_wait_for_their_slots_in_order_and_are_counted() -> No
     offsets = [round(at - start, 1) for at in sent]
     assert offsets == [0.0, 0.0, 0.1, 0.2]  # two at once, then 100 ms apart
     assert max(waiting) == 2 and waiting[-1] == 0
+
+
+def test_a_call_counts_its_input_tokens_and_waits_for_the_later_of_its_slots() -> None:
+    # 6,000 tokens a minute (100 a second, a minute's worth at once), 60 calls a minute.
+    pace = Pace(requests=Rate(60, burst=10), input_tokens=Rate(6_000))
+    wait, last = pace.next_slots({}, 0, 5_000)
+    assert wait == 0  # within the minute's worth
+    wait, last = pace.next_slots(last, 0, 2_000)
+    assert wait == pytest.approx(10_000)  # 1,000 tokens past it: 10 s at 100 a second
+    # A call larger than the bucket waits for what is past it, even after a quiet while.
+    assert pace.next_slots({}, 0, 9_000)[0] == pytest.approx(30_000)
+    assert Pace(input_tokens=Rate(6_000)).next_slots({}, 0, 10)[1].keys() == {"input_tokens"}
+
+
+async def test_paced_calls_count_the_tokens_of_their_requests() -> None:
+    counted: list[int] = []
+
+    class Counting(LocalPacer):
+        async def admit(self, tokens: int) -> float:
+            counted.append(tokens)
+            return await super().admit(tokens)
+
+    model = RecordingProvider([{"text": "hi"}])
+    request = ModelRequest(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "x" * 4_000}]}]
+    )
+    await Limited(model, pacer=Counting(Pace(input_tokens=Rate(1_000_000)))).complete(request)
+    await Limited(model, pacer=Counting(Pace(requests=Rate(60)))).complete(request)
+    assert 1_000 <= counted[0] <= 1_050 and counted[1] == 0  # counted only when a rate needs it

@@ -35,6 +35,8 @@ from tests.restate.test_worker import manifest
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer
 from tether.programs.webhooks import pace_signature
+from tether.programs.worker.pace import pace_ask
+from tether.rate import Pace, Rate
 from tether.testing import HypercornWorker, ServiceFront, wait_until
 
 AGENT = "loss-agent"
@@ -265,13 +267,17 @@ def test_a_forged_or_stale_ask_for_a_slot_is_refused(
     with serving(restate_server, tmp_path, 0, {"rateLimit": PACE}, **secret) as replicas:
         restate_server.register(replicas["a"].url)
         url = f"{restate_server.ingress_url}/{AGENT}-pace/scripted%2Fs/admit"
-        ask = {"perMinute": 1, "burst": 1, "stamp": time.time()}
-        assert http("POST", url, {**ask, "sig": "0" * 64}).status == 401
-        stale = {**ask, "stamp": time.time() - 3600}
-        stale["sig"] = pace_signature(b"s3cret", "scripted/s", stale)
-        assert http("POST", url, stale).status == 401
-        fresh = {**ask, "sig": pace_signature(b"s3cret", "scripted/s", ask)}
-        assert http("POST", url, fresh).json() == 0  # the first slot, at once
-        again = {**ask, "stamp": time.time()}
-        again["sig"] = pace_signature(b"s3cret", "scripted/s", again)
-        assert http("POST", url, again).json() == pytest.approx(60_000, abs=1_000)
+        pace = Pace(requests=Rate(2, burst=2), input_tokens=Rate(6_000))  # 100 tokens a second
+
+        def ask(tokens: int, stamp: float, secret: bytes = b"s3cret") -> dict[str, Any]:
+            body = pace_ask(pace, tokens, stamp)
+            return {**body, "sig": pace_signature(secret, "scripted/s", body)}
+
+        assert http("POST", url, ask(10, time.time(), b"guess")).status == 401
+        assert http("POST", url, ask(10, time.time() - 3600)).status == 401
+        assert http("POST", url, {**ask(10, time.time()), "tokens": 1}).status == 401  # altered
+        assert http("POST", url, ask(10, time.time())).json() == 0  # the first slot, at once
+        # 7,000 tokens more: 1,010 past the minute's worth, 10.1 s at 100 a second.
+        assert http("POST", url, ask(7_000, time.time())).json() == pytest.approx(10_100, abs=500)
+        # The third request in a minute: past the two at once, its slot is 30 s after the first.
+        assert http("POST", url, ask(1, time.time())).json() == pytest.approx(30_000, abs=500)

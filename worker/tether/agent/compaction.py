@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ..messages import ContentBlock, Message, text_block
+from ..messages import ContentBlock, Message, estimate_tokens, text_block
 
-CHARS_PER_TOKEN = 4
 OMITTED_NOTE = "[{n} earlier messages were omitted to fit the context window.]"
-
-
-def estimate_tokens(value: object) -> int:
-    """A cheap, provider-neutral token estimate (about 4 characters a token)."""
-    return len(json.dumps(value, separators=(",", ":"))) // CHARS_PER_TOKEN + 1
 
 
 def compact_tail(messages: list[Message], budget_tokens: int, omitted: int = 0) -> list[Message]:

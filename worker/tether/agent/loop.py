@@ -19,7 +19,7 @@ from ..budget import BudgetLedger, Limits, Spend, input_bound, usage_tokens, wor
 from ..durable.journal import now_ms
 from ..errors import ConfigError
 from ..jsoncodec import dumps
-from ..messages import JSON, Message, text_block, text_of, tool_uses
+from ..messages import JSON, Message, estimate_tokens, text_block, text_of, tool_uses
 from ..parked import BUDGET_TOOL
 from ..providers.base import ModelRequest, Provider, ProviderError
 from ..session.events import EventLog, event
@@ -29,7 +29,7 @@ from ..tools.base import ToolContext, ToolDef
 from ..tools.human import approval
 from ..tools.toolset import Toolset, ToolsetError
 from .abort import Aborted, AbortSignal
-from .compaction import compact_tail, estimate_tokens
+from .compaction import compact_tail
 from .stats import AgentStats, AgentStatus
 from .tool_calls import ToolCallExecutor, ToolRun
 

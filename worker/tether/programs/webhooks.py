@@ -285,10 +285,11 @@ def handoff_peek_signature(secret: bytes, nonce: str, call: str) -> str:
 
 
 def pace_signature(secret: bytes, model: str, ask: Mapping[str, Any]) -> str:
-    """HMAC(secret, ["tether-pace:v1", model, perMinute, burst, stamp]): a worker asks for the
-    next slot of a model's calls (`tether.programs.worker.pace`); only a worker takes one."""
-    fields = ["tether-pace:v1", model, ask.get("perMinute"), ask.get("burst"), ask.get("stamp")]
-    return hmac_hex(secret, json.dumps(fields).encode())
+    """HMAC(secret, ["tether-pace:v1", model, and the ask's fields]): a worker asks for the next
+    slots of a model's calls (`tether.programs.worker.pace`); only a worker takes one."""
+    fields = ("perMinute", "burst", "tokensPerMinute", "tokens", "stamp")
+    signed = ["tether-pace:v1", model, *(ask.get(field) for field in fields)]
+    return hmac_hex(secret, json.dumps(signed).encode())
 
 
 def watch_tag(secret: bytes, session: str) -> str:

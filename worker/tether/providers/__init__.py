@@ -7,7 +7,7 @@ are not shadowed by submodules of the same name).
 
 from typing import TYPE_CHECKING, Any
 
-from ..rate import Rate
+from ..rate import Pace, Rate
 from .base import (
     ContextWindowExceededError,
     Fallback,
@@ -52,6 +52,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "OpenAIProvider",
+    "Pace",
     "Pacer",
     "Pricing",
     "Provider",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from ..messages import estimate_tokens
 from .base import ModelRequest, ModelResponse, Provider, TextCallback
 from .pace import Pacer
 
@@ -44,22 +45,29 @@ class Limited:
     ) -> ModelResponse:
         slots = self._slots
         if slots is None:
-            await self._paced()
+            await self._paced(request)
             return await self.provider.complete(request, on_text)
         if slots.locked():
             await self._waiting(slots.acquire())
         else:
             await slots.acquire()
         try:
-            await self._paced()  # in flight from here: the slot goes to it when its time comes
+            await self._paced(
+                request
+            )  # in flight from here: the slot goes to it when its time comes
             return await self.provider.complete(request, on_text)
         finally:
             slots.release()
 
-    async def _paced(self) -> None:
-        if self.pacer is None:
+    async def _paced(self, request: ModelRequest) -> None:
+        pacer = self.pacer
+        if pacer is None:
             return
-        seconds = await self.pacer.admit()
+        tokens = 0
+        if pacer.pace.input_tokens is not None:  # counted only for a rate that needs them
+            tools = [(t.name, t.description, t.input_schema) for t in request.tools]
+            tokens = estimate_tokens([request.system, request.messages, tools])
+        seconds = await pacer.admit(tokens)
         if seconds > 0:
             await self._waiting(asyncio.sleep(seconds))
 

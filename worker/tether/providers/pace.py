@@ -1,5 +1,5 @@
-"""A model's calls paced to a rate (`tether.rate.Rate`): a provider counts requests per minute
-per key, and many runs that call at once, on one worker or many, get 429s back."""
+"""A model's calls paced (`tether.rate.Pace`): a provider counts requests and input tokens a
+minute per key, and many runs that call at once, on one worker or many, get 429s back."""
 
 from __future__ import annotations
 
@@ -7,25 +7,27 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..rate import Rate
+from ..rate import Pace
 
 
 class Pacer(Protocol):
     """Where a model's calls take their slots."""
 
-    async def admit(self) -> float:
-        """Take the next slot: how many seconds to wait for it."""
+    pace: Pace
+
+    async def admit(self, tokens: int) -> float:
+        """Take the next slots of a call of `tokens` input tokens: how many seconds to wait."""
         ...
 
 
 class LocalPacer:
     """The slots of this process's calls (`tether run`, a worker without Restate's ingress)."""
 
-    def __init__(self, rate: Rate, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
+    def __init__(self, pace: Pace, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pace = pace
         self._clock = clock
-        self._last_ms = 0.0
+        self._last: dict[str, float] = {}
 
-    async def admit(self) -> float:
-        wait_ms, self._last_ms = self.rate.next_slot(self._last_ms, self._clock() * 1000)
+    async def admit(self, tokens: int) -> float:
+        wait_ms, self._last = self.pace.next_slots(self._last, self._clock() * 1000, tokens)
         return wait_ms / 1000

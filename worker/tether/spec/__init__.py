@@ -126,10 +126,13 @@ DEFAULT_KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 
 
 class RateLimit(_Model):
-    """The pace of a model's calls, across all the agent's workers (`tether.providers.Rate`)."""
+    """The pace of a model's calls, across all the agent's workers (`tether.rate.Pace`)."""
 
-    requests_per_minute: int = Field(
-        ge=1, le=1_000_000, description="Calls a minute, as the provider counts them for a key."
+    requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Calls a minute, as the provider counts them for a key.",
     )
     burst: int | None = Field(
         default=None,
@@ -138,6 +141,21 @@ class RateLimit(_Model):
         description="Calls that may go at once after a quiet while (unset: requestsPerMinute, "
         "as a provider's own token bucket lets them).",
     )
+    input_tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="Input tokens a minute, a minute's worth at once: each call counts its "
+        "request's, estimated at 4 characters a token before it is sent (cached ones too).",
+    )
+
+    @model_validator(mode="after")
+    def _a_rate(self) -> RateLimit:
+        if self.requests_per_minute is None and self.input_tokens_per_minute is None:
+            raise ValueError("give requestsPerMinute, inputTokensPerMinute or both")
+        if self.burst is not None and self.requests_per_minute is None:
+            raise ValueError("burst is of requestsPerMinute: give it too")
+        return self
 
 
 class ModelChoice(_Model):

@@ -19,7 +19,7 @@ from ..providers.cooldown import Cooldown
 from ..providers.limit import Limited
 from ..providers.pace import LocalPacer, Pacer
 from ..providers.scripted import scripted
-from ..rate import Rate
+from ..rate import Pace, Rate
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.builtin import BUILTINS, Workspace
 from ..tools.decorator import build_tool
@@ -30,6 +30,7 @@ from . import (
     ModelChoice,
     ModelCooldown,
     OutputSpec,
+    RateLimit,
     SpecError,
     ToolSpecEntry,
     parse_duration,
@@ -66,13 +67,21 @@ def _pricing(model: ModelChoice) -> Pricing | None:
     )
 
 
-PacerOf = Callable[[ModelChoice, Rate], Pacer]
+PacerOf = Callable[[ModelChoice, Pace], Pacer]
 """Where the calls of a model with a `rateLimit` take their slots: this process
 (`local_pacer`), or every worker of the agent (the worker's, through Restate)."""
 
 
-def local_pacer(_: ModelChoice, rate: Rate) -> Pacer:
-    return LocalPacer(rate)
+def local_pacer(_: ModelChoice, pace: Pace) -> Pacer:
+    return LocalPacer(pace)
+
+
+def pace_of(limit: RateLimit) -> Pace:
+    requests, tokens = limit.requests_per_minute, limit.input_tokens_per_minute
+    return Pace(
+        requests=None if requests is None else Rate(requests, limit.burst),
+        input_tokens=None if tokens is None else Rate(tokens),
+    )
 
 
 def provider_from_spec(
@@ -90,7 +99,7 @@ def provider_of(model: ModelChoice, api_key: str, pacer_of: PacerOf = local_pace
         return made
     pacer = None
     if limit is not None:
-        pacer = pacer_of(model, Rate(limit.requests_per_minute, limit.burst))
+        pacer = pacer_of(model, pace_of(limit))
     return Limited(made, cap, pacer=pacer)
 
 

@@ -15,18 +15,18 @@ from typing import Any
 import restate
 from restate.exceptions import TerminalError
 
-from ...rate import Rate
+from ...rate import Pace, Rate
 from ...spec import restate_services
 from ..webhooks import pace_signature, signatures_equal
 
-LAST_SLOT_STATE = "last"
+SLOTS_STATE = "slots"
 FRESH_SECONDS = 60
 """How far an ask's stamp may be from the object's clock: an ask seen again later is refused."""
 
 
 def pace_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
-    """`<agent>-pace`, keyed by a model (`provider/name`): `admit` takes its next slot and
-    says how many milliseconds to wait for it."""
+    """`<agent>-pace`, keyed by a model (`provider/name`): `admit` takes the next slots of a
+    call and says how many milliseconds to wait for them."""
     obj = restate.VirtualObject(
         restate_services(agent).pace,
         description=f"The pace of the {agent} agent's calls of each model with a rate limit.",
@@ -34,27 +34,44 @@ def pace_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
 
     @obj.handler()
     async def admit(ctx: restate.ObjectContext, ask: dict[str, Any]) -> float:
-        rate, stamp = _checked(secrets, ctx.key(), ask)
+        pace, tokens, stamp = _checked(secrets, ctx.key(), ask)
         now = await ctx.time()
         if abs(now - stamp) > FRESH_SECONDS:
             raise TerminalError("the ask is stale: sign it again", status_code=401)
-        wait_ms, slot = rate.next_slot(await ctx.get(LAST_SLOT_STATE) or 0.0, now * 1000)
-        ctx.set(LAST_SLOT_STATE, slot)
+        last: dict[str, float] = await ctx.get(SLOTS_STATE) or {}
+        wait_ms, slots = pace.next_slots(last, now * 1000, tokens)
+        ctx.set(SLOTS_STATE, {**last, **slots})
         return wait_ms
 
     return obj
 
 
-def _checked(secrets: Sequence[bytes], model: str, ask: Any) -> tuple[Rate, float]:
-    """The rate and stamp of an ask that one of `secrets` signed."""
+def pace_ask(pace: Pace, tokens: int, stamp: float) -> dict[str, Any]:
+    """What a worker asks for a call's slots (`pace_signature` signs it)."""
+    requests, input_tokens = pace.requests, pace.input_tokens
+    return {
+        "perMinute": requests.per_minute if requests else None,
+        "burst": requests.burst if requests else None,
+        "tokensPerMinute": input_tokens.per_minute if input_tokens else None,
+        "tokens": tokens,
+        "stamp": stamp,
+    }
+
+
+def _checked(secrets: Sequence[bytes], model: str, ask: Any) -> tuple[Pace, int, float]:
+    """The pace, input tokens and stamp of an ask that one of `secrets` signed."""
     try:
         given = ask["sig"]
-        rate = Rate(ask["perMinute"], ask["burst"])
-        stamp = float(ask["stamp"])
+        per_minute, tokens_per_minute = ask["perMinute"], ask["tokensPerMinute"]
+        pace = Pace(
+            requests=None if per_minute is None else Rate(per_minute, ask["burst"]),
+            input_tokens=None if tokens_per_minute is None else Rate(tokens_per_minute),
+        )
+        tokens, stamp = int(ask["tokens"]), float(ask["stamp"])
     except (KeyError, TypeError, ValueError):
-        raise TerminalError("expected a signed {perMinute, burst, stamp, sig}", 400) from None
+        raise TerminalError("expected a signed ask for a slot (`pace_ask`)", 400) from None
     if not isinstance(given, str) or not any(
         signatures_equal(pace_signature(s, model, ask), given) for s in secrets
     ):
         raise TerminalError("not signed by a worker of this agent", status_code=401)
-    return rate, stamp
+    return pace, tokens, stamp

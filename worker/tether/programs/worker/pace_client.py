@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 from urllib.parse import quote
 
 from ...providers.pace import LocalPacer
-from ...rate import Rate
+from ...rate import Pace
 from ...spec import restate_services
 from ..webhooks import pace_signature
 from .ingress import IngressPoster
+from .pace import pace_ask
 
 log = logging.getLogger(__name__)
 
@@ -22,21 +22,17 @@ class RestatePacer:
     """A worker's `tether.providers.Pacer` of one model, over `<agent>-pace/<model>`."""
 
     def __init__(
-        self, agent: str, model: str, rate: Rate, ingress: IngressPoster, secret: bytes
+        self, agent: str, model: str, pace: Pace, ingress: IngressPoster, secret: bytes
     ) -> None:
         self.model = model
-        self.rate = rate
+        self.pace = pace
         self.ingress = ingress
         self.secret = secret
         self._path = f"/{restate_services(agent).pace}/{quote(model, safe='')}/admit"
-        self._alone = LocalPacer(rate)
+        self._alone = LocalPacer(pace)
 
-    async def admit(self) -> float:
-        ask: dict[str, Any] = {
-            "perMinute": self.rate.per_minute,
-            "burst": self.rate.burst,
-            "stamp": round(time.time(), 3),
-        }
+    async def admit(self, tokens: int) -> float:
+        ask = pace_ask(self.pace, tokens, round(time.time(), 3))
         ask["sig"] = pace_signature(self.secret, self.model, ask)
         response = await self.ingress.post(self._path, ask, f"the pace of {self.model}")
         if response is not None and response.status_code == 200:
@@ -46,4 +42,4 @@ class RestatePacer:
                 pass
         status = "no answer" if response is None else response.status_code
         log.warning("the pace of %s: Restate gave %s; paced in this process", self.model, status)
-        return await self._alone.admit()
+        return await self._alone.admit(tokens)

@@ -42,7 +42,7 @@ from ...durable.protocol import DurableRuntime
 from ...parked import PARKED_STATE_KEY, ParkedCall
 from ...providers.base import Fallback, Provider
 from ...providers.pace import Pacer
-from ...rate import Rate
+from ...rate import Pace
 from ...restate import (
     ChildRunRequest,
     RestateRuntimeOptions,
@@ -223,8 +223,8 @@ def build_models(settings: WorkerSettings) -> tuple[Provider, list[Fallback]]:
     if settings.ingress_url and settings.webhook_secret:
         ingress, secret = IngressPoster(settings.ingress_url, timeout=5.0), settings.webhook_secret
 
-        def across_workers(model: ModelChoice, rate: Rate) -> Pacer:
-            return RestatePacer(settings.agent_name, model.label, rate, ingress, secret)
+        def across_workers(model: ModelChoice, pace: Pace) -> Pacer:
+            return RestatePacer(settings.agent_name, model.label, pace, ingress, secret)
 
         pacer_of = across_workers
     provider = provider_from_spec(spec, require_api_key(spec, env), pacer_of)
