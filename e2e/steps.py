@@ -604,7 +604,7 @@ def fan_out(p: Platform) -> None:
         f"SELECT value_utf8 FROM state WHERE service_name = '{FANOUT}-pace' "
         "AND service_key = 'scripted/scripted'"
     )
-    if not float(slot["value_utf8"]) > 0:
+    if not json.loads(slot["value_utf8"]).get("requests", 0) > 0:
         raise StepFailed(f"the fan-out's model calls took no slot of {FANOUT}-pace: {slot}")
     p.await_metric(f'sum(tether_child_fanout_sum{{agent="{FANOUT}"}})', 2)
     p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
