@@ -200,7 +200,9 @@ def test_an_approval_is_listed_and_answered_through_the_index_apart_from_the_age
 ) -> None:
     assert services_of(split) == {
         "agent": {AGENT},
-        "index": {f"{AGENT}-{name}" for name in ("parked", "live", "watchers", "inbox", "handoff")},
+        "index": {
+            f"{AGENT}-{name}" for name in ("parked", "live", "watchers", "inbox", "handoff", "pace")
+        },
     }
     write = ToolCall("write_file", {"path": "a.txt", "content": "x"})
     split.model.script(Reply(text=["Writing ", "it"], tool_calls=[write]), Reply(text=["done"]))
