@@ -44,20 +44,17 @@ class Limited:
         self, request: ModelRequest, on_text: TextCallback | None = None
     ) -> ModelResponse:
         slots = self._slots
-        if slots is None:
-            await self._paced(request)
-            return await self.provider.complete(request, on_text)
-        if slots.locked():
-            await self._waiting(slots.acquire())
-        else:
-            await slots.acquire()
+        if slots is not None:
+            if slots.locked():
+                await self._waiting(slots.acquire())
+            else:
+                await slots.acquire()
         try:
-            await self._paced(
-                request
-            )  # in flight from here: the slot goes to it when its time comes
+            await self._paced(request)  # in flight: a slot it holds goes to it meanwhile
             return await self.provider.complete(request, on_text)
         finally:
-            slots.release()
+            if slots is not None:
+                slots.release()
 
     async def _paced(self, request: ModelRequest) -> None:
         pacer = self.pacer

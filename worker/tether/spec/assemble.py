@@ -97,9 +97,7 @@ def provider_of(model: ModelChoice, api_key: str, pacer_of: PacerOf = local_pace
     cap, limit = model.max_concurrent_calls, model.rate_limit
     if cap is None and limit is None:
         return made
-    pacer = None
-    if limit is not None:
-        pacer = pacer_of(model, pace_of(limit))
+    pacer = None if limit is None else pacer_of(model, pace_of(limit))
     return Limited(made, cap, pacer=pacer)
 
 
