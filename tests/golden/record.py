@@ -135,6 +135,32 @@ def parked_with_an_output(work: Path, out: Path) -> None:
     park(work, out, spec, "ship it, then say whether it shipped")
 
 
+SHIPPER = {
+    "name": "shipper",
+    "description": "Ships one thing and says whether it shipped.",
+    "tools": ["ship"],
+    "output": {"schema": SHIPPED},
+}
+PARALLEL_TASKS = {"tasks": ["ship a", "ship b"], "agent": "shipper"}
+PARALLEL_SCRIPT = {
+    "ship both": [{"tool_calls": [{"name": "spawn", "input": PARALLEL_TASKS}]}, {"text": "both"}],
+    "ship a": [answer({"shipped": False})],
+    "ship b": [{"tool_calls": [SHIP]}, answer({"shipped": True})],
+}
+
+
+def named_sub_agents_parked_in_parallel(work: Path, out: Path) -> None:
+    """`tether run` whose spawn call hands two tasks to a named sub-agent with an output
+    (`spec.subagents.agents`), run at once, each child in a journal scope of its own: one
+    answers, the other parks for an approval."""
+    spec = write_agent(work, [])
+    document = yaml.safe_load(spec.read_text())
+    document["spec"]["model"]["script"] = PARALLEL_SCRIPT
+    document["spec"]["subagents"] = {"maxDepth": 1, "agents": [SHIPPER]}
+    spec.write_text(yaml.safe_dump(document))
+    park(work, out, spec, "ship both")
+
+
 FALLBACK_KEYS = {"ANTHROPIC_API_KEY": "golden-a", "OPENAI_API_KEY": "golden-o"}
 
 
@@ -343,6 +369,7 @@ RECIPES: dict[str, Callable[[Path, Path], None]] = {
     "parked-on-an-mcp-tool": parked_on_an_mcp_tool,
     "parked-after-a-fallback": parked_after_a_fallback,
     "parked-with-an-output": parked_with_an_output,
+    "named-sub-agents-parked-in-parallel": named_sub_agents_parked_in_parallel,
     "restate-session-of-two-runs": restate_session_of_two_runs,
     "restate-parked-for-an-approval": restate_parked_for_an_approval,
     "restate-parked-for-more-budget": restate_parked_for_more_budget,

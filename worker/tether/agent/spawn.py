@@ -9,7 +9,7 @@ budget its parent reserves from (`tether.budget`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -197,7 +197,7 @@ def spawn_tool(
             if len(tasks) == 1
             else [ctx.durable.scope(f"task:{i}") for i in range(len(tasks))]
         )
-        results = await asyncio.gather(*map(run_child, tasks, scopes))
+        results = await all_or_none(map(run_child, tasks, scopes))
         run_stats: AgentStats | None = ctx.run_stats
         if run_stats is not None:
             run_stats.children.extend(results)
@@ -213,6 +213,19 @@ def spawn_tool(
         execute=execute,
         self_journaled=True,
     )
+
+
+async def all_or_none(children: Iterable[Awaitable[AgentStats]]) -> list[AgentStats]:
+    """Each child's stats; when one raises (a park, a crash), the others are cancelled and
+    waited for before its exception goes on as it is (their steps in flight run again)."""
+    running = [asyncio.ensure_future(child) for child in children]
+    try:
+        return await asyncio.gather(*running)
+    except BaseException:
+        for child in running:
+            child.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        raise
 
 
 def requested_tasks(arguments: dict[str, Any]) -> list[str]:
