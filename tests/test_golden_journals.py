@@ -166,6 +166,29 @@ def test_a_run_parked_with_an_output_ends_with_its_value_counting_the_misses_bef
     assert (tmp_path / "shipped.txt").read_text() == "v1"
 
 
+@pytest.mark.parametrize(
+    "golden", goldens("named-sub-agents-parked-in-parallel"), ids=lambda p: p.stem
+)
+def test_named_sub_agents_parked_in_parallel_end_with_their_values_once_answered(
+    tmp_path: Path, golden: Path
+) -> None:
+    shutil.copy(golden.with_suffix(".yaml"), tmp_path / "agent.yaml")
+    load(golden, runs_db(tmp_path))
+
+    assert tether("answer", "r1", "--approve", cwd=tmp_path).returncode == 0
+    done = run(tmp_path, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    stats = json.loads(done.stdout.splitlines()[-1])["stats"]
+    assert (stats["status"], stats["text"]) == ("completed", "both")
+    outputs = [child["output"] for child in stats["children"]]
+    assert outputs == [{"shipped": False}, {"shipped": True}]
+    assert tool_results(tmp_path)[-1] == '[child-1] {"shipped":false}\n\n[child-2] {"shipped":true}'
+    assert (tmp_path / "shipped.txt").read_text() == "v1"
+    # Both children's steps are replayed, each from its own scope; the parked one's value and
+    # the parent's answer are asked.
+    assert "steps run live: 8 (clock 2, decision 1, model 2, tool 3)" in done.stdout
+
+
 def test_a_database_a_newer_tether_wrote_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "runs.db"
     with sqlite3.connect(db) as conn:
