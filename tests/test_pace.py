@@ -87,3 +87,20 @@ async def test_paced_calls_count_the_tokens_of_their_requests() -> None:
     await Limited(model, pacer=Counting(Pace(input_tokens=Rate(1_000_000)))).complete(request)
     await Limited(model, pacer=Counting(Pace(requests=Rate(60)))).complete(request)
     assert 1_000 <= counted[0] <= 1_050 and counted[1] == 0  # counted only when a rate needs it
+
+
+async def test_a_worker_whose_ask_restate_does_not_answer_paces_its_own_calls(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tether.programs.restate_server import free_port
+    from tether.programs.worker.ingress import IngressPoster
+    from tether.programs.worker.pace_client import RestatePacer
+
+    nobody = IngressPoster(f"http://127.0.0.1:{free_port()}", timeout=1.0)
+    pacer = RestatePacer("a", "m", Pace(Rate(60, burst=1)), nobody, b"secret")
+    try:
+        waits = [await pacer.admit(0) for _ in range(2)]
+    finally:
+        await nobody.close()
+    assert waits[0] == 0 and waits[1] == pytest.approx(1.0, abs=0.05)  # one a second, here
+    assert "paced in this process" in caplog.text
