@@ -912,3 +912,37 @@ def test_the_spec_refuses_two_sub_agents_of_one_name_and_a_tool_their_output_nee
     once = {"agents": [{**REVIEWER, "model": "c"}]}
     with pytest.raises(SpecError, match="a tool is named final_answer"):
         parse_agent(agent("team", **_model(**KEY), tools=clash, subagents=once))
+
+
+HOOK = {"webhook": {"secretRef": {"name": "hook", "key": "key"}}}
+STANDUP = {"name": "standup", "cron": "30 9 * * 1-5", "timeZone": "Europe/Paris", "prompt": "go"}
+
+
+def test_schedules_are_kept_by_the_api_server_and_refused_when_they_name_no_time(
+    api: ApiClient, namespace: str
+) -> None:
+    created = create(api, namespace, agent("cron", **_model(**KEY), **HOOK, schedules=[STANDUP]))
+    assert created["spec"]["schedules"] == [{**STANDUP, "suspend": False}]
+    with pytest.raises(ApiException) as rejected:
+        create(api, namespace, agent("bad", **_model(**KEY), **HOOK, schedules=[{"name": "x"}]))
+    assert "spec.schedules[0].cron" in json.loads(rejected.value.body or "{}")["message"]
+    assert parse_agent(created).spec.schedules[0].time_zone == "Europe/Paris"
+
+
+@pytest.mark.parametrize(
+    ("schedules", "hook", "says"),
+    [
+        ([{**STANDUP, "cron": "61 * * * *"}], HOOK, "not a cron expression: '61 * * * *'"),
+        ([{**STANDUP, "cron": "0 0 30 2 *"}], HOOK, "'0 0 30 2 *' is never due"),
+        ([{**STANDUP, "timeZone": "Mars/Olympus"}], HOOK, "unknown time zone 'Mars/Olympus'"),
+        ([STANDUP, STANDUP], HOOK, "names must be unique; repeated: standup"),
+        ([STANDUP], {}, "spec.schedules needs spec.webhook"),
+    ],
+    ids=["bad-field", "never-due", "unknown-zone", "twice", "unsigned"],
+)
+def test_the_spec_refuses_a_schedule_that_cannot_work(
+    schedules: list[dict[str, Any]], hook: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_agent(agent("cron", **_model(**KEY), **hook, schedules=schedules))
+    assert says in str(refused.value)

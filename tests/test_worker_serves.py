@@ -67,7 +67,15 @@ def test_an_index_loads_nothing_of_the_agent_loop(tmp_path: Path) -> None:
     )
     done = run_index_code(code, tmp_path)
     names, loaded = json.loads(done.stdout)
-    assert names == ["a-parked", "a-live", "a-watchers", "a-inbox", "a-handoff", "a-pace"]
+    assert names == [
+        "a-parked",
+        "a-live",
+        "a-watchers",
+        "a-inbox",
+        "a-handoff",
+        "a-pace",
+        "a-schedule",
+    ]
     assert not [m for m in loaded if m.startswith(LOOP)], loaded
 
 

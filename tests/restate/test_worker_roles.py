@@ -201,7 +201,8 @@ def test_an_approval_is_listed_and_answered_through_the_index_apart_from_the_age
     assert services_of(split) == {
         "agent": {AGENT},
         "index": {
-            f"{AGENT}-{name}" for name in ("parked", "live", "watchers", "inbox", "handoff", "pace")
+            f"{AGENT}-{name}"
+            for name in ("parked", "live", "watchers", "inbox", "handoff", "pace", "schedule")
         },
     }
     write = ToolCall("write_file", {"path": "a.txt", "content": "x"})

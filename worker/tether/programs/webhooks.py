@@ -292,6 +292,24 @@ def pace_signature(secret: bytes, model: str, ask: Mapping[str, Any]) -> str:
     return hmac_hex(secret, json.dumps(signed).encode())
 
 
+def schedule_signature(secret: bytes, name: str, order: Mapping[str, Any]) -> str:
+    """HMAC(secret, ["tether-schedule:v1", name, the order's schedule, generation and stamp]):
+    the operator sets or stops a schedule of the agent (`tether.programs.worker.schedule`);
+    nothing else, the agent's own tools least of all, may start its runs at times of its own."""
+    schedule = json.dumps(order.get("schedule"), sort_keys=True)
+    signed = ["tether-schedule:v1", name, schedule, order.get("generation"), order.get("stamp")]
+    return hmac_hex(secret, json.dumps(signed).encode())
+
+
+def schedule_order(
+    secret: bytes, name: str, schedule: Mapping[str, Any] | None, generation: int, stamp: float
+) -> dict[str, Any]:
+    """The operator's order to set the schedule `name` (a `ScheduleSpec`'s JSON) or, with None,
+    to stop it, as of the agent's `generation`, signed."""
+    order = {"schedule": schedule, "generation": generation, "stamp": stamp}
+    return {**order, "sig": schedule_signature(secret, name, order)}
+
+
 def watch_tag(secret: bytes, session: str) -> str:
     """HMAC(secret, "tether-watch:v1:<session>"), 32 hex digits: a watched session as the
     sidecar registers it in `<agent>-watchers` and the workers ask about it, through the

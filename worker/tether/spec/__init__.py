@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from ..cron import EXPRESSION_HELP, cron_problem
 from ..errors import ConfigError
 from ..output_schema import OUTPUT_TOOL, schema_problem
 
@@ -983,6 +984,41 @@ class EventsSpec(_Model):
     )
 
 
+class ScheduleSpec(_Model):
+    """Runs started at the times of a cron expression (`<agent>-schedule/<name>` on Restate,
+    kept by the operator). A time's run starts at most once; one that cannot start before the
+    schedule's next time (its session is still busy, or Restate was down) is skipped, and the
+    next time's run takes its place."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="The schedule's name, unique in the agent.",
+    )
+    cron: str = Field(
+        description=f"When its runs are due: {EXPRESSION_HELP}.",
+        examples=["0 9 * * 1-5"],
+    )
+    time_zone: str = Field(
+        default="UTC", description="The IANA time zone the cron expression is read in."
+    )
+    prompt: str = Field(min_length=1, description="The task each run is given.")
+    session: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$",
+        description="A session every run continues, one run at a time (unset: each run starts "
+        "a session of its own, `<name>-<time>` in UTC, and runs of different times may overlap).",
+    )
+    suspend: bool = Field(default=False, description="Start no runs until it is set false again.")
+
+    @model_validator(mode="after")
+    def _is_due_sometime(self) -> ScheduleSpec:
+        problem = cron_problem(self.cron, self.time_zone)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
 class DurableAgentSpec(_Model):
     """The agent: model, prompt, tools, limits and how it is deployed."""
 
@@ -1026,6 +1062,11 @@ class DurableAgentSpec(_Model):
         default=None,
         description="A value each run ends with, of a JSON Schema (the run's `output`), given "
         "by the model through the tool final_answer. Unset: runs end with text.",
+    )
+    schedules: list[ScheduleSpec] = Field(
+        default_factory=list,
+        description="Runs started at the times of cron expressions; needs spec.webhook, whose "
+        "key signs what the operator tells Restate of them.",
     )
 
     def secret_variables(self) -> list[str]:
@@ -1104,6 +1145,21 @@ class DurableAgentSpec(_Model):
             raise ValueError(
                 f"a tool is named {OUTPUT_TOOL}, the name of the tool that gives the output: "
                 "rename it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _schedules_are_signed_and_named_once(self) -> DurableAgentSpec:
+        names = [schedule.name for schedule in self.schedules]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(
+                f"spec.schedules: names must be unique; repeated: {', '.join(repeated)}"
+            )
+        if self.schedules and self.webhook is None:
+            raise ValueError(
+                "spec.schedules needs spec.webhook: its key signs the schedules the operator "
+                "gives Restate, which the agent's own tools could otherwise change"
             )
         return self
 
@@ -1264,6 +1320,8 @@ class RestateServices(NamedTuple):
     pace: str
     """The slots of the calls of its models with a rate limit, by model
     (`tether.programs.worker.pace`)."""
+    schedule: str
+    """The schedules that start its runs, by name (`tether.programs.worker.schedule`)."""
 
     @property
     def of_versions(self) -> tuple[str, ...]:
@@ -1286,6 +1344,7 @@ def restate_services(agent: str) -> RestateServices:
         f"{agent}-budget",
         f"{agent}-handoff",
         f"{agent}-pace",
+        f"{agent}-schedule",
     )
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, cast
@@ -107,6 +108,7 @@ LONGEST_STEP = timedelta(seconds=LONGEST_STEP_SECONDS)
 """After the suspension request, how long a running step (a long model stream) may still take
 before Restate aborts the attempt and retries it."""
 
+log = logging.getLogger(__name__)
 
 CHILD_MARKER = "tether:child:"
 """State key prefix of the markers a run leaves for the children it started."""
@@ -137,6 +139,11 @@ class RunRequest(BaseModel):
         default=None,
         description="Start this new session as a fork of another: its first turns, then the run.",
     )
+    start_by: float | None = Field(
+        default=None,
+        description="Skip the run when it cannot start by this time (epoch seconds): a "
+        "schedule's run waiting behind its session's runs past the schedule's next time.",
+    )
 
 
 class RunResult(BaseModel):
@@ -153,6 +160,19 @@ class RunResult(BaseModel):
     error: str | None = None
     output: Any = None
     """The value the run ended with (`spec.output`)."""
+
+    @classmethod
+    def skipped(cls) -> RunResult:
+        return cls(
+            run_id=None,
+            status="skipped",
+            text="",
+            turns=0,
+            tool_calls=0,
+            input_tokens=0,
+            output_tokens=0,
+            cost_usd=0.0,
+        )
 
     @classmethod
     def of(cls, stats: AgentStats) -> RunResult:
@@ -355,6 +375,11 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
 
     @obj.handler(idempotency_retention=RUN_IDEMPOTENCY_RETENTION)
     async def run(ctx: restate.ObjectContext, request: RunRequest) -> RunResult:
+        if request.start_by is not None and await ctx.time() > request.start_by:
+            log.info(
+                "session %s: a run due by %s started late, skipped", ctx.key(), request.start_by
+            )
+            return RunResult.skipped()
         # Per invocation (stable across its retries), not per session: a session's second run
         # seeded with the key alone got the first one's run id and replaced its record.
         durable = restate_runtime(

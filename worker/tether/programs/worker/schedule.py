@@ -1,0 +1,175 @@
+"""`<agent>-schedule/<name>`: a schedule of `spec.schedules`, which starts the agent's runs at
+the times of its cron expression.
+
+The operator sets each schedule of the spec here (`set`), and stops those the spec no longer
+has or whose agent is deleted, with orders signed with the webhook secret: the agent's tools
+reach the ingress too, and must not start its runs at times (or with prompts) of their own. An
+order carries the agent's `metadata.generation`, and one older than the schedule's is refused,
+so a slow operator replica cannot put back what a newer spec changed.
+
+The object sends itself a `tick` for the next time due, delayed until then, and keeps that
+invocation's id to cancel it when the schedule changes; a tick that is no longer the one
+expected (a cancel that came too late) does nothing. A tick sends the run with an idempotency
+key of the schedule and the time, so a time's run starts once. A tick that comes late (Restate
+was down) runs the latest time due and skips those before it; a run of a schedule's own session
+waits behind the session's runs, and one still waiting at the next time is skipped
+(`RunRequest.start_by`). Served with the index (`served`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import restate
+from restate.exceptions import TerminalError
+
+from ...cron import Cron
+from ...spec import ScheduleSpec, restate_services
+from ..webhooks import schedule_signature, signatures_equal
+
+log = logging.getLogger(__name__)
+
+STATE = "schedule"
+FRESH_SECONDS = 60
+"""How far an order's stamp may be from the object's clock."""
+
+
+def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
+    """`<agent>-schedule`, keyed by a schedule's name: `set` (signed), `tick` (its own, at each
+    time due) and `describe`."""
+    services = restate_services(agent)
+    obj = restate.VirtualObject(
+        services.schedule, description=f"The schedules that start runs of the {agent} agent."
+    )
+
+    @obj.handler()
+    async def set(ctx: restate.ObjectContext, order: dict[str, Any]) -> dict[str, Any]:
+        """Set the schedule (`order["schedule"]`, a `ScheduleSpec`'s JSON) or stop it (None);
+        answers the next time due (None: none)."""
+        schedule, generation = await _checked(ctx, secrets, order)
+        kept: dict[str, Any] = await ctx.get(STATE) or {}
+        if generation < kept.get("generation", 0):
+            raise TerminalError(
+                f"the schedule is kept as of generation {kept['generation']}, newer than "
+                f"{generation}",
+                status_code=409,
+            )
+        if schedule is None:
+            await _cancel_tick(ctx, kept)
+            ctx.clear_all()
+            return {"next": None}
+        config = schedule.model_dump(by_alias=True, mode="json")
+        if config == kept.get("config"):  # as it was: its next tick stands
+            ctx.set(STATE, {**kept, "generation": generation})
+            return {"next": kept.get("next")}
+        await _cancel_tick(ctx, kept)
+        now = await ctx.time()
+        due = None if schedule.suspend else _cron(schedule).next_after(now)
+        kept = {**kept, "config": config, "generation": generation, "next": due, "tick": None}
+        ctx.set(STATE, await _send_tick(ctx, services.schedule, kept, now))
+        return {"next": due}
+
+    @obj.handler(ingress_private=True)
+    async def tick(ctx: restate.ObjectContext, due: float) -> None:
+        kept: dict[str, Any] = await ctx.get(STATE) or {}
+        if not kept or kept.get("next") != due:
+            return  # stopped, or changed since this tick was sent
+        schedule = ScheduleSpec.model_validate(kept["config"])
+        cron = _cron(schedule)
+        now = await ctx.time()
+        at = cron.last_due(now)  # `due`, or a later time when this tick came late
+        following = cron.next_after(now)
+        session = schedule.session or f"{schedule.name}-{_stamp(at)}"
+        request: dict[str, Any] = {"prompt": schedule.prompt}
+        if schedule.session is not None:  # behind the session's runs: not past the next time
+            request["start_by"] = following
+        ctx.generic_send(
+            services.agent,
+            "run",
+            json.dumps(request).encode(),
+            key=session,
+            idempotency_key=f"schedule/{schedule.name}/{int(at)}",
+        )
+        late = kept.get("late", 0)
+        if at > due:
+            late += 1
+            log.warning(
+                "schedule %s of %s: the run due at %s is skipped for the one due at %s",
+                schedule.name,
+                agent,
+                _stamp(due),
+                _stamp(at),
+            )
+        kept = {**kept, "next": following, "last": at, "session": session, "late": late}
+        ctx.set(STATE, await _send_tick(ctx, services.schedule, kept, now))
+
+    @obj.handler(kind="shared")
+    async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
+        """The schedule as kept: its cron, time zone, session and suspension, the agent's
+        generation that set it, its next time due, its last run's time and session, and how
+        many of its ticks came late, skipping earlier times for the latest (not its prompt);
+        `{"schedule": None}` when none is set."""
+        kept: dict[str, Any] | None = await ctx.get(STATE)
+        if not kept:
+            return {"schedule": None}
+        config = {k: v for k, v in kept["config"].items() if k != "prompt"}
+        fields = ("generation", "next", "last", "session", "late")
+        return {"schedule": config, **{field: kept.get(field) for field in fields}}
+
+    return obj
+
+
+def _cron(schedule: ScheduleSpec) -> Cron:
+    return Cron(schedule.cron, schedule.time_zone)
+
+
+def _stamp(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y%m%dt%H%M%Sz")
+
+
+async def _send_tick(
+    ctx: restate.ObjectContext, service: str, kept: dict[str, Any], now: float
+) -> dict[str, Any]:
+    """`kept` with the id of the tick sent for its next time (none without one)."""
+    due = kept.get("next")
+    if due is None:
+        return {**kept, "tick": None}
+    handle = ctx.generic_send(
+        service,
+        "tick",
+        json.dumps(due).encode(),
+        key=ctx.key(),
+        send_delay=timedelta(seconds=max(0.0, due - now)),
+    )
+    return {**kept, "tick": await handle.invocation_id()}
+
+
+async def _cancel_tick(ctx: restate.ObjectContext, kept: dict[str, Any]) -> None:
+    if kept.get("tick"):
+        ctx.cancel_invocation(kept["tick"])
+
+
+async def _checked(
+    ctx: restate.ObjectContext, secrets: Sequence[bytes], order: Any
+) -> tuple[ScheduleSpec | None, int]:
+    """The schedule (None: stop it) and generation of an order one of `secrets` signed, made
+    within `FRESH_SECONDS`."""
+    try:
+        given, generation, stamp = order["sig"], int(order["generation"]), float(order["stamp"])
+        raw = order["schedule"]
+        schedule = None if raw is None else ScheduleSpec.model_validate(raw)
+    except (KeyError, TypeError, ValueError) as error:
+        raise TerminalError(f"expected a signed order for a schedule: {error}", 400) from None
+    if not isinstance(given, str) or not any(
+        signatures_equal(schedule_signature(s, ctx.key(), order), given) for s in secrets
+    ):
+        raise TerminalError("not signed by the operator of this agent", status_code=401)
+    if schedule is not None and schedule.name != ctx.key():
+        raise TerminalError(f"the schedule is named {schedule.name!r}, not {ctx.key()!r}", 400)
+    if abs(await ctx.time() - stamp) > FRESH_SECONDS:
+        raise TerminalError("the order is stale: sign it again", status_code=401)
+    return schedule, generation
