@@ -17,7 +17,8 @@ The steps, in order (each checks what a user would look at, and times what a use
  7. a worker pod killed mid-tool, on 1 and on 2 replicas: how long the run stands still; on 2,
     a drain evicts one worker and its PodDisruptionBudget refuses the second;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
- 9. a run that fans out to two sub-agents (fan-out counted in Prometheus);
+ 9. a run that fans out to two sub-agents (fan-out counted in Prometheus); a schedule set by the
+    operator starts runs, and stops when the spec drops it;
     under load the operator adds a worker pod (autoscaling), which runs its share of the runs,
     and takes it away once the load dropped, while runs go on;
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
@@ -608,6 +609,38 @@ def fan_out(p: Platform) -> None:
         raise StepFailed(f"the fan-out's model calls took no slot of {FANOUT}-pace: {slot}")
     p.await_metric(f'sum(tether_child_fanout_sum{{agent="{FANOUT}"}})', 2)
     p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
+    schedule_runs(p)
+
+
+def schedule_runs(p: Platform) -> None:
+    """A schedule: the operator sets it on Restate through the ingress, signed with the webhook
+    key, without a new version; its runs start; dropped from the spec, its tick is gone."""
+    ticks = (
+        "SELECT count(*) AS n FROM sys_invocation WHERE status = 'scheduled' "
+        f"AND target_service_name = '{FANOUT}-schedule'"
+    )
+    version = p.agent_status(FANOUT)["activeVersion"]
+    census = {"name": "census", "cron": "*/5 * * * * *", "prompt": "count the fruit"}
+    p.apply_agent(E2E / "fanout-agent.yaml", schedules=[census])
+    set_at = time.monotonic()
+    wait_for("the schedule set", lambda: p.agent_status(FANOUT).get("schedules"), 60)
+
+    def completed() -> bool:  # each run in a session of its own: census-<time>
+        status, body = http("POST", f"{p.ingress.url}/{FANOUT}-schedule/census/describe")
+        last = body.get("session") if status == 200 else None
+        return bool(last) and p.session(FANOUT, last)["status"] == "completed"
+
+    wait_for("a scheduled run completed", completed, 120, 1)
+    p.report.time("schedule applied -> its first run completed", time.monotonic() - set_at)
+    if p.agent_status(FANOUT)["activeVersion"] != version:
+        raise StepFailed("adding a schedule rolled out a new version")
+    p.apply_agent(E2E / "fanout-agent.yaml")
+    wait_for(
+        "the schedule stopped",
+        lambda: p.agent_status(FANOUT).get("schedules") == [] and p.sql(ticks)[0]["n"] == 0,
+        60,
+        1,
+    )
 
 
 SHARED_RUNS = 450
@@ -1274,7 +1307,7 @@ def steps() -> list[Step]:
         ("a worker killed mid-tool, 1 replica", lambda p: kill_mid_tool(p, 1)),
         ("a worker killed mid-tool, 2 replicas", lambda p: kill_mid_tool(p, 2)),
         ("Restate's pod killed mid-run", kill_restate),
-        ("a run fans out to sub-agents", fan_out),
+        ("a run fans out to sub-agents; a schedule starts runs", fan_out),
         ("the operator adds a worker pod under load; it runs its share", scale_out_under_load),
         ("an agent calls the MCP server next to it", mcp_tools),
         ("every panel of the Grafana dashboard has data", dashboard_has_data),

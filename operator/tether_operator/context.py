@@ -13,7 +13,7 @@ from tether.spec import DurableAgentStatus
 
 from .conditions import Verdict
 from .kube import Kube
-from .restate_admin import RestateAdmin, RestateObserver
+from .restate_admin import RestateAdmin, RestateApi, RestateObserver
 from .settings import OperatorSettings
 
 
@@ -73,6 +73,13 @@ class AgentMemory:
     gauges: set[str] = field(default_factory=set)
     """The versions whose gauges this process reports."""
 
+    def warn_once(self, body: kopf.Body, reason: str, message: str) -> None:
+        """A warning event, once for as long as this process runs (a retried failure)."""
+        key = f"{reason}:{message}"
+        if key not in self.warned:
+            self.warned.add(key)
+            kopf.warn(body, reason=reason, message=message)
+
 
 @dataclass
 class Operator:
@@ -80,6 +87,7 @@ class Operator:
     kube: Kube
     restate: RestateAdmin
     observer: RestateObserver
+    ingress: RestateApi
     last_pass: float = field(default_factory=time.monotonic)
     agents: dict[tuple[str, str], tuple[AgentMemory, kopf.Body]] = field(default_factory=dict)
     """Each agent's memory and latest body by (namespace, name), so a Deployment event can run
@@ -88,6 +96,7 @@ class Operator:
     async def close(self) -> None:
         await self.kube.close()
         await self.restate.close()
+        await self.ingress.close()
 
 
 def operator_of(memo: Any) -> Operator:

@@ -9,7 +9,7 @@ import kopf
 
 from tether.spec import DurableAgent, DurableAgentStatus, SpecError, parse_duration
 
-from . import children, metrics, scaling
+from . import children, metrics, scaling, schedules
 from .conditions import DRAINING, READY, Verdict, merge, parse_rfc3339
 from .context import AgentMemory, Operator
 from .kube import KubeError
@@ -105,6 +105,8 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
     started = parse_rfc3339(meta.get("deletionTimestamp") or time.strftime("%Y-%m-%dT%H:%M:%SZ"))
     left = started + timeout - time.time()
     try:
+        # No schedule starts a run while the others drain, or after.
+        await schedules.stop_all(op, name)
         in_flight = await op.observer.in_flight(max_age=0.0)
         pinned = {h: in_flight.pinned.get(i, 0) for h, i in ids.items()}
         waiting = sum(pinned.values()) + in_flight.unpinned.get(name, 0)

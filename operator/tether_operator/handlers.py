@@ -31,7 +31,7 @@ from .names import (
     VERSION,
     VERSION_LABEL,
 )
-from .restate_admin import RestateAdmin, RestateObserver
+from .restate_admin import RestateAdmin, RestateIngress, RestateObserver
 from .settings import settings_from_env
 
 #: Seconds between supervision passes of one agent (read at import: kopf fixes timer intervals).
@@ -94,6 +94,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         kube=kube,
         restate=admin,
         observer=RestateObserver(admin, in_flight_age=1.0, parked_age=ours.parked_refresh),
+        ingress=RestateIngress(ours.restate_ingress_url, ours.restate_timeout, guard=guard),
     )
 
 
@@ -178,7 +179,7 @@ async def report_blocker(
 ) -> None:
     """Say why the spec cannot roll out: a condition and one Warning event."""
     mem.blocker = Verdict(PROGRESSING, False, reason, message)
-    supervisor.event_once(mem, body, reason, message)
+    mem.warn_once(body, reason, message)
     await supervisor.converge(op, body, mem, deployments)
 
 

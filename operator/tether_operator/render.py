@@ -79,12 +79,16 @@ class PodObjects:
 
 
 def spec_document(agent: DurableAgent, namespace: str) -> str:
-    """`agent.yaml` for the worker: the manifest with the normalised spec (no secrets in it)."""
+    """`agent.yaml` for the worker: the manifest with the normalised spec (no secrets in it).
+    Without its schedules, which the operator keeps on Restate and no pod reads: a schedule's
+    change rolls out no version."""
+    spec = agent.spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    spec.pop("schedules", None)
     document = {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"name": agent.metadata.name, "namespace": namespace},
-        "spec": agent.spec.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        "spec": spec,
     }
     return yaml.safe_dump(document, sort_keys=False)
 
@@ -372,6 +376,7 @@ def _hash_input(agent: DurableAgent) -> Manifest:
     spec.pop("drain", None)
     spec.pop("scaling", None)
     spec.pop("sidecar", None)
+    spec.pop("schedules", None)  # kept on Restate by the operator (`schedules`)
     spec.get("worker", {}).pop("replicas", None)
     return spec
 

@@ -39,6 +39,9 @@ IN_FLIGHT_SQL = (
 any, e.g. inboxed or scheduled), its service and its status: the drain, the scaler and the
 gauges of every agent read this one query."""
 PAUSED_SQL = "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id = '{}'"
+SCHEDULED_SQL = (
+    "SELECT id FROM sys_invocation WHERE status = 'scheduled' AND target_service_name = '{}'"
+)
 UNPINNED_PAUSED_SQL = (
     "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id IS NULL "
     "AND target_service_name IN ({})"
@@ -65,8 +68,11 @@ class RestateError(TetherError):
         self.reason = reason
 
 
-class RestateAdmin:
-    """The admin calls of `tether.programs.restate_admin`, sent with aiohttp."""
+class RestateApi:
+    """One of Restate's HTTP APIs (the admin API or the ingress), at one URL or a cluster's
+    nodes', to which `AdminCall`s are sent with aiohttp."""
+
+    name = "Restate's API"
 
     def __init__(self, base_url: str, timeout: float, guard: Guard | None = None) -> None:
         self._guard = guard
@@ -82,7 +88,7 @@ class RestateAdmin:
     async def close(self) -> None:
         await self._session.close()
 
-    async def _send(self, call: AdminCall[T], *, changes: bool = False) -> T:
+    async def send(self, call: AdminCall[T], *, changes: bool = False) -> T:
         """`call`'s value; a busy Restate is asked twice more, and anything else that goes
         wrong is a `RestateError` whose reason the DurableAgent's conditions show. A call that
         `changes` Restate is the guard's to refuse first."""
@@ -104,7 +110,7 @@ class RestateAdmin:
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
                 raise RestateError(
                     "RestateUnreachable",
-                    f"Restate's admin API at {self.base_url} did not answer "
+                    f"{self.name} at {self.base_url} did not answer "
                     f"{call.method} {call.path}: {error or type(error).__name__}",
                 ) from None
             if wait is not None and attempt < 2:
@@ -116,18 +122,30 @@ class RestateAdmin:
                 raise RestateError(refused.failure, f"Restate refused: {refused}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
+
+class RestateIngress(RestateApi):
+    """Restate's ingress: the handlers the operator calls (a schedule's `set`)."""
+
+    name = "Restate's ingress"
+
+
+class RestateAdmin(RestateApi):
+    """The admin calls of `tether.programs.restate_admin`."""
+
+    name = "Restate's admin API"
+
     async def register(self, uri: str, metadata: dict[str, str]) -> str:
         """Register (or re-discover, for a rollback) the version at `uri`; its deployment id."""
-        return await self._send(admin.register(uri, metadata=metadata), changes=True)
+        return await self.send(admin.register(uri, metadata=metadata), changes=True)
 
     async def unregister(self, deployment_id: str) -> None:
-        await self._send(admin.unregister(deployment_id), changes=True)
+        await self.send(admin.unregister(deployment_id), changes=True)
 
     async def deployments(self) -> list[dict[str, Any]]:
-        return await self._send(admin.deployments())
+        return await self.send(admin.deployments())
 
     async def query(self, sql: str) -> list[dict[str, Any]]:
-        return await self._send(admin.query(sql))
+        return await self.send(admin.query(sql))
 
     async def resume_paused(self, deployment_id: str, services: Sequence[str] = ()) -> int:
         """Resume the paused invocations pinned to `deployment_id` (on it), and those of
@@ -141,7 +159,17 @@ class RestateAdmin:
             names = ", ".join(f"'{name}'" for name in services)
             rows += await self.query(UNPINNED_PAUSED_SQL.format(names))
         for row in rows:
-            await self._send(admin.resume(str(row["id"])), changes=True)
+            await self.send(admin.resume(str(row["id"])), changes=True)
+        return len(rows)
+
+    async def kill_scheduled(self, service: str) -> int:
+        """Kill the invocations of `service` that wait for their time (delayed sends); how
+        many."""
+        if not SERVICE_NAME.match(service):
+            raise RestateError("QueryFailed", f"not a Restate service name: {service!r}")
+        rows = await self.query(SCHEDULED_SQL.format(service))
+        for row in rows:
+            await self.send(admin.kill(str(row["id"])), changes=True)
         return len(rows)
 
 

@@ -40,7 +40,7 @@ from tether.spec import (
     parse_duration,
 )
 
-from . import children, metrics, render, scaling
+from . import children, metrics, render, scaling, schedules
 from .conditions import (
     DRAINING,
     PROGRESSING,
@@ -81,13 +81,6 @@ def parse(body: kopf.Body) -> DurableAgent:
         "namespace": body["metadata"].get("namespace"),
     }
     return parse_agent(document)
-
-
-def event_once(mem: AgentMemory, body: kopf.Body, reason: str, message: str) -> None:
-    key = f"{reason}:{message}"
-    if key not in mem.warned:
-        mem.warned.add(key)
-        kopf.warn(body, reason=reason, message=message)
 
 
 def base_status(body: kopf.Body, mem: AgentMemory) -> DurableAgentStatus:
@@ -184,7 +177,7 @@ def _registration_failed(mem: AgentMemory, body: kopf.Body, what: str, error: Re
     delay = mem.registration.failed()
     mem.registration_problem = Verdict(REGISTERED, False, error.reason, str(error))
     log.info("registration of %s failed; next attempt in %.0fs", what, delay)
-    event_once(mem, body, error.reason, str(error))
+    mem.warn_once(body, error.reason, str(error))
 
 
 def _registration_succeeded(mem: AgentMemory) -> None:
@@ -585,11 +578,15 @@ async def converge(
     # A version's runs send to the sidecar's index: no version is registered before it.
     if desired in versions and sidecar is not None and sidecar.restate_deployment_id:
         await register_desired(op, body, mem, versions, desired, available)
+    kept = base_status(body, mem).schedules
+    # A schedule's runs go to the agent's object, and it is served by the index: both first.
+    if any(v.state == "Active" and v.restate_deployment_id for v in versions.values()):
+        kept = await schedules.keep(op, body, mem, agent, kept)
     in_flight = None
     try:
         in_flight = await drain_old(op, body, agent, mem, versions, desired)
     except RestateError as error:  # unregistering failed: keep the version, try again
-        event_once(mem, body, error.reason, str(error))
+        mem.warn_once(body, error.reason, str(error))
     except KubeError as error:
         log.warning("deleting an old version of %s failed: %s", meta["name"], error)
     if in_flight is not None:  # nothing is scaled on counts Restate did not give
@@ -597,5 +594,6 @@ async def converge(
     status = await assemble_status(
         op, body, mem, versions, desired, available, agent.spec.drain.timeout, sidecar
     )
+    status = status.model_copy(update={"schedules": kept})
     await write_status(op, body, mem, status)
     metrics.report(meta["namespace"], meta["name"], status.versions, mem.gauges)

@@ -11,6 +11,7 @@ import pytest
 
 from tests.operator.local_kubelet import LocalKubelet
 from tests.operator.op_harness import Cluster, OperatorFactory, Restate, dumped_on_failure, wait_for
+from tether.programs.local_http import request_json as http
 
 AGENT = "clerk"
 ASK = {"text": "asking", "tool_calls": [{"name": "ask", "input": {"question": "Ship it?"}}]}
@@ -39,6 +40,15 @@ def kubelet(cluster: Cluster) -> Iterator[LocalKubelet]:
     helper.close()
 
 
+def on_node_ports(run_operator: OperatorFactory) -> None:
+    """An operator whose workers Restate reaches on their node ports (the local kubelet's
+    processes)."""
+    run_operator(
+        TETHER_WORKER_SERVICE_TYPE="NodePort",
+        TETHER_WORKER_URL_TEMPLATE="http://127.0.0.1:{node_port}",
+    )
+
+
 def active(cluster: Cluster, other_than: str | None = None) -> str | None:
     status = cluster.status(AGENT)
     registered = cluster.condition(AGENT, "Registered").get("status") == "True"
@@ -51,10 +61,7 @@ def active(cluster: Cluster, other_than: str | None = None) -> str | None:
 def test_runs_reach_the_real_worker_and_drain_from_it(
     cluster: Cluster, restate: Restate, run_operator: OperatorFactory, kubelet: LocalKubelet
 ) -> None:
-    run_operator(
-        TETHER_WORKER_SERVICE_TYPE="NodePort",
-        TETHER_WORKER_URL_TEMPLATE="http://127.0.0.1:{node_port}",
-    )
+    on_node_ports(run_operator)
     with dumped_on_failure(kubelet.logs):
         cluster.apply_agent(scripted("v1", [ASK, {"text": "v1: shipped"}]))
         v1 = wait_for(lambda: active(cluster), timeout=90, what="v1 registered")
@@ -91,3 +98,49 @@ def test_runs_reach_the_real_worker_and_drain_from_it(
         assert restate.deployments_of(cluster.namespace, AGENT) == {
             cluster.versions(AGENT)[0]["restateDeploymentId"]
         }
+
+
+def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, kubelet: LocalKubelet
+) -> None:
+    on_node_ports(run_operator)
+    ingress = restate.server.ingress_url
+    every_2s = {"name": "beat", "cron": "*/2 * * * * *", "prompt": "beat", "session": "beats"}
+    manifest = scripted("v1", [{"text": f"beat {n}"} for n in range(60)])
+
+    def runs_in(session: str) -> int:
+        return len(http("POST", f"{ingress}/{AGENT}/{session}/session").json()["runs"])
+
+    def ticks_waiting() -> int:
+        sql = (
+            "SELECT count(*) AS n FROM sys_invocation WHERE status = 'scheduled' "
+            f"AND target_service_name = '{AGENT}-schedule'"
+        )
+        return int(restate.server.query(sql)[0]["n"])
+
+    with dumped_on_failure(kubelet.logs):
+        manifest["spec"]["schedules"] = [every_2s]
+        cluster.apply_agent(manifest)
+        wait_for(lambda: active(cluster), timeout=90, what="v1 registered")
+        [status] = wait_for(lambda: cluster.status(AGENT).get("schedules"), timeout=30, what="set")
+        assert status["name"] == "beat" and status["nextRun"].endswith("Z")
+        wait_for(lambda: runs_in("beats") >= 2, timeout=60, what="two scheduled runs")
+        described = http("POST", f"{ingress}/{AGENT}-schedule/beat/describe").json()
+        assert described["generation"] == cluster.agent(AGENT)["metadata"]["generation"]
+
+        # Dropped from the spec: stopped on Restate, gone from the status.
+        manifest["spec"]["schedules"] = []
+        cluster.apply_agent(manifest)
+        wait_for(lambda: cluster.status(AGENT).get("schedules") == [], timeout=60, what="gone")
+        wait_for(lambda: ticks_waiting() == 0, timeout=10, what="no tick waiting")
+        assert http("POST", f"{ingress}/{AGENT}-schedule/beat/describe").json() == {
+            "schedule": None
+        }
+
+        # Back, then the agent deleted: its ticks are killed before its versions drain.
+        manifest["spec"]["schedules"] = [every_2s]
+        cluster.apply_agent(manifest)
+        wait_for(lambda: ticks_waiting() == 1, timeout=60, what="the schedule set again")
+        cluster.delete_agent(AGENT)
+        wait_for(lambda: cluster.agent(AGENT) is None, timeout=90, what="the agent deleted")
+        assert ticks_waiting() == 0

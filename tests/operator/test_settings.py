@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tether.spec import SpecError, parse_agent
-from tether_operator.render import egress_policy, version_hash, version_objects
+from tether_operator.render import egress_policy, sidecar_objects, version_hash, version_objects
 from tether_operator.settings import SettingsError, settings_from_env
 
 ENV = {
@@ -103,6 +103,16 @@ def test_the_version_follows_the_spec_and_pod_template_only() -> None:
     assert version_hash(agent(worker={"replicas": 3}), "ns", settings) == base
     scaling = {"idleAfter": "10m", "minReplicas": 1, "maxReplicas": 4}
     assert version_hash(agent(scaling=scaling), "ns", settings) == base
+    # Nor when it runs: schedules are kept on Restate, and no pod (the sidecar's neither) reads
+    # them.
+    hook = {"secretRef": {"name": "hook", "key": "key"}}
+    daily = [{"name": "daily", "cron": "@daily", "prompt": "sum up the day"}]
+    signed, scheduled = agent(webhook=hook), agent(webhook=hook, schedules=daily)
+    assert version_hash(scheduled, "ns", settings) == version_hash(signed, "ns", settings)
+    assert (
+        sidecar_objects(scheduled, "ns", settings).hash
+        == sidecar_objects(signed, "ns", settings).hash
+    )
     # What runs is.
     assert version_hash(agent(system="x"), "ns", settings) != base
     assert version_hash(agent(worker={"image": "other:1"}), "ns", settings) != base

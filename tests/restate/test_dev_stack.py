@@ -22,6 +22,7 @@ from tests.restate.support import (
     approval_manifest,
     decide_by_link,
     descendants,
+    http,
     kill_tree,
     wait_until,
     without_capabilities,
@@ -432,3 +433,22 @@ def test_two_nodes_are_refused(tmp_path: Path) -> None:
     spec = approval_manifest(tmp_path, "dev-two", SCRIPT)
     with pytest.raises(ConfigError, match=r"--nodes 2: use 1 .* or 3 or more"):
         DevStack(spec, tmp_path.with_name(f"{tmp_path.name}-dev"), nodes=2)
+
+
+def test_the_dev_stack_sets_the_specs_schedules_on_its_restate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TETHER_WORKSPACE", str(tmp_path))
+    monkeypatch.delenv("TETHER_WEBHOOK_SECRET", raising=False)
+    path = approval_manifest(tmp_path, "dev-cron", [{"text": f"beat {n}"} for n in range(30)])
+    document = yaml.safe_load(path.read_text())
+    document["spec"]["webhook"] = {"secretRef": {"name": "hook", "key": "key"}}
+    beat = {"name": "beat", "cron": "*/2 * * * * *", "prompt": "beat", "session": "beats"}
+    document["spec"]["schedules"] = [beat]
+    path.write_text(yaml.safe_dump(document))
+    data_dir = tmp_path.with_name(f"{tmp_path.name}-dev")
+    with DevStack(path, data_dir) as stack:
+        url = f"{stack.ingress_url}/dev-cron/beats/session"
+        wait_until(lambda: len(http("POST", url).json()["runs"]) >= 2, timeout=30)
+        said = [t["content"][0]["text"] for t in http("POST", url).json()["turns"]]
+        assert said[:4] == ["beat", "beat 0", "beat", "beat 1"]

@@ -7,7 +7,8 @@ registered through any live node, and the worker and the sidecar are given every
 (`RESTATE_INGRESS_URL`, comma-separated), which they try in turn when one's connection fails
 (`tether.programs.restate_endpoints`): a node can be killed under a running stack.
 The webhook secret is generated once and kept in the data directory, so `tether resolve` can
-sign resolutions for the running stack.
+sign resolutions for the running stack. The spec's schedules are set on the stack's Restate once
+the worker is registered, as the operator sets them on a cluster.
 
 The agent's workspace is `TETHER_WORKSPACE`, else the current directory; the data directory
 (the secret, the logs, the metrics) must be outside it, where the file tools cannot read the
@@ -33,7 +34,7 @@ from typing import Self
 import httpx2
 
 from ..errors import ConfigError
-from ..spec import load_agent
+from ..spec import load_agent, restate_services
 from .hardening import refuse_state_in_workspace, state_dir
 from .lifecycle import Lifecycle
 from .process_group import signal_group, stop_group
@@ -41,6 +42,7 @@ from .restate_cluster import RestateCluster
 from .restate_identity import IDENTITY_KEYS_ENV
 from .restate_install import find_or_install_restate_server
 from .restate_server import RestatePorts, RestateServer, free_port
+from .webhooks import schedule_order
 
 SECRET_FILE = "webhook-secret"
 CLUSTER_REPLICATION = 2
@@ -245,9 +247,31 @@ class DevStack(Lifecycle):
         self.worker.env[IDENTITY_KEYS_ENV] = identity
         self.worker.env["RESTATE_INGRESS_URL"] = self.ingress_url
         self.start_worker()
+        self.set_schedules()
         self.sidecar.start()
         wait_for(f"{self.sidecar_url}/healthz", "sidecar", self.sidecar)
         return self
+
+    def set_schedules(self) -> None:
+        """Set the spec's schedules on the stack's Restate, as the operator does on a cluster
+        (`tether_operator.schedules`), as of a new owner: each stack starts with a Restate of
+        its own."""
+        owner = f"tether-dev-{secrets.token_hex(4)}"
+        service = restate_services(self.agent).schedule
+        for schedule in load_agent(self.spec).spec.schedules:
+            config = schedule.model_dump(by_alias=True, mode="json")
+            order = schedule_order(
+                self.secret.encode(),
+                schedule.name,
+                config,
+                owner=owner,
+                generation=1,
+                stamp=time.time(),
+            )
+            url = f"{self.ingress_urls[0]}/{service}/{schedule.name}/set"
+            answer = httpx2.post(url, json=order, timeout=30)
+            if answer.status_code != 200:
+                raise ConfigError(f"setting the schedule {schedule.name!r} failed: {answer.text}")
 
     def start_worker(self) -> None:
         self.worker.start()

@@ -111,6 +111,20 @@ def resume(invocation_id: str) -> AdminCall[None]:
     )
 
 
+def kill(invocation_id: str) -> AdminCall[None]:
+    """`PATCH /invocations/{id}/kill`: the invocation ends at once, without running its handler
+    further. One already done (409) or gone (404) is fine."""
+    return AdminCall(
+        "PATCH",
+        f"/invocations/{invocation_id}/kill",
+        None,
+        f"killing invocation {invocation_id}",
+        "KillFailed",
+        lambda _: None,
+        frozenset({200, 202, 404, 409}),
+    )
+
+
 def query(sql: str) -> AdminCall[list[dict[str, Any]]]:
     """`POST /query`: SQL introspection (`sys_invocation`, `state`, ...), the rows as dicts."""
     return AdminCall("POST", "/query", {"query": sql}, "SQL introspection", "QueryFailed", _rows)

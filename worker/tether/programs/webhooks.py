@@ -293,20 +293,27 @@ def pace_signature(secret: bytes, model: str, ask: Mapping[str, Any]) -> str:
 
 
 def schedule_signature(secret: bytes, name: str, order: Mapping[str, Any]) -> str:
-    """HMAC(secret, ["tether-schedule:v1", name, the order's schedule, generation and stamp]):
-    the operator sets or stops a schedule of the agent (`tether.programs.worker.schedule`);
-    nothing else, the agent's own tools least of all, may start its runs at times of its own."""
+    """HMAC(secret, ["tether-schedule:v1", name, the order's schedule, owner, generation and
+    stamp]): the operator sets or stops a schedule of the agent
+    (`tether.programs.worker.schedule`); nothing else, the agent's own tools least of all, may
+    start its runs at times of its own."""
     schedule = json.dumps(order.get("schedule"), sort_keys=True)
-    signed = ["tether-schedule:v1", name, schedule, order.get("generation"), order.get("stamp")]
-    return hmac_hex(secret, json.dumps(signed).encode())
+    fields = (order.get("owner"), order.get("generation"), order.get("stamp"))
+    return hmac_hex(secret, json.dumps(["tether-schedule:v1", name, schedule, *fields]).encode())
 
 
 def schedule_order(
-    secret: bytes, name: str, schedule: Mapping[str, Any] | None, generation: int, stamp: float
+    secret: bytes,
+    name: str,
+    schedule: Mapping[str, Any] | None,
+    *,
+    owner: str,
+    generation: int,
+    stamp: float,
 ) -> dict[str, Any]:
     """The operator's order to set the schedule `name` (a `ScheduleSpec`'s JSON) or, with None,
-    to stop it, as of the agent's `generation`, signed."""
-    order = {"schedule": schedule, "generation": generation, "stamp": stamp}
+    to stop it, as of the `generation` of the DurableAgent whose uid is `owner`, signed."""
+    order = {"schedule": schedule, "owner": owner, "generation": generation, "stamp": stamp}
     return {**order, "sig": schedule_signature(secret, name, order)}
 
 

@@ -1261,6 +1261,16 @@ class SidecarStatus(_Model):
     url: str | None = Field(default=None, description="Where Restate reaches it.")
 
 
+class ScheduleStatus(_Model):
+    """A schedule as the operator last set it on Restate (`<agent>-schedule/<name>`)."""
+
+    name: str = Field(description="The schedule's name.")
+    hash: str = Field(description="Hash of the schedule as set: set again when the spec's differs.")
+    next_run: str | None = Field(
+        default=None, description="When its next run is due (RFC 3339); none while suspended."
+    )
+
+
 class DurableAgentStatus(_Model):
     """What the operator observed and did."""
 
@@ -1288,6 +1298,9 @@ class DurableAgentStatus(_Model):
     webhook_url: str | None = Field(default=None, description="Base URL of the approval hooks.")
     parked_calls: int = Field(default=0, ge=0, description="Calls waiting for a person.")
     sidecar: SidecarStatus | None = Field(default=None, description="The agent's sidecar pods.")
+    schedules: list[ScheduleStatus] = Field(
+        default_factory=list, description="The spec's schedules as set on Restate."
+    )
 
 
 class Metadata(BaseModel):

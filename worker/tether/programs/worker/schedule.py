@@ -4,8 +4,9 @@ the times of its cron expression.
 The operator sets each schedule of the spec here (`set`), and stops those the spec no longer
 has or whose agent is deleted, with orders signed with the webhook secret: the agent's tools
 reach the ingress too, and must not start its runs at times (or with prompts) of their own. An
-order carries the agent's `metadata.generation`, and one older than the schedule's is refused,
-so a slow operator replica cannot put back what a newer spec changed.
+order carries the DurableAgent's uid and `metadata.generation`, and one of the same agent older
+than the schedule's is refused, so a slow operator replica cannot put back what a newer spec
+changed (an agent deleted and made again under its name has another uid).
 
 The object sends itself a `tick` for the next time due, delayed until then, and keeps that
 invocation's id to cancel it when the schedule changes; a tick that is no longer the one
@@ -50,26 +51,26 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
     async def set(ctx: restate.ObjectContext, order: dict[str, Any]) -> dict[str, Any]:
         """Set the schedule (`order["schedule"]`, a `ScheduleSpec`'s JSON) or stop it (None);
         answers the next time due (None: none)."""
-        schedule, generation = await _checked(ctx, secrets, order)
+        schedule, owner, generation = await _checked(ctx, secrets, order)
         kept: dict[str, Any] = await ctx.get(STATE) or {}
-        if generation < kept.get("generation", 0):
+        if owner == kept.get("owner") and generation < kept["generation"]:
             raise TerminalError(
                 f"the schedule is kept as of generation {kept['generation']}, newer than "
                 f"{generation}",
                 status_code=409,
             )
         if schedule is None:
-            await _cancel_tick(ctx, kept)
+            _cancel_tick(ctx, kept)
             ctx.clear_all()
             return {"next": None}
         config = schedule.model_dump(by_alias=True, mode="json")
         if config == kept.get("config"):  # as it was: its next tick stands
-            ctx.set(STATE, {**kept, "generation": generation})
+            ctx.set(STATE, {**kept, "owner": owner, "generation": generation})
             return {"next": kept.get("next")}
-        await _cancel_tick(ctx, kept)
+        _cancel_tick(ctx, kept)
         now = await ctx.time()
         due = None if schedule.suspend else _cron(schedule).next_after(now)
-        kept = {**kept, "config": config, "generation": generation, "next": due, "tick": None}
+        kept = {**kept, "config": config, "owner": owner, "generation": generation, "next": due}
         ctx.set(STATE, await _send_tick(ctx, services.schedule, kept, now))
         return {"next": due}
 
@@ -81,8 +82,10 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
         schedule = ScheduleSpec.model_validate(kept["config"])
         cron = _cron(schedule)
         now = await ctx.time()
-        at = cron.last_due(now)  # `due`, or a later time when this tick came late
-        following = cron.next_after(now)
+        # `due`, or a later time when this tick came late (never an earlier one: Restate may
+        # deliver a delayed call a moment before the worker's clock says it is due).
+        at = max(due, cron.last_due(now))
+        following = cron.next_after(max(now, at))
         session = schedule.session or f"{schedule.name}-{_stamp(at)}"
         request: dict[str, Any] = {"prompt": schedule.prompt}
         if schedule.session is not None:  # behind the session's runs: not past the next time
@@ -148,18 +151,19 @@ async def _send_tick(
     return {**kept, "tick": await handle.invocation_id()}
 
 
-async def _cancel_tick(ctx: restate.ObjectContext, kept: dict[str, Any]) -> None:
+def _cancel_tick(ctx: restate.ObjectContext, kept: dict[str, Any]) -> None:
     if kept.get("tick"):
         ctx.cancel_invocation(kept["tick"])
 
 
 async def _checked(
     ctx: restate.ObjectContext, secrets: Sequence[bytes], order: Any
-) -> tuple[ScheduleSpec | None, int]:
-    """The schedule (None: stop it) and generation of an order one of `secrets` signed, made
-    within `FRESH_SECONDS`."""
+) -> tuple[ScheduleSpec | None, str, int]:
+    """The schedule (None: stop it), owner and generation of an order one of `secrets` signed,
+    made within `FRESH_SECONDS`."""
     try:
-        given, generation, stamp = order["sig"], int(order["generation"]), float(order["stamp"])
+        given, owner = order["sig"], str(order["owner"])
+        generation, stamp = int(order["generation"]), float(order["stamp"])
         raw = order["schedule"]
         schedule = None if raw is None else ScheduleSpec.model_validate(raw)
     except (KeyError, TypeError, ValueError) as error:
@@ -172,4 +176,4 @@ async def _checked(
         raise TerminalError(f"the schedule is named {schedule.name!r}, not {ctx.key()!r}", 400)
     if abs(await ctx.time() - stamp) > FRESH_SECONDS:
         raise TerminalError("the order is stale: sign it again", status_code=401)
-    return schedule, generation
+    return schedule, owner, generation

@@ -1,0 +1,127 @@
+"""The spec's schedules (`spec.schedules`), kept on Restate's `<agent>-schedule/<name>`
+(`tether.programs.worker.schedule`, served by the sidecar's index).
+
+Each pass sets a schedule whose hash the status does not show (new, or changed) and stops one
+the status shows but the spec no longer has; deleting the agent kills their ticks. Orders go
+through Restate's ingress, signed with the agent's webhook key (read from its Secret for the
+order, never kept), and carry the DurableAgent's uid and generation: Restate refuses an order
+older than the one it keeps, so an operator replica a change behind cannot undo it. A schedule
+that could not be set (Restate or the Secret failed) is tried again on the next pass; the status
+shows each set schedule's next time, from its cron.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+import kopf
+
+from tether.cron import Cron
+from tether.programs.restate_admin import AdminCall
+from tether.programs.webhooks import schedule_order
+from tether.spec import DurableAgent, ScheduleSpec, ScheduleStatus, restate_services
+
+from .context import AgentMemory, Operator
+from .kube import KubeError
+from .names import content_hash
+from .restate_admin import RestateError
+
+
+async def keep(
+    op: Operator,
+    body: kopf.Body,
+    mem: AgentMemory,
+    agent: DurableAgent,
+    kept: list[ScheduleStatus],
+) -> list[ScheduleStatus]:
+    """Set the spec's schedules that `kept` (the status) lacks or shows otherwise, and stop
+    those it shows that the spec lacks; the schedules as they now are on Restate."""
+    wanted = {schedule.name: schedule for schedule in agent.spec.schedules}
+    now = {status.name: status for status in kept}
+    changed = [s for s in wanted.values() if getattr(now.get(s.name), "hash", None) != _hash(s)]
+    gone = [name for name in now if name not in wanted]
+    if changed or gone:
+        key = await _webhook_key(op, body, mem, agent)
+        if key is not None:
+            for schedule in changed:
+                if await _order(op, body, mem, agent, key, schedule.name, schedule):
+                    now[schedule.name] = ScheduleStatus(name=schedule.name, hash=_hash(schedule))
+            for name in gone:
+                if await _order(op, body, mem, agent, key, name, None):
+                    del now[name]
+    return [_with_next_run(now[name], wanted.get(name)) for name in sorted(now)]
+
+
+async def stop_all(op: Operator, name: str) -> int:
+    """Stop every schedule of the agent `name`, which is being deleted, without its key (its
+    Secret may be gone first): the ticks that wait for their time are killed through the admin
+    API; how many. Called on each pass of the deletion, as a tick that ran meanwhile sends the
+    next."""
+    return await op.restate.kill_scheduled(restate_services(name).schedule)
+
+
+def _hash(schedule: ScheduleSpec) -> str:
+    return content_hash(schedule.model_dump(by_alias=True, mode="json"))
+
+
+def _with_next_run(status: ScheduleStatus, schedule: ScheduleSpec | None) -> ScheduleStatus:
+    if schedule is None or schedule.suspend or status.hash != _hash(schedule):
+        return status.model_copy(update={"next_run": None})
+    due = Cron(schedule.cron, schedule.time_zone).next_after(time.time())
+    stamp = datetime.fromtimestamp(due, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return status.model_copy(update={"next_run": stamp})
+
+
+async def _webhook_key(
+    op: Operator, body: kopf.Body, mem: AgentMemory, agent: DurableAgent
+) -> bytes | None:
+    """The agent's current webhook key, from its Secret; None (and a warning) when it cannot be
+    read."""
+    ref = agent.spec.webhook
+    if ref is None:  # the spec refuses schedules without one
+        return None
+    namespace = body["metadata"]["namespace"]
+    try:
+        secret = await op.kube.get("v1", "Secret", namespace, ref.secret_ref.name)
+        encoded = (secret or {}).get("data", {}).get(ref.secret_ref.key)
+        return base64.b64decode(encoded, validate=True) if encoded else None
+    except (KubeError, binascii.Error, TypeError) as error:
+        mem.warn_once(body, "ScheduleFailed", f"the webhook key could not be read: {error}")
+        return None
+
+
+async def _order(
+    op: Operator,
+    body: kopf.Body,
+    mem: AgentMemory,
+    agent: DurableAgent,
+    key: bytes,
+    name: str,
+    schedule: ScheduleSpec | None,
+) -> bool:
+    """Set (or, with None, stop) the schedule `name`; whether Restate took the order."""
+    meta = body["metadata"]
+    order = schedule_order(
+        key,
+        name,
+        None if schedule is None else schedule.model_dump(by_alias=True, mode="json"),
+        owner=str(meta.get("uid", "")),
+        generation=int(meta.get("generation") or 0),
+        stamp=time.time(),
+    )
+    what = f"{'setting' if schedule else 'stopping'} the schedule {name!r}"
+    service = restate_services(agent.metadata.name).schedule
+    call: AdminCall[object] = AdminCall(
+        "POST", f"/{service}/{quote(name, safe='')}/set", order, what, "ScheduleFailed", dict
+    )
+    try:
+        await op.ingress.send(call, changes=True)
+    except RestateError as error:
+        mem.warn_once(body, "ScheduleFailed", str(error))
+        return False
+    kopf.info(body, reason="Scheduled", message=f"{what} on Restate: done")
+    return True
