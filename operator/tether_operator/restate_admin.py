@@ -59,6 +59,12 @@ PARKED_SQL = (
     f"WHERE key = '{PARKED_STATE_KEY}'"
 )
 
+SCHEDULES_SQL = (
+    "SELECT service_name AS service, service_key AS name, value_utf8 AS value FROM state "
+    "WHERE key = 'schedule' AND service_name LIKE '%-schedule'"
+)
+"""Every agent's schedules as their objects keep them (`tether.programs.worker.schedule`)."""
+
 
 class RestateError(TetherError):
     """Restate could not be reached, or refused; `reason` is a condition reason."""
@@ -246,7 +252,7 @@ class RestateObserver:
 
     def __init__(self, admin: RestateAdmin, in_flight_age: float, parked_age: float) -> None:
         self.admin = admin
-        self._ages = {"in_flight": in_flight_age, "parked": parked_age}
+        self._ages = {"in_flight": in_flight_age, "parked": parked_age, "schedules": parked_age}
         self._cache: dict[str, _Cached] = {name: _Cached() for name in self._ages}
 
     async def _cached(self, name: str, load: Callable[[], Awaitable[Any]], max_age: float) -> Any:
@@ -296,3 +302,19 @@ class RestateObserver:
     async def parked_calls(self, service: str) -> int:
         counts: Counter[str] = await self._cached("parked", self._load_parked, self._ages["parked"])
         return counts[service]
+
+    async def _load_schedules(self) -> dict[str, dict[str, dict[str, Any]]]:
+        found: dict[str, dict[str, dict[str, Any]]] = {}
+        for row in await self.admin.query(SCHEDULES_SQL):
+            try:
+                kept = json.loads(row["value"] or "null")
+            except ValueError:
+                continue
+            if isinstance(kept, dict):
+                found.setdefault(row["service"], {})[str(row["name"])] = kept
+        return found
+
+    async def schedules(self, service: str) -> dict[str, dict[str, Any]]:
+        """The schedules `service` keeps, by name."""
+        found = await self._cached("schedules", self._load_schedules, self._ages["schedules"])
+        return dict(found.get(service, {}))

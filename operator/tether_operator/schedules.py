@@ -7,7 +7,7 @@ through Restate's ingress, signed with the agent's webhook key (read from its Se
 order, never kept), and carry the DurableAgent's uid and generation: Restate refuses an order
 older than the one it keeps, so an operator replica a change behind cannot undo it. A schedule
 that could not be set (Restate or the Secret failed) is tried again on the next pass; the status
-shows each set schedule's next time, from its cron.
+shows each set schedule's next and last runs as Restate keeps them (one query for all agents).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import base64
 import binascii
 import time
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote
 
 import kopf
 
-from tether.cron import Cron
 from tether.programs.restate_admin import AdminCall
 from tether.programs.webhooks import schedule_order
 from tether.spec import DurableAgent, ScheduleSpec, ScheduleStatus, restate_services
@@ -53,7 +53,7 @@ async def keep(
             for name in gone:
                 if await _order(op, body, mem, agent, key, name, None):
                     del now[name]
-    return [_with_next_run(now[name], wanted.get(name)) for name in sorted(now)]
+    return [now[name] for name in sorted(now)]
 
 
 async def stop_all(op: Operator, name: str) -> int:
@@ -68,12 +68,33 @@ def _hash(schedule: ScheduleSpec) -> str:
     return content_hash(schedule.model_dump(by_alias=True, mode="json"))
 
 
-def _with_next_run(status: ScheduleStatus, schedule: ScheduleSpec | None) -> ScheduleStatus:
-    if schedule is None or schedule.suspend or status.hash != _hash(schedule):
-        return status.model_copy(update={"next_run": None})
-    due = Cron(schedule.cron, schedule.time_zone).next_after(time.time())
-    stamp = datetime.fromtimestamp(due, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return status.model_copy(update={"next_run": stamp})
+async def observed(
+    op: Operator, agent: DurableAgent, kept: list[ScheduleStatus]
+) -> list[ScheduleStatus]:
+    """`kept` with each schedule's next and last runs as Restate keeps them (as they were, when
+    Restate does not answer)."""
+    try:
+        found = await op.observer.schedules(restate_services(agent.metadata.name).schedule)
+    except RestateError:
+        return kept
+    return [_as_kept(status, found.get(status.name) or {}) for status in kept]
+
+
+def _as_kept(status: ScheduleStatus, kept: dict[str, Any]) -> ScheduleStatus:
+    return status.model_copy(
+        update={
+            "next_run": _rfc3339(kept.get("next")),
+            "last_run": _rfc3339(kept.get("last")),
+            "last_session": kept.get("session"),
+            "late_ticks": int(kept.get("late") or 0),
+        }
+    )
+
+
+def _rfc3339(t: Any) -> str | None:
+    if not isinstance(t, int | float):
+        return None
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 async def _webhook_key(

@@ -581,7 +581,7 @@ async def converge(
     kept = base_status(body, mem).schedules
     # A schedule's runs go to the agent's object, and it is served by the index: both first.
     if any(v.state == "Active" and v.restate_deployment_id for v in versions.values()):
-        kept = await schedules.keep(op, body, mem, agent, kept)
+        kept = await schedules.observed(op, agent, await schedules.keep(op, body, mem, agent, kept))
     in_flight = None
     try:
         in_flight = await drain_old(op, body, agent, mem, versions, desired)

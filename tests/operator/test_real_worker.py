@@ -125,6 +125,14 @@ def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
         [status] = wait_for(lambda: cluster.status(AGENT).get("schedules"), timeout=30, what="set")
         assert status["name"] == "beat" and status["nextRun"].endswith("Z")
         wait_for(lambda: runs_in("beats") >= 2, timeout=60, what="two scheduled runs")
+        # The status shows the schedule as Restate keeps it.
+        [status] = wait_for(
+            lambda: [s for s in cluster.status(AGENT)["schedules"] if s.get("lastRun")],
+            timeout=30,
+            what="the last run in the status",
+        )
+        assert status["lastSession"] == "beats" and status["lateTicks"] == 0
+        assert status["lastRun"] < status["nextRun"]
         described = http("POST", f"{ingress}/{AGENT}-schedule/beat/describe").json()
         assert described["generation"] == cluster.agent(AGENT)["metadata"]["generation"]
 

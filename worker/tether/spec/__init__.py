@@ -1269,6 +1269,14 @@ class ScheduleStatus(_Model):
     next_run: str | None = Field(
         default=None, description="When its next run is due (RFC 3339); none while suspended."
     )
+    last_run: str | None = Field(default=None, description="When its last run was due.")
+    last_session: str | None = Field(default=None, description="The session of its last run.")
+    late_ticks: int = Field(
+        default=0,
+        ge=0,
+        description="How many times it came late (Restate was down) and ran only the latest "
+        "time due.",
+    )
 
 
 class DurableAgentStatus(_Model):
