@@ -64,18 +64,21 @@ def manifest(name: str, script: list[dict[str, Any]], **spec: Any) -> dict[str, 
     }
 
 
-def two_models(model_server: ModelServer, **model: Any) -> dict[str, Any]:
-    """Anthropic's model, then OpenAI's as its fallback, both on `model_server` (a request's
-    path says which model it went to)."""
+def one_model(model_server: ModelServer, **model: Any) -> dict[str, Any]:
+    """Anthropic's model on `model_server`."""
     return {
         "provider": "anthropic",
         "name": "claude-test",
         "baseUrl": model_server.anthropic_url,
-        "fallbacks": [
-            {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
-        ],
         **model,
     }
+
+
+def two_models(model_server: ModelServer, **model: Any) -> dict[str, Any]:
+    """Anthropic's model, then OpenAI's as its fallback, both on `model_server` (a request's
+    path says which model it went to)."""
+    fallback = {"provider": "openai", "name": "gpt-test", "baseUrl": model_server.openai_url}
+    return one_model(model_server, fallbacks=[fallback], **model)
 
 
 class Notifications(BaseHTTPRequestHandler):
@@ -979,12 +982,7 @@ def test_a_workers_calls_past_its_models_cap_wait_for_a_slot(
     model_server.script(held, Reply(text=["second"]))
     agent = name()
     document = manifest(agent, [])
-    document["spec"]["model"] = {
-        "provider": "anthropic",
-        "name": "claude-test",
-        "baseUrl": model_server.anthropic_url,
-        "maxConcurrentCalls": 1,
-    }
+    document["spec"]["model"] = one_model(model_server, maxConcurrentCalls=1)
     metrics = tmp_path / "metrics"
     metrics.mkdir()
     agent_worker(document, PROMETHEUS_MULTIPROC_DIR=str(metrics), ANTHROPIC_API_KEY="a-key")
@@ -1082,11 +1080,7 @@ def test_a_named_sub_agents_own_sub_agents_never_get_a_tool_it_lacks(
     )
     agent = name()
     document = manifest(agent, [])
-    document["spec"]["model"] = {
-        "provider": "anthropic",
-        "name": "claude-test",
-        "baseUrl": model_server.anthropic_url,
-    }
+    document["spec"]["model"] = one_model(model_server)
     document["spec"]["tools"] = [
         {"name": "read", "builtin": "read_file"},
         {"name": "shell", "builtin": "shell"},

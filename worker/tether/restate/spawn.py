@@ -91,11 +91,6 @@ async def settle(futures: Sequence[Any], ctx: ToolContext) -> list[ChildRunResul
     return results
 
 
-def tool_output(labels: list[str], results: list[ChildRunResult]) -> ToolOutput:
-    """The child's final text; several children are labeled. Any failure is an error result."""
-    return answers(labels, [(r["status"], r["text"], r.get("error")) for r in results])
-
-
 def waves(requests: list[ChildRunRequest], size: int | None) -> list[list[ChildRunRequest]]:
     """`requests` in dispatch order, `size` at a time (all at once without a size)."""
     if not size or size >= len(requests):
@@ -150,7 +145,9 @@ def restate_spawn_tool(options: RestateSpawnToolOptions) -> ToolDef:
             for request, result in zip(requests, results, strict=True)
         ]
         await merge.announce(merged)
-        return tool_output([r["label"] for r in requests], results)
+        # The children's final texts (labeled when several); any failure is an error result.
+        named = [r["label"] for r in requests]
+        return answers(named, [(r["status"], r["text"], r.get("error")) for r in results])
 
     schema, description = offering(
         TASKS_SCHEMA, options.description or SPAWN_DESCRIPTION, options.agents
