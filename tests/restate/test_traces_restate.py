@@ -38,7 +38,7 @@ def child_script(subject: str) -> list[dict[str, Any]]:
 SCRIPT: dict[str, list[dict[str, Any]]] = {
     PROMPT: [
         {
-            "tool_calls": [{"name": "spawn", "input": {"tasks": TASKS}}],
+            "tool_calls": [{"name": "spawn", "input": {"tasks": TASKS, "agent": "checker"}}],
             "usage": {"input": 100, "output": 20},
         },
         {"tool_calls": [{"name": "deploy", "input": {"version": "1.4.0"}}]},
@@ -47,6 +47,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
     ],
     **{task: child_script(task.split()[1]) for task in TASKS},
 }
+CHECKER = {"name": "checker", "description": "Checks a part.", "tools": ["list_files"]}
 TOOLS = '''\
 import asyncio
 import os
@@ -76,7 +77,7 @@ def write_agent(directory: Path) -> Path:
                 {"name": "deploy", "python": "traced_tools:deploy"},
                 {"name": "ship", "builtin": "write_file", "requireApproval": True},
             ],
-            "subagents": {"maxDepth": 1, "maxConcurrent": 2},
+            "subagents": {"maxDepth": 1, "maxConcurrent": 2, "agents": [CHECKER]},
         },
     }
     directory.mkdir(parents=True, exist_ok=True)
@@ -176,6 +177,8 @@ def test_a_run_with_sub_agents_killed_mid_tool_and_parked_is_one_trace_with_a_sp
     # Each sub-agent: its own invocation, its run's span under the spawn call.
     children = [s for s in spans if s.parent_id == tools["spawn"].span_id]
     assert len(children) == 2 and {c.name for c in children} == {f"invoke_agent {AGENT}"}
+    assert {c.attributes.get("tether.subagent") for c in children} == {"checker"}
+    assert "tether.subagent" not in run.attributes  # the session's own run
     for child in children:
         theirs = [
             s

@@ -321,15 +321,21 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         tracing = tracing_from_env(settings.env, service_name=manifest.metadata.name)
 
     def hooks_for(
-        durable: DurableRuntime, trace: TraceParent | None = None, session_id: str | None = None
+        durable: DurableRuntime,
+        trace: TraceParent | None = None,
+        session_id: str | None = None,
+        subagent: str | None = None,
     ) -> dict[str, list[HookFn]]:
-        """The metrics hooks of a run (the session's agent or a child) on `durable`, and its
-        tracing hooks when traces are exported (a child's run under `trace`, its spawn call)."""
+        """The metrics hooks of a run (the session's agent or a child, of the named sub-agent
+        `subagent`) on `durable`, and its tracing hooks when traces are exported (a child's run
+        under `trace`, its spawn call)."""
         name = manifest.metadata.name
         hooks = agent_hooks(name, provider=provider.name, model=provider.model, durable=durable)
         merged = {hook: [fn] for hook, fn in hooks.items()}
         if tracing is not None:
             attributes = {"gen_ai.conversation.id": session_id} if session_id else {}
+            if subagent is not None:
+                attributes["tether.subagent"] = subagent
             traced = tracing.hooks(
                 agent=name,
                 provider=provider.name,
@@ -458,7 +464,7 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
                     handoff=handoff,
                     stopping=stopping.is_stopping,
                 ),
-                hooks=lambda durable: hooks_for(durable, trace),
+                hooks=lambda durable: hooks_for(durable, trace, subagent=kind),
             )
         if subagents is not None:
             await forget_children(ctx)
