@@ -4,6 +4,7 @@ schedule's; only a signed, fresh order of the agent's newest generation changes 
 
 from __future__ import annotations
 
+import calendar
 import sys
 import time
 from collections.abc import Iterator
@@ -189,3 +190,25 @@ def test_a_run_that_cannot_start_by_its_deadline_is_skipped_without_a_model_call
     on_time = http("POST", f"{url}/late/run", {"prompt": "x", "start_by": time.time() + 60})
     assert on_time.json()["status"] == "completed"
     assert on_time.json()["text"] == "report 0"
+
+
+def test_a_tick_that_comes_late_runs_only_the_latest_time_due(
+    restate_server: RestateServer, worker: HypercornWorker
+) -> None:
+    often = {"name": "often", "cron": EVERY_2S, "prompt": "report"}
+    first = set_schedule(restate_server, "often", order("often", often)).json()["next"]
+    worker.kill()  # the tick has nowhere to run: Restate retries it
+    wait_until(lambda: time.time() > first + 4.5, timeout=10, interval=0.1)  # 2 more times due
+    worker.start()
+    wait_until(lambda: describe(restate_server, "often")["last"], timeout=60)
+    assert describe(restate_server, "often")["late"] == 1
+    keys = restate_server.query(
+        "SELECT target_service_key AS key FROM sys_invocation "
+        f"WHERE target_service_name = '{AGENT}' AND target_service_key LIKE 'often-%'"
+    )
+    due = sorted(
+        calendar.timegm(time.strptime(row["key"].removeprefix("often-"), "%Y%m%dt%H%M%Sz"))
+        for row in keys
+    )
+    assert due[0] >= first + 4, (first, due)  # none for the times missed while down
+    assert set_schedule(restate_server, "often", order("often", None, 2)).status == 200
