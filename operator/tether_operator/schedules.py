@@ -56,18 +56,6 @@ async def keep(
     return [now[name] for name in sorted(now)]
 
 
-async def stop_all(op: Operator, name: str) -> int:
-    """Stop every schedule of the agent `name`, which is being deleted, without its key (its
-    Secret may be gone first): the ticks that wait for their time are killed through the admin
-    API; how many. Called on each pass of the deletion, as a tick that ran meanwhile sends the
-    next."""
-    return await op.restate.kill_scheduled(restate_services(name).schedule)
-
-
-def _hash(schedule: ScheduleSpec) -> str:
-    return content_hash(schedule.model_dump(by_alias=True, mode="json"))
-
-
 async def observed(
     op: Operator, agent: DurableAgent, kept: list[ScheduleStatus]
 ) -> list[ScheduleStatus]:
@@ -78,6 +66,18 @@ async def observed(
     except RestateError:
         return kept
     return [_as_kept(status, found.get(status.name) or {}) for status in kept]
+
+
+async def stop_all(op: Operator, name: str) -> int:
+    """Stop every schedule of the agent `name`, which is being deleted, without its key (its
+    Secret may be gone first): the ticks that wait for their time are killed through the admin
+    API; how many. Called on each pass of the deletion, as a tick that ran meanwhile sends the
+    next."""
+    return await op.restate.kill_scheduled(restate_services(name).schedule)
+
+
+def _hash(schedule: ScheduleSpec) -> str:
+    return content_hash(schedule.model_dump(by_alias=True, mode="json"))
 
 
 def _as_kept(status: ScheduleStatus, kept: dict[str, Any]) -> ScheduleStatus:
@@ -106,13 +106,17 @@ async def _webhook_key(
     if ref is None:  # the spec refuses schedules without one
         return None
     namespace = body["metadata"]["namespace"]
+    where = f"Secret {namespace}/{ref.secret_ref.name}, key {ref.secret_ref.key!r}"
     try:
         secret = await op.kube.get("v1", "Secret", namespace, ref.secret_ref.name)
         encoded = (secret or {}).get("data", {}).get(ref.secret_ref.key)
-        return base64.b64decode(encoded, validate=True) if encoded else None
+        if encoded:
+            return base64.b64decode(encoded, validate=True)
+        problem = "not found"
     except (KubeError, binascii.Error, TypeError) as error:
-        mem.warn_once(body, "ScheduleFailed", f"the webhook key could not be read: {error}")
-        return None
+        problem = str(error)
+    mem.warn_once(body, "ScheduleFailed", f"the webhook key ({where}) signs schedules: {problem}")
+    return None
 
 
 async def _order(
