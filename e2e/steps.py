@@ -631,6 +631,9 @@ def schedule_runs(p: Platform) -> None:
         return bool(last) and p.session(FANOUT, last)["status"] == "completed"
 
     wait_for("a scheduled run completed", completed, 120, 1)
+    # The operator's gauge, which TetherScheduleBehind watches, in Prometheus.
+    due = f'tether_schedule_next_run_timestamp_seconds{{agent="{FANOUT}",schedule="census"}}'
+    wait_for("the schedule's next run in Prometheus", lambda: p.series(due), 60, 2)
     p.report.time("schedule applied -> its first run completed", time.monotonic() - set_at)
     if p.agent_status(FANOUT)["activeVersion"] != version:
         raise StepFailed("adding a schedule rolled out a new version")

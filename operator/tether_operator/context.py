@@ -72,6 +72,8 @@ class AgentMemory:
     """The scaler took what it must remember from the status and the Deployments once."""
     gauges: set[str] = field(default_factory=set)
     """The versions whose gauges this process reports."""
+    schedule_gauges: set[str] = field(default_factory=set)
+    """The schedules whose gauges this process reports."""
 
     def warn_once(self, body: kopf.Body, reason: str, message: str) -> None:
         """A warning event, once for as long as this process runs (a retried failure)."""

@@ -1,6 +1,7 @@
 """The operator's Prometheus metrics: per version, its active and parked runs and the replicas the
 operator wants for it, for an HPA (through a metrics adapter) or KEDA (its Prometheus scaler) to
-scale a version on while its runs are active.
+scale a version on while its runs are active; per schedule, its next and last runs' times (as
+Restate keeps them), for an alert on a schedule whose next run never came.
 
 Served at `/metrics` on `TETHER_METRICS_PORT` (default 8000; 0: not served) from a registry of
 the operator's own. The counts are Restate's (the one cached `sys_invocation` query of the
@@ -14,7 +15,9 @@ import logging
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from tether.spec import VersionStatus
+from tether.spec import ScheduleStatus, VersionStatus
+
+from .conditions import parse_rfc3339
 
 log = logging.getLogger("tether_operator")
 
@@ -42,6 +45,19 @@ REPLICAS = Gauge(
     registry=REGISTRY,
 )
 GAUGES = (ACTIVE_RUNS, PARKED_RUNS, REPLICAS)
+SCHEDULE_LABELS = ("namespace", "agent", "schedule")
+NEXT_RUN = Gauge(
+    "tether_schedule_next_run_timestamp_seconds",
+    "When the schedule's next run is due (Unix time), as Restate keeps it; none while suspended.",
+    SCHEDULE_LABELS,
+    registry=REGISTRY,
+)
+LAST_RUN = Gauge(
+    "tether_schedule_last_run_timestamp_seconds",
+    "When the schedule's last run was due (Unix time).",
+    SCHEDULE_LABELS,
+    registry=REGISTRY,
+)
 
 
 def serve(port: int) -> None:
@@ -67,6 +83,32 @@ def report(namespace: str, agent: str, versions: list[VersionStatus], shown: set
     forget(namespace, agent, shown - current)
     shown.clear()
     shown.update(current)
+
+
+def report_schedules(
+    namespace: str, agent: str, schedules: list[ScheduleStatus], shown: set[str]
+) -> None:
+    """Set the gauges of the agent's `schedules` and drop those of schedules that are gone;
+    `shown` (the names reported before) is updated."""
+    for schedule in schedules:
+        labels = (namespace, agent, schedule.name)
+        for gauge, stamp in ((NEXT_RUN, schedule.next_run), (LAST_RUN, schedule.last_run)):
+            if stamp is None:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
+            else:
+                gauge.labels(*labels).set(parse_rfc3339(stamp))
+    current = {schedule.name for schedule in schedules}
+    forget_schedules(namespace, agent, shown - current)
+    shown.clear()
+    shown.update(current)
+
+
+def forget_schedules(namespace: str, agent: str, names: set[str]) -> None:
+    for name in names:
+        for gauge in (NEXT_RUN, LAST_RUN):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, agent, name)
 
 
 def forget(namespace: str, agent: str, hashes: set[str]) -> None:

@@ -597,3 +597,4 @@ async def converge(
     status = status.model_copy(update={"schedules": kept})
     await write_status(op, body, mem, status)
     metrics.report(meta["namespace"], meta["name"], status.versions, mem.gauges)
+    metrics.report_schedules(meta["namespace"], meta["name"], kept, mem.schedule_gauges)

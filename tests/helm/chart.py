@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import yaml
 from prometheus_client import Counter, Gauge, Histogram
 
 from tether.programs import metrics
+from tether_operator import metrics as operator_metrics_module
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "tether"
@@ -67,10 +68,20 @@ def env_of(container: Manifest) -> dict[str, str]:
 
 
 def tether_metrics() -> dict[str, str]:
-    """Every metric `tether.programs.metrics` declares, by its name in Prometheus, with its type;
-    and the one the sidecar computes at scrape time without a declared metric."""
-    found = {metrics.PARKED_OLDEST_NAME: "gauge"}
-    for value in vars(metrics).values():
+    """Every metric `tether.programs.metrics` declares (the workers' and the sidecars'), by its
+    name in Prometheus, with its type; and the one the sidecar computes at scrape time without a
+    declared metric."""
+    return {metrics.PARKED_OLDEST_NAME: "gauge", **_declared(vars(metrics).values())}
+
+
+def operator_metrics() -> dict[str, str]:
+    """Every metric the operator declares (`tether_operator.metrics`), as `tether_metrics`."""
+    return _declared(vars(operator_metrics_module).values())
+
+
+def _declared(values: Iterable[object]) -> dict[str, str]:
+    found = {}
+    for value in values:
         if isinstance(value, Counter):
             found[f"{value._name}_total"] = "counter"
         elif isinstance(value, Histogram):

@@ -20,6 +20,7 @@ from tests.helm.chart import (
     by_kind,
     helm,
     one,
+    operator_metrics,
     render,
     tether_metrics,
 )
@@ -70,7 +71,7 @@ def test_the_unit_tests_catch_a_wrong_threshold(promtool_bin: Path, tmp_path: Pa
 
 
 def test_every_alert_says_how_bad_and_what_happened_on_tether_metrics_only() -> None:
-    declared = tether_metrics()
+    declared = {**tether_metrics(), **operator_metrics()}
     for rule in ALERTS:
         assert rule["labels"]["severity"] in {"info", "warning", "critical"}, rule["alert"]
         assert {"summary", "description"} <= set(rule["annotations"]), rule["alert"]

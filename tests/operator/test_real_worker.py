@@ -4,13 +4,23 @@ and drain from it when the spec changes."""
 
 from __future__ import annotations
 
+import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.operator.local_kubelet import LocalKubelet
-from tests.operator.op_harness import Cluster, OperatorFactory, Restate, dumped_on_failure, wait_for
+from tests.operator.op_harness import (
+    Cluster,
+    OperatorFactory,
+    OperatorProcess,
+    Restate,
+    dumped_on_failure,
+    wait_for,
+)
 from tether.programs.local_http import request_json as http
 
 AGENT = "clerk"
@@ -40,10 +50,10 @@ def kubelet(cluster: Cluster) -> Iterator[LocalKubelet]:
     helper.close()
 
 
-def on_node_ports(run_operator: OperatorFactory) -> None:
+def on_node_ports(run_operator: OperatorFactory) -> OperatorProcess:
     """An operator whose workers Restate reaches on their node ports (the local kubelet's
     processes)."""
-    run_operator(
+    return run_operator(
         TETHER_WORKER_SERVICE_TYPE="NodePort",
         TETHER_WORKER_URL_TEMPLATE="http://127.0.0.1:{node_port}",
     )
@@ -100,10 +110,23 @@ def test_runs_reach_the_real_worker_and_drain_from_it(
         }
 
 
+def schedule_gauges(url: str, namespace: str) -> dict[str, float]:
+    """The operator's `tether_schedule_*` gauges of the schedule `beat`, by name."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    wanted = {"namespace": namespace, "agent": AGENT, "schedule": "beat"}
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith("tether_schedule_") and sample.labels == wanted
+    }
+
+
 def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
     cluster: Cluster, restate: Restate, run_operator: OperatorFactory, kubelet: LocalKubelet
 ) -> None:
-    on_node_ports(run_operator)
+    operator = on_node_ports(run_operator)
     ingress = restate.server.ingress_url
     every_2s = {"name": "beat", "cron": "*/2 * * * * *", "prompt": "beat", "session": "beats"}
     manifest = scripted("v1", [{"text": f"beat {n}"} for n in range(60)])
@@ -133,6 +156,15 @@ def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
         )
         assert status["lastSession"] == "beats" and status["lateTicks"] == 0
         assert status["lastRun"] < status["nextRun"]
+        # The alert's gauges: the next run ahead, the last one behind.
+        gauges = wait_for(
+            lambda: schedule_gauges(operator.metrics, cluster.namespace) or None,
+            timeout=30,
+            what="the schedule's gauges",
+        )
+        next_run = gauges["tether_schedule_next_run_timestamp_seconds"]
+        assert gauges["tether_schedule_last_run_timestamp_seconds"] < next_run
+        assert next_run > time.time() - 5
         described = http("POST", f"{ingress}/{AGENT}-schedule/beat/describe").json()
         assert described["generation"] == cluster.agent(AGENT)["metadata"]["generation"]
 
@@ -140,6 +172,7 @@ def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
         manifest["spec"]["schedules"] = []
         cluster.apply_agent(manifest)
         wait_for(lambda: cluster.status(AGENT).get("schedules") == [], timeout=60, what="gone")
+        assert schedule_gauges(operator.metrics, cluster.namespace) == {}
         wait_for(lambda: ticks_waiting() == 0, timeout=10, what="no tick waiting")
         assert http("POST", f"{ingress}/{AGENT}-schedule/beat/describe").json() == {
             "schedule": None
