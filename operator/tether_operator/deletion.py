@@ -142,5 +142,5 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
     await _unregister_sidecar(op, body, left)
     await children.delete_sidecar(op.kube, namespace, name)
     metrics.forget(namespace, name, mem.gauges)
-    metrics.forget_schedules(namespace, name, mem.schedule_gauges)
+    metrics.forget(namespace, name, mem.schedule_gauges, metrics.SCHEDULE_GAUGES)
     await _say(op, body, mem, False, "Deleted", "every version is unregistered and deleted")

@@ -44,7 +44,7 @@ REPLICAS = Gauge(
     LABELS,
     registry=REGISTRY,
 )
-GAUGES = (ACTIVE_RUNS, PARKED_RUNS, REPLICAS)
+VERSION_GAUGES = (ACTIVE_RUNS, PARKED_RUNS, REPLICAS)
 SCHEDULE_LABELS = ("namespace", "agent", "schedule")
 NEXT_RUN = Gauge(
     "tether_schedule_next_run_timestamp_seconds",
@@ -58,6 +58,7 @@ LAST_RUN = Gauge(
     SCHEDULE_LABELS,
     registry=REGISTRY,
 )
+SCHEDULE_GAUGES = (NEXT_RUN, LAST_RUN)
 
 
 def serve(port: int) -> None:
@@ -92,27 +93,24 @@ def report_schedules(
     `shown` (the names reported before) is updated."""
     for schedule in schedules:
         labels = (namespace, agent, schedule.name)
-        for gauge, stamp in ((NEXT_RUN, schedule.next_run), (LAST_RUN, schedule.last_run)):
+        for gauge, stamp in zip(
+            SCHEDULE_GAUGES, (schedule.next_run, schedule.last_run), strict=True
+        ):
             if stamp is None:
-                with contextlib.suppress(KeyError):
-                    gauge.remove(*labels)
+                forget(namespace, agent, {schedule.name}, (gauge,))
             else:
                 gauge.labels(*labels).set(parse_rfc3339(stamp))
     current = {schedule.name for schedule in schedules}
-    forget_schedules(namespace, agent, shown - current)
+    forget(namespace, agent, shown - current, SCHEDULE_GAUGES)
     shown.clear()
     shown.update(current)
 
 
-def forget_schedules(namespace: str, agent: str, names: set[str]) -> None:
-    for name in names:
-        for gauge in (NEXT_RUN, LAST_RUN):
+def forget(
+    namespace: str, agent: str, keys: set[str], gauges: tuple[Gauge, ...] = VERSION_GAUGES
+) -> None:
+    """Drop the `gauges` of the agent's versions (or schedules) `keys`."""
+    for key in keys:
+        for gauge in gauges:
             with contextlib.suppress(KeyError):
-                gauge.remove(namespace, agent, name)
-
-
-def forget(namespace: str, agent: str, hashes: set[str]) -> None:
-    for digest in hashes:
-        for gauge in GAUGES:
-            with contextlib.suppress(KeyError):
-                gauge.remove(namespace, agent, digest)
+                gauge.remove(namespace, agent, key)

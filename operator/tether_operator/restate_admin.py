@@ -164,18 +164,21 @@ class RestateAdmin(RestateApi):
         if services:
             names = ", ".join(f"'{name}'" for name in services)
             rows += await self.query(UNPINNED_PAUSED_SQL.format(names))
-        for row in rows:
-            await self.send(admin.resume(str(row["id"])), changes=True)
-        return len(rows)
+        return await self._each(rows, admin.resume)
 
     async def kill_scheduled(self, service: str) -> int:
         """Kill the invocations of `service` that wait for their time (delayed sends); how
         many."""
         if not SERVICE_NAME.match(service):
             raise RestateError("QueryFailed", f"not a Restate service name: {service!r}")
-        rows = await self.query(SCHEDULED_SQL.format(service))
+        return await self._each(await self.query(SCHEDULED_SQL.format(service)), admin.kill)
+
+    async def _each(
+        self, rows: list[dict[str, Any]], command: Callable[[str], AdminCall[None]]
+    ) -> int:
+        """Send `command` for the invocation of each row; how many."""
         for row in rows:
-            await self.send(admin.kill(str(row["id"])), changes=True)
+            await self.send(command(str(row["id"])), changes=True)
         return len(rows)
 
 

@@ -61,6 +61,8 @@ async def observed(
 ) -> list[ScheduleStatus]:
     """`kept` with each schedule's next and last runs as Restate keeps them (as they were, when
     Restate does not answer)."""
+    if not kept:
+        return kept
     try:
         found = await op.observer.schedules(restate_services(agent.metadata.name).schedule)
     except RestateError:

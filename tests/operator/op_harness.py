@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client
 from kubernetes.client import ApiClient, ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from tether.parked import PARKED_STATE_KEY
 from tether.programs.local_http import request_json
@@ -304,6 +305,18 @@ def seconds_fresh(record: dict[str, Any]) -> float:
     seen = datetime.datetime.fromisoformat(record["lastseen"])
     deadline = seen + datetime.timedelta(seconds=int(record["lifetime"]))
     return (deadline - datetime.datetime.now(datetime.UTC)).total_seconds()
+
+
+def operator_gauges(url: str, prefix: str, **labels: str) -> dict[str, float]:
+    """The operator's gauges named `prefix*` whose labels are exactly `labels`, by name."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.startswith(prefix) and sample.labels == labels
+    }
 
 
 # ------------------------------------------------------------------------------------------

@@ -5,12 +5,10 @@ and drain from it when the spec changes."""
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.operator.local_kubelet import LocalKubelet
 from tests.operator.op_harness import (
@@ -19,6 +17,7 @@ from tests.operator.op_harness import (
     OperatorProcess,
     Restate,
     dumped_on_failure,
+    operator_gauges,
     wait_for,
 )
 from tether.programs.local_http import request_json as http
@@ -112,15 +111,9 @@ def test_runs_reach_the_real_worker_and_drain_from_it(
 
 def schedule_gauges(url: str, namespace: str) -> dict[str, float]:
     """The operator's `tether_schedule_*` gauges of the schedule `beat`, by name."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    wanted = {"namespace": namespace, "agent": AGENT, "schedule": "beat"}
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name.startswith("tether_schedule_") and sample.labels == wanted
-    }
+    return operator_gauges(
+        url, "tether_schedule_", namespace=namespace, agent=AGENT, schedule="beat"
+    )
 
 
 def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
@@ -182,6 +175,12 @@ def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
         manifest["spec"]["schedules"] = [every_2s]
         cluster.apply_agent(manifest)
         wait_for(lambda: ticks_waiting() == 1, timeout=60, what="the schedule set again")
+        wait_for(
+            lambda: schedule_gauges(operator.metrics, cluster.namespace) or None,
+            timeout=30,
+            what="the gauges back",
+        )
         cluster.delete_agent(AGENT)
         wait_for(lambda: cluster.agent(AGENT) is None, timeout=90, what="the agent deleted")
         assert ticks_waiting() == 0
+        assert schedule_gauges(operator.metrics, cluster.namespace) == {}  # gone with the agent

@@ -13,7 +13,6 @@ endpoints.
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +20,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kube.controlplane import ControlPlane
 from tests.operator import local_proxy
@@ -32,6 +30,7 @@ from tests.operator.op_harness import (
     Restate,
     StandinWorker,
     dumped_on_failure,
+    operator_gauges,
     wait_for,
 )
 from tests.operator.test_children import AGENT, manifest, registered, with_secrets
@@ -151,15 +150,7 @@ def completed_at(restate: Restate, invocation: str) -> float:
 
 def gauges(url: str, namespace: str, digest: str) -> dict[str, float]:
     """The operator's `tether_version_*` gauges of one version, by name."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    wanted = {"namespace": namespace, "agent": AGENT, "version": digest}
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name.startswith("tether_version_") and sample.labels == wanted
-    }
+    return operator_gauges(url, "tether_version_", namespace=namespace, agent=AGENT, version=digest)
 
 
 def parked_version_at_zero(
