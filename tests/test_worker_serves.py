@@ -75,6 +75,7 @@ def test_an_index_loads_nothing_of_the_agent_loop(tmp_path: Path) -> None:
         "a-handoff",
         "a-pace",
         "a-schedule",
+        "a-spend",
     ]
     assert not [m for m in loaded if m.startswith(LOOP)], loaded
 

@@ -202,7 +202,16 @@ def test_an_approval_is_listed_and_answered_through_the_index_apart_from_the_age
         "agent": {AGENT},
         "index": {
             f"{AGENT}-{name}"
-            for name in ("parked", "live", "watchers", "inbox", "handoff", "pace", "schedule")
+            for name in (
+                "parked",
+                "live",
+                "watchers",
+                "inbox",
+                "handoff",
+                "pace",
+                "schedule",
+                "spend",
+            )
         },
     }
     write = ToolCall("write_file", {"path": "a.txt", "content": "x"})

@@ -22,6 +22,7 @@ from ..jsoncodec import dumps
 from ..messages import JSON, Message, estimate_tokens, text_block, text_of, tool_uses
 from ..parked import BUDGET_TOOL
 from ..providers.base import ModelRequest, Provider, ProviderError
+from ..providers.spend import SpendCapReached
 from ..session.events import EventLog, event
 from ..session.session import Session
 from ..session.types import SessionRun, SessionTurn
@@ -220,7 +221,8 @@ class AgentRun:
             if "decision" in response:  # the run stops before this turn's model call
                 return response["decision"], None, response["at"]
             if "error" in response:
-                return "error", response["error"], response["at"]
+                ended_as: AgentStatus = "budget_exceeded" if response.get("capped") else "error"
+                return ended_as, response["error"], response["at"]
             if response.get("aborted"):
                 return "aborted", None, response["at"]
             content = response["content"]
@@ -502,7 +504,8 @@ class AgentRun:
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
                 # Any failure moves on to a fallback: another model may answer what this one
                 # refused (a key, a quota, a context window); the last one's decides the retry.
-                fallback = model < fallbacks
+                capped = isinstance(error, SpendCapReached)  # the agent's, every model's too
+                fallback = model < fallbacks and not capped
                 failed: dict[str, Any] = {
                     "error": f"{error.provider}: {error}",
                     "retry": not fallback
@@ -513,6 +516,8 @@ class AgentRun:
                 }
                 if fallbacks:
                     failed |= {"fallback": fallback, **self._which(provider)}
+                if capped:
+                    failed["capped"] = True
                 await hooks.call(
                     "turn:error",
                     {"turn": turn, "run_id": self.run_id, **self._which(provider), **failed},

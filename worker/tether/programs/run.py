@@ -41,6 +41,7 @@ from ..spec.assemble import (
     cooldown_from_spec,
     fallbacks_from_spec,
     load_script,
+    local_spend_gate,
     output_from_spec,
     parking_with,
     provider_from_spec,
@@ -65,10 +66,12 @@ def choose_provider(
     first one's key is set, else whichever of ANTHROPIC_API_KEY / OPENAI_API_KEY is set, else
     the example's script."""
     key = api_key_for(spec, env)
+    spend = local_spend_gate(spec)  # this process's calls: `tether run` is one
     if spec.model.provider == "scripted" or key:
-        fallbacks = fallbacks_from_spec(spec, env)
+        fallbacks = fallbacks_from_spec(spec, env, spend=spend)
         then = "".join(f", then {model.label}" for model in spec.model.fallbacks or [])
-        return provider_from_spec(spec, key or ""), fallbacks, f"model: {spec.model.label}{then}"
+        made = provider_from_spec(spec, key or "", spend=spend)
+        return made, fallbacks, f"model: {spec.model.label}{then}"
     for provider, variable in DEFAULT_KEY_ENV.items():
         if env.get(variable):
             other = spec.model_copy(
@@ -84,7 +87,7 @@ def choose_provider(
                 }
             )
             return (
-                provider_from_spec(other, env[variable]),
+                provider_from_spec(other, env[variable], spend=spend),
                 [],
                 f"model: {provider}/{DEFAULT_MODELS[provider]} ({variable} is set)",
             )

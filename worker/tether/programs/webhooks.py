@@ -292,6 +292,15 @@ def pace_signature(secret: bytes, model: str, ask: Mapping[str, Any]) -> str:
     return hmac_hex(secret, json.dumps(signed).encode())
 
 
+def spend_signature(secret: bytes, request: Mapping[str, Any]) -> str:
+    """HMAC(secret, ["tether-spend:v1", and the request's fields]): a worker holds a call's
+    spend against the agent's caps, or settles it (`tether.programs.worker.spend`); only a
+    worker does, never a tool that would take the caps' room or give it back."""
+    fields = ("op", "hold", "amount", "caps", "stamp")
+    signed = ["tether-spend:v1", *(request.get(field) for field in fields)]
+    return hmac_hex(secret, json.dumps(signed, sort_keys=True).encode())
+
+
 def schedule_signature(secret: bytes, name: str, order: Mapping[str, Any]) -> str:
     """HMAC(secret, ["tether-schedule:v1", name, the order's schedule, owner, generation and
     stamp]): the operator sets or stops a schedule of the agent

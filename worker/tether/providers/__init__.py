@@ -21,6 +21,7 @@ from .cooldown import Cooldown
 from .limit import Limited
 from .pace import LocalPacer, Pacer
 from .scripted import ScriptedProvider, ScriptExhaustedError, scripted
+from .spend import LocalSpendGate, SpendCapReached, SpendGate
 
 if TYPE_CHECKING:
     from .anthropic_provider import AnthropicProvider, anthropic
@@ -49,6 +50,7 @@ __all__ = [
     "Fallback",
     "Limited",
     "LocalPacer",
+    "LocalSpendGate",
     "ModelRequest",
     "ModelResponse",
     "OpenAIProvider",
@@ -60,6 +62,8 @@ __all__ = [
     "Rate",
     "ScriptExhaustedError",
     "ScriptedProvider",
+    "SpendCapReached",
+    "SpendGate",
     "anthropic",
     "openai",
     "scripted",

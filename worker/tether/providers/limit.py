@@ -1,6 +1,6 @@
-"""A model's calls held back in this process: at most so many in flight, and each at its pace.
-A provider's rate limits are per key, and a worker with many runs would otherwise send every
-run's call at once and get 429s back."""
+"""A model's calls held back in this process: at most so many in flight, each at its pace, and
+each within the agent's spend caps. A provider's rate limits are per key, and a worker with many
+runs would otherwise send every run's call at once and get 429s back."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ from collections.abc import Awaitable, Callable
 from ..messages import estimate_tokens
 from .base import ModelRequest, ModelResponse, Provider, TextCallback
 from .pace import Pacer
+from .spend import SpendGate, hold_spend, spent
 
 
 class Limited:
     """`provider` with at most `max_calls` of its calls in flight at once (None: no cap), each
     sent at its slot of `pacer` (None: at once). The others wait their turn, in order, inside
     their model step (a wait is not journaled: it only delays the call, and its timeout starts
-    once it is sent). `on_waiting` hears how many calls wait, each time that changes (the
-    worker's `tether_model_calls_waiting`)."""
+    once it is sent). With `spend`, a call first holds its worst case against the agent's
+    spend caps (`SpendCapReached` when it does not fit) and settles what it spent once done.
+    `on_waiting` hears how many calls wait, each time that changes (the worker's
+    `tether_model_calls_waiting`)."""
 
     def __init__(
         self,
@@ -26,6 +29,7 @@ class Limited:
         on_waiting: Callable[[int], None] | None = None,
         *,
         pacer: Pacer | None = None,
+        spend: SpendGate | None = None,
     ) -> None:
         if max_calls is not None and max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, not {max_calls}")
@@ -36,6 +40,7 @@ class Limited:
         self.context_window = provider.context_window
         self.max_calls = max_calls
         self.pacer = pacer
+        self.spend = spend
         self.on_waiting = on_waiting
         self.waiting = 0
         self._slots = asyncio.Semaphore(max_calls) if max_calls is not None else None
@@ -43,6 +48,18 @@ class Limited:
     async def complete(
         self, request: ModelRequest, on_text: TextCallback | None = None
     ) -> ModelResponse:
+        gate = self.spend
+        if gate is None:
+            return await self._limited(request, on_text)
+        hold = await hold_spend(gate, request, self.pricing, self.name)
+        response: ModelResponse | None = None
+        try:
+            response = await self._limited(request, on_text)
+            return response
+        finally:  # failed, aborted or answered: its hold goes, and what it spent counts
+            await gate.settle(hold, spent(response, self.pricing))
+
+    async def _limited(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
         slots = self._slots
         if slots is not None:
             if slots.locked():

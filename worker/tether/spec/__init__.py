@@ -530,6 +530,28 @@ class ToolSpecEntry(_Model):
         return self
 
 
+class SpendCapSpec(_Model):
+    """At most so much spent by all of the agent's runs together in each calendar hour, day or
+    month (UTC), on every worker and version: a model call that does not fit does not start,
+    and its run ends with `budget_exceeded`."""
+
+    per: Literal["hour", "day", "month"] = Field(
+        description="The calendar period in UTC: hour, day or month."
+    )
+    max_cost_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD a period (needs the pricing of every model of the spec).",
+    )
+    max_tokens: int | None = Field(default=None, gt=0, description="Tokens a period.")
+
+    @model_validator(mode="after")
+    def _a_limit(self) -> SpendCapSpec:
+        if self.max_cost_usd is None and self.max_tokens is None:
+            raise ValueError("a spend cap needs maxCostUsd or maxTokens")
+        return self
+
+
 class Limits(_Model):
     """When a run stops on its own."""
 
@@ -551,6 +573,16 @@ class Limits(_Model):
         description="When the next model call does not fit a budget: stop (the default) ends "
         "the run (budget_exceeded); ask waits for a person as for an approval (tool `budget`, "
         "listed and answered like any approval), and an approval raises each budget by its size.",
+    )
+
+    spend_caps: list[SpendCapSpec] | None = Field(
+        default=None,
+        max_length=3,
+        description="Caps on what all of the agent's runs spend together in each calendar "
+        "hour, day or month (UTC), one per period: every model call holds its worst case "
+        "first, on Restate across all workers and versions (needs spec.webhook, whose key signs "
+        "the holds), and one that does not fit does not start: its run ends with "
+        "budget_exceeded, saying when the period resets.",
     )
 
     @model_validator(mode="after")
@@ -1149,6 +1181,44 @@ class DurableAgentSpec(_Model):
         return self
 
     @model_validator(mode="after")
+    def _spend_caps_can_count(self) -> DurableAgentSpec:
+        caps = self.limits.spend_caps or []
+        periods = [cap.per for cap in caps]
+        if len(set(periods)) != len(periods):
+            raise ValueError("limits.spendCaps: one cap per period (hour, day, month)")
+        if caps and self.webhook is None:
+            raise ValueError(
+                "limits.spendCaps needs spec.webhook: its key signs each call's hold, which "
+                "the agent's own tools could otherwise take or give back"
+            )
+        for cap in caps:
+            for where, model in self.model.choices():
+                field = where.removeprefix("spec.")
+                output = model.max_tokens + (self.behavior.thinking_budget or 0)
+                if cap.max_tokens is not None and cap.max_tokens <= output:
+                    raise ValueError(
+                        f"limits.spendCaps ({cap.per}): maxTokens ({cap.max_tokens}) must be "
+                        f"larger than one call's output ({field}.maxTokens plus "
+                        f"behavior.thinkingBudget: {output}), which each call holds first"
+                    )
+                if cap.max_cost_usd is None:
+                    continue
+                if model.pricing is None:
+                    raise ValueError(
+                        f"limits.spendCaps ({cap.per}): maxCostUsd needs {field}.pricing, or "
+                        "its calls would cost nothing against the cap"
+                    )
+                most = output * model.pricing.output_per_m_tok / 1_000_000
+                if cap.max_cost_usd <= most:
+                    raise ValueError(
+                        f"limits.spendCaps ({cap.per}): maxCostUsd ({cap.max_cost_usd}) must be "
+                        f"more than one call of {field} can cost ({output} tokens at "
+                        f"{model.pricing.output_per_m_tok} USD per million), which each call "
+                        "holds first"
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _schedules_are_signed_and_named_once(self) -> DurableAgentSpec:
         names = [schedule.name for schedule in self.schedules]
         repeated = sorted({name for name in names if names.count(name) > 1})
@@ -1343,6 +1413,9 @@ class RestateServices(NamedTuple):
     (`tether.programs.worker.pace`)."""
     schedule: str
     """The schedules that start its runs, by name (`tether.programs.worker.schedule`)."""
+    spend: str
+    """What its runs spend together, held to its spend caps, under its one key `SPEND_KEY`
+    (`tether.programs.worker.spend`)."""
 
     @property
     def of_versions(self) -> tuple[str, ...]:
@@ -1353,6 +1426,8 @@ class RestateServices(NamedTuple):
 
 WATCHERS_KEY = "all"
 """The one key of `RestateServices.watchers`: the sidecars register there, the workers ask there."""
+SPEND_KEY = "all"
+"""The one key of `RestateServices.spend`."""
 
 
 def restate_services(agent: str) -> RestateServices:
@@ -1366,6 +1441,7 @@ def restate_services(agent: str) -> RestateServices:
         f"{agent}-handoff",
         f"{agent}-pace",
         f"{agent}-schedule",
+        f"{agent}-spend",
     )
 
 

@@ -14,12 +14,15 @@ import yaml
 from ..agent.behavior import Behavior
 from ..agent.output import Output
 from ..agent.spawn import Subagent
+from ..budget import Limits
 from ..providers.base import Fallback, Pricing, Provider
 from ..providers.cooldown import Cooldown
 from ..providers.limit import Limited
 from ..providers.pace import LocalPacer, Pacer
 from ..providers.scripted import scripted
+from ..providers.spend import LocalSpendGate, SpendGate
 from ..rate import Pace, Rate
+from ..spend_caps import SpendCap
 from ..tools.base import ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from ..tools.builtin import BUILTINS, Workspace
 from ..tools.decorator import build_tool
@@ -84,21 +87,44 @@ def pace_of(limit: RateLimit) -> Pace:
     )
 
 
+def spend_caps_of(spec: DurableAgentSpec) -> list[SpendCap]:
+    """The spec's caps on what its runs spend together (`limits.spendCaps`)."""
+    return [
+        SpendCap(cap.per, Limits(cap.max_cost_usd, cap.max_tokens))
+        for cap in spec.limits.spend_caps or []
+    ]
+
+
+def local_spend_gate(spec: DurableAgentSpec) -> SpendGate | None:
+    """The spec's spend caps kept by this process alone (None: it has none)."""
+    caps = spend_caps_of(spec)
+    return LocalSpendGate(caps) if caps else None
+
+
 def provider_from_spec(
-    spec: DurableAgentSpec, api_key: str, pacer_of: PacerOf = local_pacer
+    spec: DurableAgentSpec,
+    api_key: str,
+    pacer_of: PacerOf = local_pacer,
+    spend: SpendGate | None = None,
 ) -> Provider:
     """The spec's provider with `api_key` (anthropic or openai)."""
-    return provider_of(spec.model, api_key, pacer_of)
+    return provider_of(spec.model, api_key, pacer_of, spend)
 
 
-def provider_of(model: ModelChoice, api_key: str, pacer_of: PacerOf = local_pacer) -> Provider:
-    """The provider of `model` with `api_key`, behind its cap on calls in flight and its pace."""
+def provider_of(
+    model: ModelChoice,
+    api_key: str,
+    pacer_of: PacerOf = local_pacer,
+    spend: SpendGate | None = None,
+) -> Provider:
+    """The provider of `model` with `api_key`, behind its cap on calls in flight, its pace and
+    the agent's spend caps (`spend`, shared by all the agent's models)."""
     made = _made(model, api_key)
     cap, limit = model.max_concurrent_calls, model.rate_limit
-    if cap is None and limit is None:
+    if cap is None and limit is None and spend is None:
         return made
     pacer = None if limit is None else pacer_of(model, pace_of(limit))
-    return Limited(made, cap, pacer=pacer)
+    return Limited(made, cap, pacer=pacer, spend=spend)
 
 
 def _made(model: ModelChoice, api_key: str) -> Provider:
@@ -125,12 +151,17 @@ def _made(model: ModelChoice, api_key: str) -> Provider:
 
 
 def fallbacks_from_spec(
-    spec: DurableAgentSpec, env: dict[str, str], pacer_of: PacerOf = local_pacer
+    spec: DurableAgentSpec,
+    env: dict[str, str],
+    pacer_of: PacerOf = local_pacer,
+    spend: SpendGate | None = None,
 ) -> list[Fallback]:
     """The spec's fallback models, each with its key from `env` and its own output tokens; a
     clear error for a key that is not set."""
     return [
-        Fallback(provider_of(model, _require_key(model, env, where), pacer_of), model.max_tokens)
+        Fallback(
+            provider_of(model, _require_key(model, env, where), pacer_of, spend), model.max_tokens
+        )
         for where, model in spec.model.choices()[1:]
     ]
 

@@ -315,12 +315,41 @@ def _spec_schema() -> Schema:
         ),
     )
 
+    caps = props["limits"]["properties"]["spendCaps"]
+    _add_rules(
+        caps,
+        _rule(
+            "self.all(c, self.filter(d, d.per == c.per).size() == 1)",
+            "spec.limits.spendCaps: one cap per period (hour, day, month)",
+        ),
+    )
+    _add_rules(
+        caps["items"],
+        _rule(
+            "has(self.maxCostUsd) || has(self.maxTokens)",
+            "spec.limits.spendCaps[]: set maxCostUsd or maxTokens",
+        ),
+    )
+
     output = (
         "self.model.maxTokens + (has(self.behavior) && has(self.behavior.thinkingBudget) ? "
         "self.behavior.thinkingBudget : 0)"
     )
     _add_rules(
         spec,
+        _rule(
+            "!has(self.limits) || !has(self.limits.spendCaps) || size(self.limits.spendCaps) == 0"
+            " || has(self.webhook)",
+            "spec.limits.spendCaps needs spec.webhook: its key signs each call's hold",
+            ".limits.spendCaps",
+        ),
+        _rule(
+            "!has(self.limits) || !has(self.limits.spendCaps) || self.limits.spendCaps.all(c, "
+            f"!has(c.maxTokens) || c.maxTokens > {output})",
+            "spec.limits.spendCaps[].maxTokens must be larger than one model call's output "
+            "(model.maxTokens plus behavior.thinkingBudget): each call holds it first",
+            ".limits.spendCaps",
+        ),
         _rule(
             f"!has(self.limits) || !has(self.limits.maxTokens) || self.limits.maxTokens > {output}",
             "spec.limits.maxTokens must be larger than one model call's output (model.maxTokens "

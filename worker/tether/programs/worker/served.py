@@ -5,7 +5,8 @@
   index of parked calls `<agent>-parked`, the live events `<agent>-live` and the sessions
   clients watch `<agent>-watchers`, the sessions' inboxes `<agent>-inbox`, the tool results
   handed between replicas `<agent>-handoff`, the slots of rate-limited models' calls
-  `<agent>-pace`, the schedules that start runs `<agent>-schedule` and, when runs with
+  `<agent>-pace`, the schedules that start runs `<agent>-schedule`, what all runs spend against
+  the spend caps `<agent>-spend` and, when runs with
   sub-agents have a budget, the budget ledgers `<agent>-budget`. They need the webhook secrets
   and nothing of the agent's loop (no model key, provider, tools or MCP clients), so they are
   served from the sidecar's pods, up whichever versions have pods: a version woken from zero to
@@ -27,6 +28,7 @@ from .pace import pace_object
 from .parked_index import ParkedIndex
 from .schedule import schedule_object
 from .settings import WorkerSettings
+from .spend import spend_object
 from .watchers import watchers_object
 
 
@@ -38,8 +40,8 @@ def shares_a_budget(spec: DurableAgentSpec) -> bool:
 
 
 def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
-    """`<agent>-parked`, `<agent>-live`, `<agent>-handoff`, `<agent>-pace` and
-    `<agent>-schedule` (checked with the webhook secrets), `<agent>-watchers`, `<agent>-inbox`,
+    """`<agent>-parked`, `<agent>-live`, `<agent>-handoff`, `<agent>-pace`, `<agent>-schedule`
+    and `<agent>-spend` (checked with the webhook secrets), `<agent>-watchers`, `<agent>-inbox`,
     and `<agent>-budget` when the runs share a budget."""
     agent, secrets, spec = settings.agent_name, settings.webhook_secrets, settings.manifest.spec
     kept = spec.events or EventsSpec()
@@ -51,6 +53,7 @@ def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
         handoff_object(agent, secrets),
         pace_object(agent, secrets),
         schedule_object(agent, secrets),
+        spend_object(agent, secrets),
     ]
     if shares_a_budget(spec):
         # Imported here: both load the agent's loop, which an index without a ledger needs

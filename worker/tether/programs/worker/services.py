@@ -71,6 +71,7 @@ from ...spec.assemble import (
     cooldown_from_spec,
     fallbacks_from_spec,
     local_pacer,
+    local_spend_gate,
     output_from_spec,
     parking_with,
     provider_from_spec,
@@ -100,6 +101,7 @@ from .parking import ParkSettings, restate_wait
 from .retries import RETRY_AFTER_WORKER_LOSS
 from .served import shares_a_budget
 from .settings import WorkerSettings
+from .spend_client import RestateSpendGate
 
 PARK_AFTER = timedelta(seconds=10)
 """A run waiting on a person (or a timer) suspends after this long without journal progress, so
@@ -236,10 +238,12 @@ def counting_leaves(agent: str) -> Iterator[None]:
 
 def build_models(settings: WorkerSettings) -> tuple[Provider, list[Fallback]]:
     """The spec's model and its fallbacks, with their keys (a clear error for one not set),
-    each with a rate limit paced across the agent's workers (through Restate's ingress; a
-    worker without one, or without a secret to sign with, paces its own calls)."""
+    each with a rate limit paced across the agent's workers, and all held to the agent's spend
+    caps across them (through Restate's ingress; a worker without one, or without a secret to
+    sign with, paces and counts its own calls)."""
     spec, env = settings.manifest.spec, dict(settings.env)
     pacer_of: PacerOf = local_pacer
+    spend = local_spend_gate(spec)
     if settings.ingress_url and settings.webhook_secret:
         ingress, secret = IngressPoster(settings.ingress_url, timeout=5.0), settings.webhook_secret
 
@@ -247,8 +251,10 @@ def build_models(settings: WorkerSettings) -> tuple[Provider, list[Fallback]]:
             return RestatePacer(settings.agent_name, model.label, pace, ingress, secret)
 
         pacer_of = across_workers
-    provider = provider_from_spec(spec, require_api_key(spec, env), pacer_of)
-    return provider, fallbacks_from_spec(spec, env, pacer_of)
+        if spend is not None:
+            spend = RestateSpendGate(settings.agent_name, spend.caps, ingress, secret)
+    provider = provider_from_spec(spec, require_api_key(spec, env), pacer_of, spend)
+    return provider, fallbacks_from_spec(spec, env, pacer_of, spend)
 
 
 def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:

@@ -1,0 +1,156 @@
+"""The agent's spend caps (`limits.spendCaps`) on a real restate-server and `tether worker`: all
+runs of the agent, on any worker, hold their calls in `<agent>-spend/all`
+(`tether.programs.worker.spend`), so a cap holds across replicas and for runs at once; only a
+worker's signed, fresh request takes a hold or settles one, and once."""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.restate.support import attach, http, send_run
+from tests.restate.test_worker import manifest
+from tether.budget import Spend
+from tether.programs.restate_identity import IDENTITY_KEYS_ENV
+from tether.programs.restate_server import RestateServer
+from tether.programs.webhooks import spend_signature
+from tether.programs.worker.spend import spend_request
+from tether.spend_caps import SpendCap
+from tether.testing import HypercornWorker
+
+SECRET = b"s3cret"
+USED = {"input": 200, "output": 50}
+"""What each call uses: 250 tokens."""
+CAP = 2_000
+CAPS = {"spendCaps": [{"per": "day", "maxTokens": CAP}]}
+
+
+@contextmanager
+def worker(server: RestateServer, directory: Path, agent: str) -> Iterator[HypercornWorker]:
+    """A `tether worker` of `agent`, whose runs answer at once with a call of 250 tokens,
+    registered as the latest deployment."""
+    document = manifest(
+        agent,
+        [{"text": "ok", "usage": USED}],
+        webhook={"secretRef": {"name": "hook", "key": "key"}},
+        limits=CAPS,
+    )
+    document["spec"]["model"]["maxTokens"] = 100
+    spec = directory / f"{agent}.yaml"
+    spec.write_text(yaml.safe_dump(document))
+    command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
+    command += ["--host", "127.0.0.1", "--port", "{port}"]
+    env = {
+        "TETHER_WORKSPACE": str(directory),
+        "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
+        "TETHER_WEBHOOK_SECRET": SECRET.decode(),
+        "RESTATE_INGRESS_URL": server.ingress_url,
+        IDENTITY_KEYS_ENV: server.identity_public_key,
+    }
+    with HypercornWorker("", command=command, env=env, log_dir=directory) as served:
+        server.register(served.url)
+        yield served
+
+
+def run(server: RestateServer, agent: str) -> dict[str, Any]:
+    result: dict[str, Any] = attach(
+        server.ingress_url, send_run(server.ingress_url, agent, uuid.uuid4().hex, "go"), 60
+    )
+    return result
+
+
+def day_spent(server: RestateServer, agent: str) -> dict[str, Any]:
+    described = http("POST", f"{server.ingress_url}/{agent}-spend/all/describe").json()
+    [day] = [w for w in described["windows"] if w["window"].startswith("day:")]
+    return dict(day)
+
+
+def test_a_cap_holds_across_workers_and_a_refused_run_says_when_it_resets(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    agent = "frugal"
+    with worker(restate_server, tmp_path, agent):
+        results = [run(restate_server, agent)]
+        while results[-1]["status"] == "completed" and len(results) < 12:
+            results.append(run(restate_server, agent))
+        day = day_spent(restate_server, agent)
+    completed = len(results) - 1
+    refused = results[-1]
+    assert refused["status"] == "budget_exceeded", results
+    assert "the agent's spend cap of 2,000 tokens a day (UTC) is reached" in refused["error"]
+    assert "it resets at " in refused["error"]
+    assert completed >= 2 and completed * 250 <= CAP
+    assert day["spent"]["tokens"] == completed * 250 and day["held"]["tokens"] == 0
+    # Another worker (the first one gone, this one the latest deployment): its count is the
+    # agent's, not its own, so its first run is refused too.
+    with worker(restate_server, tmp_path, agent):
+        assert run(restate_server, agent)["status"] == "budget_exceeded"
+        assert day_spent(restate_server, agent) == day
+
+
+def test_runs_at_once_never_pass_the_cap_together(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    agent = "thrifty"
+    with worker(restate_server, tmp_path, agent):
+        url = restate_server.ingress_url
+        runs = [send_run(url, agent, f"s{n}", "go") for n in range(12)]
+        results = [attach(url, invocation, 60) for invocation in runs]
+        spent = day_spent(restate_server, agent)["spent"]["tokens"]
+    statuses = [result["status"] for result in results]
+    assert set(statuses) == {"completed", "budget_exceeded"}, statuses
+    assert spent == statuses.count("completed") * 250 <= CAP
+
+
+def test_only_a_workers_fresh_signed_request_holds_or_settles_once(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    agent = "careful"
+    caps = [SpendCap.of({"per": "day", "tokens": CAP})]
+    base = f"{restate_server.ingress_url}/{agent}-spend/all"
+
+    def signed(op: str, hold: str, tokens: int, stamp: float | None = None) -> dict[str, Any]:
+        body = spend_request(
+            op, hold, Spend(0, tokens), caps, time.time() if stamp is None else stamp
+        )
+        return {**body, "sig": spend_signature(SECRET, body)}
+
+    with worker(restate_server, tmp_path, agent):
+        assert (
+            http(
+                "POST", f"{base}/reserve", {**signed("reserve", "h1", 100), "sig": "0" * 64}
+            ).status
+            == 401
+        )
+        assert (
+            http("POST", f"{base}/reserve", signed("reserve", "h1", 100, time.time() - 3600)).status
+            == 401
+        )
+        altered = {**signed("reserve", "h1", 100), "amount": Spend(0, 1).to_json()}
+        assert http("POST", f"{base}/reserve", altered).status == 401
+        assert (
+            http("POST", f"{base}/settle", signed("reserve", "h1", 100)).status == 400
+        )  # wrong op
+        assert http("POST", f"{base}/reserve", {"hold": "h1"}).status == 400
+        assert day_spent(restate_server, agent)["held"]["tokens"] == 0  # none of them held
+
+        assert http("POST", f"{base}/reserve", signed("reserve", "h1", 600)).json() == {
+            "granted": True
+        }
+        too_much = http("POST", f"{base}/reserve", signed("reserve", "h2", 1_500)).json()
+        assert too_much["refusal"]["held"]["tokens"] == 600
+        settle = signed("settle", "h1", 300)
+        assert http("POST", f"{base}/settle", settle).status == 200
+        assert http("POST", f"{base}/settle", settle).status == 200  # the same again: counted once
+        assert http("POST", f"{base}/reserve", signed("reserve", "h1", 600)).json() == {
+            "granted": True
+        }
+        day = day_spent(restate_server, agent)
+        assert day["spent"]["tokens"] == 300 and day["held"]["tokens"] == 0

@@ -1,0 +1,179 @@
+"""The agent's spend caps without Restate: the windows' rules, a provider held to them, a run that
+ends when its call does not fit, and the spec that sets them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.helpers import FlakyProvider, RecordingProvider
+from tether import create_agent
+from tether.budget import Limits, Spend
+from tether.providers import (
+    Limited,
+    LocalSpendGate,
+    ModelRequest,
+    Pricing,
+    ProviderError,
+    SpendCapReached,
+)
+from tether.spec import SpecError, parse_agent
+from tether.spec.assemble import local_spend_gate, provider_from_spec
+from tether.spend_caps import HOLD_SECONDS, SpendCap, SpendWindows, Window
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+def test_a_window_is_the_calendar_period_in_utc_that_holds_the_time() -> None:
+    t = at("2026-12-31T23:59:30")
+    assert Window.of("hour", t) == Window(
+        "hour:2026-12-31T23", at("2026-12-31T23:00"), at("2027-01-01T00:00")
+    )
+    assert Window.of("day", t) == Window("day:2026-12-31", at("2026-12-31"), at("2027-01-01"))
+    assert Window.of("month", t) == Window("month:2026-12", at("2026-12-01"), at("2027-01-01"))
+    assert Window.of("month", at("2027-02-10")).end == at("2027-03-01")
+
+
+DAY = SpendCap("day", Limits(tokens=1_000))
+NOON = at("2026-12-06T12:00")
+
+
+def test_a_call_holds_its_worst_case_and_one_that_does_not_fit_is_refused() -> None:
+    windows = SpendWindows()
+    assert windows.reserve([DAY], "a", Spend(0, 600), NOON) is None
+    refusal = windows.reserve([DAY], "b", Spend(0, 600), NOON + 1)  # 600 held + 600 > 1,000
+    assert refusal is not None and refusal.held == Spend(0, 600) and refusal.spent == Spend()
+    message = refusal.message()
+    assert (
+        "spend cap of 1,000 tokens a day" in message and "resets at 2026-12-07T00:00:00Z" in message
+    )
+    windows.settle("a", Spend(0, 100), NOON + 2)  # spent 100 of its 600: room for b
+    assert windows.reserve([DAY], "b", Spend(0, 600), NOON + 3) is None
+    assert windows.windows(NOON + 3)[1] == {
+        "window": "day:2026-12-06",
+        "spent": {"cost_usd": 0.0, "tokens": 100},
+        "held": {"cost_usd": 0.0, "tokens": 600},
+    }
+
+
+def test_a_settle_or_reserve_sent_again_counts_once() -> None:
+    windows = SpendWindows()
+    windows.reserve([DAY], "a", Spend(0, 600), NOON)
+    windows.settle("a", Spend(0, 500), NOON + 1)
+    windows.settle("a", Spend(0, 500), NOON + 2)  # again: nothing
+    assert windows.reserve([DAY], "a", Spend(0, 600), NOON + 3) is None  # again: no new hold
+    assert windows.spent["day:2026-12-06"] == Spend(0, 500) and windows.held == {}
+    restored = SpendWindows.of(windows.to_json())  # as Restate keeps it
+    restored.settle("a", Spend(0, 500), NOON + 4)
+    assert restored.spent == windows.spent
+
+
+def test_a_hold_never_settled_lapses_and_a_new_period_starts_from_nothing() -> None:
+    windows = SpendWindows()
+    windows.reserve([DAY], "dead", Spend(0, 900), NOON)  # its worker died mid-call
+    assert windows.reserve([DAY], "b", Spend(0, 200), NOON + 60) is not None
+    assert windows.reserve([DAY], "b", Spend(0, 200), NOON + HOLD_SECONDS) is None
+    windows.settle("b", Spend(0, 200), NOON + HOLD_SECONDS + 1)
+    month = SpendCap("month", Limits(tokens=300))
+    tomorrow = at("2026-12-07T00:00:01")
+    assert windows.reserve([DAY], "c", Spend(0, 900), tomorrow) is None  # a new day
+    refusal = windows.reserve([month], "d", Spend(0, 150), tomorrow)  # the month remembers
+    assert refusal is not None and refusal.cap == month and refusal.spent == Spend(0, 200)
+    assert "day:2026-12-06" not in windows.spent  # gone with its day
+
+
+def request(text: str = "hi") -> ModelRequest:
+    return ModelRequest(
+        messages=[{"role": "user", "content": [{"type": "text", "text": text}]}],
+        max_output_tokens=100,
+    )
+
+
+PRICED = Pricing(input_per_mtok=1_000, output_per_mtok=1_000)  # $0.001 a token
+
+
+async def test_a_provider_holds_each_call_and_counts_what_it_spent() -> None:
+    model = RecordingProvider(
+        [{"text": "ok", "usage": {"input": 50, "output": 50}}] * 5, pricing=PRICED
+    )
+    gate = LocalSpendGate([SpendCap("day", Limits(cost_usd=0.5))])
+    capped = Limited(model, spend=gate)
+    await capped.complete(request())  # holds ~$0.14, spends $0.10
+    await capped.complete(request())
+    await capped.complete(request())
+    spent = gate.windows.spent
+    assert spent[Window.of("day", gate._clock()).id].cost_usd == pytest.approx(0.3)
+    with pytest.raises(SpendCapReached) as refused:  # $0.30 + ~$0.24 held > $0.50
+        await capped.complete(request("x" * 100))
+    assert len(model.requests) == 3 and not refused.value.retryable
+    assert "spend cap of $0.5 a day" in str(refused.value)
+    assert gate.windows.held == {}
+
+
+async def test_a_failed_call_gives_its_hold_back() -> None:
+    failing = FlakyProvider([{"text": "ok"}], failures=1, error=ProviderError("down", provider="p"))
+    gate = LocalSpendGate([DAY])
+    with pytest.raises(ProviderError):
+        await Limited(failing, spend=gate).complete(request())
+    assert (
+        gate.windows.held == {}
+        and gate.windows.spent[Window.of("day", gate._clock()).id] == Spend()
+    )
+
+
+async def test_a_run_whose_call_passes_the_agents_cap_ends_with_budget_exceeded() -> None:
+    gate = LocalSpendGate([SpendCap("hour", Limits(tokens=350))])
+    model = RecordingProvider([{"text": "ok", "usage": {"input": 100, "output": 100}}] * 5)
+    first = create_agent(provider=Limited(model, spend=gate), behavior={"max_output_tokens": 100})
+    assert (await first.run("go")).status == "completed"
+    again = create_agent(provider=Limited(model, spend=gate), behavior={"max_output_tokens": 100})
+    stats = await again.run("go")  # 200 spent + its request's ~70 bytes + 100 > 350
+    assert stats.status == "budget_exceeded" and len(model.requests) == 1
+    assert "the agent's spend cap of 350 tokens an hour" in str(stats.error)
+
+
+def capped(**extra: Any) -> dict[str, Any]:
+    model = {"provider": "scripted", "name": "s", "script": [{"text": "ok"}], "maxTokens": 100}
+    return {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "capped"},
+        "spec": {"model": model, "webhook": {"secretRef": {"name": "h", "key": "k"}}, **extra},
+    }
+
+
+def test_the_spec_builds_one_gate_for_all_the_agents_models() -> None:
+    agent = parse_agent(capped(limits={"spendCaps": [{"per": "day", "maxTokens": 5_000}]}))
+    gate = local_spend_gate(agent.spec)
+    assert gate is not None and list(gate.caps) == [SpendCap("day", Limits(tokens=5_000))]
+    provider = provider_from_spec(agent.spec, "", spend=gate)
+    assert isinstance(provider, Limited) and provider.spend is gate
+    assert local_spend_gate(parse_agent(capped()).spec) is None
+
+
+@pytest.mark.parametrize(
+    ("caps", "extra", "says"),
+    [
+        ([{"per": "day"}], {}, "a spend cap needs maxCostUsd or maxTokens"),
+        ([{"per": "week", "maxTokens": 5_000}], {}, "spec.limits.spendCaps[0].per"),
+        ([{"per": "day", "maxTokens": 5_000}] * 2, {}, "one cap per period"),
+        ([{"per": "day", "maxTokens": 100}], {}, "must be larger than one call's output"),
+        ([{"per": "day", "maxCostUsd": 5}], {}, "maxCostUsd needs model.pricing"),
+        ([{"per": "day", "maxTokens": 5_000}], {"webhook": None}, "needs spec.webhook"),
+    ],
+    ids=["no-limit", "unknown-period", "twice", "below-one-output", "unpriced", "unsigned"],
+)
+def test_the_spec_refuses_caps_that_cannot_work(
+    caps: list[dict[str, Any]], extra: dict[str, Any], says: str
+) -> None:
+    document = capped(limits={"spendCaps": caps})
+    document["spec"].update(extra)
+    if document["spec"].get("webhook") is None:
+        document["spec"].pop("webhook")
+    with pytest.raises(SpecError) as refused:
+        parse_agent(document)
+    assert says in str(refused.value)

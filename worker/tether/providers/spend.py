@@ -1,0 +1,78 @@
+"""A model's calls held to the agent's spend caps (`tether.spend_caps`): each call holds its worst
+case before it is sent and settles what it spent once it returns, so all of an agent's runs
+together never pass a cap."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from .. import jsoncodec
+from ..budget import Spend, usage_tokens, worst_case
+from ..spend_caps import Refusal, SpendCap, SpendWindows
+from .base import ModelRequest, ModelResponse, Pricing, ProviderError
+
+
+class SpendCapReached(ProviderError):
+    """A call that does not fit one of the agent's spend caps: it does not start, and its run
+    ends with `budget_exceeded`."""
+
+    def __init__(self, refusal: Refusal, provider: str) -> None:
+        super().__init__(refusal.message(), provider=provider, code="spend_cap")
+        self.refusal = refusal
+
+
+class SpendGate(Protocol):
+    """Where an agent's calls hold their spend against its caps."""
+
+    @property
+    def caps(self) -> Sequence[SpendCap]: ...
+
+    async def reserve(self, hold: str, ask: Spend) -> Refusal | None:
+        """Hold `ask` for the call `hold`; the cap it would pass instead."""
+        ...
+
+    async def settle(self, hold: str, actual: Spend) -> None:
+        """The call `hold` is done and spent `actual`."""
+        ...
+
+
+class LocalSpendGate:
+    """The caps kept by this process alone (`tether run`, `tether dev`): the calls of other
+    processes are not counted."""
+
+    def __init__(self, caps: Sequence[SpendCap], clock: Callable[[], float] = time.time) -> None:
+        self.caps = tuple(caps)
+        self.windows = SpendWindows()
+        self._clock = clock
+
+    async def reserve(self, hold: str, ask: Spend) -> Refusal | None:
+        return self.windows.reserve(self.caps, hold, ask, self._clock())
+
+    async def settle(self, hold: str, actual: Spend) -> None:
+        self.windows.settle(hold, actual, self._clock())
+
+
+async def hold_spend(
+    gate: SpendGate, request: ModelRequest, pricing: Pricing | None, name: str
+) -> str:
+    """Hold the worst case of `request` (its bytes bound its input tokens) in `gate`: the
+    hold's id, or `SpendCapReached`."""
+    tools = [(t.name, t.description, t.input_schema) for t in request.tools]
+    input_tokens = len(jsoncodec.dumps([request.system, request.messages, tools]))
+    output_tokens = request.max_output_tokens + (request.thinking_budget or 0)
+    hold = uuid.uuid4().hex
+    refusal = await gate.reserve(hold, worst_case(input_tokens, output_tokens, pricing))
+    if refusal is not None:
+        raise SpendCapReached(refusal, name)
+    return hold
+
+
+def spent(response: ModelResponse | None, pricing: Pricing | None) -> Spend:
+    """What a call cost (nothing, when it failed)."""
+    if response is None:
+        return Spend()
+    cost = pricing.cost(response.usage) if pricing is not None else 0.0
+    return Spend(cost, usage_tokens(dict(response.usage)))

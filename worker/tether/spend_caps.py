@@ -1,0 +1,211 @@
+"""Caps on what all of an agent's runs spend together in a calendar hour, day or month (UTC).
+
+A run's budget (`tether.budget`) bounds one run and its sub-agents; a cap bounds the agent: every
+model call of every run, on every worker and version, first holds its worst case in the agent's
+`SpendWindows`, and one that does not fit a cap does not start (`SpendCapReached` ends its run
+with `budget_exceeded`). What a call spent counts in the hour, the day and the month it started
+in, whichever caps are set, so versions with other caps share one count. A hold that is never
+settled (its worker died mid-call) lapses after `HOLD_SECONDS`; a settled hold is remembered a
+while, so a settle or reserve sent twice counts once.
+
+Kept where an agent's calls meet: the index's `<agent>-spend` on Restate
+(`tether.programs.worker.spend`), or a process's memory (`tether.providers.spend`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
+
+from .budget import Limits, Spend
+
+Per = Literal["hour", "day", "month"]
+PERIODS: tuple[Per, ...] = get_args(Per)
+
+HOLD_SECONDS = 1800.0
+"""How long a call's hold stands without a settle: longer than any model call may take."""
+SETTLED_SECONDS = 300.0
+"""How long a settled hold is remembered, so that the same settle or reserve again does
+nothing: longer than a signed request stays fresh."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """One calendar period in UTC: its id (`day:2026-12-06`) and its bounds (epoch seconds)."""
+
+    id: str
+    start: float
+    end: float
+
+    @classmethod
+    def of(cls, per: Per, t: float) -> Window:
+        at = datetime.fromtimestamp(t, UTC)
+        if per == "hour":
+            start = at.replace(minute=0, second=0, microsecond=0)
+            end_ts = start.timestamp() + 3600
+            name = start.strftime("%Y-%m-%dT%H")
+        elif per == "day":
+            start = at.replace(hour=0, minute=0, second=0, microsecond=0)
+            end_ts = start.timestamp() + 86400
+            name = start.strftime("%Y-%m-%d")
+        else:
+            start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+            after = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
+            end_ts = after.timestamp()
+            name = start.strftime("%Y-%m")
+        return cls(f"{per}:{name}", start.timestamp(), end_ts)
+
+
+@dataclass(frozen=True)
+class SpendCap:
+    """At most `limits` spent by the agent's calls in each calendar `per` (UTC)."""
+
+    per: Per
+    limits: Limits
+
+    def to_json(self) -> dict[str, Any]:
+        return {"per": self.per, **self.limits.to_json()}
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> SpendCap:
+        per = data.get("per")
+        if per not in PERIODS:
+            raise ValueError(f"a spend cap is per hour, day or month, not {per!r}")
+        limits = Limits.of(data)
+        if not limits:
+            raise ValueError("a spend cap needs cost_usd or tokens")
+        return cls(per, limits)
+
+    def describe(self) -> str:
+        amounts = []
+        if self.limits.cost_usd is not None:
+            amounts.append(f"${self.limits.cost_usd:g}")
+        if self.limits.tokens is not None:
+            amounts.append(f"{self.limits.tokens:,} tokens")
+        return f"{' and '.join(amounts)} {'an' if self.per == 'hour' else 'a'} {self.per}"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a call may not start: the cap it would pass, and what its window holds."""
+
+    cap: SpendCap
+    window: Window
+    spent: Spend
+    held: Spend
+
+    def message(self) -> str:
+        resets = datetime.fromtimestamp(self.window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return (
+            f"the agent's spend cap of {self.cap.describe()} (UTC) is reached: this {self.cap.per} "
+            f"its runs spent ${self.spent.cost_usd:.4f} and {self.spent.tokens:,} tokens, and "
+            f"calls in flight hold ${self.held.cost_usd:.4f} and {self.held.tokens:,} tokens "
+            f"more; it resets at {resets}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cap": self.cap.to_json(),
+            "window": [self.window.id, self.window.start, self.window.end],
+            "spent": self.spent.to_json(),
+            "held": self.held.to_json(),
+        }
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any]) -> Refusal:
+        window_id, start, end = data["window"]
+        return cls(
+            SpendCap.of(data["cap"]),
+            Window(str(window_id), float(start), float(end)),
+            Spend.of(data["spent"]),
+            Spend.of(data["held"]),
+        )
+
+
+@dataclass(frozen=True)
+class _Hold:
+    ask: Spend
+    at: float
+
+
+@dataclass
+class SpendWindows:
+    """What an agent's calls spent in each current window, and what its calls in flight hold."""
+
+    spent: dict[str, Spend] = field(default_factory=dict)
+    held: dict[str, _Hold] = field(default_factory=dict)
+    settled: dict[str, float] = field(default_factory=dict)
+
+    def reserve(
+        self, caps: Iterable[SpendCap], hold: str, ask: Spend, now: float
+    ) -> Refusal | None:
+        """Hold `ask` for the call `hold` if it fits every cap at `now`; the cap it passes
+        otherwise. A hold already made or settled is granted again without a new one."""
+        self._prune(now)
+        if hold in self.held or hold in self.settled:
+            return None
+        for cap in caps:
+            window = Window.of(cap.per, now)
+            spent = self.spent.get(window.id, Spend())
+            held = self._held_in(window)
+            if cap.limits.exceeded_by(spent + held + ask):
+                return Refusal(cap, window, spent, held)
+        self.held[hold] = _Hold(ask, now)
+        return None
+
+    def settle(self, hold: str, actual: Spend, now: float) -> None:
+        """The call `hold` spent `actual`: counted in the windows it started in, once."""
+        made = self.held.pop(hold, None)
+        if made is None:
+            return  # settled before, or lapsed
+        self.settled[hold] = now
+        for per in PERIODS:
+            window = Window.of(per, made.at).id
+            self.spent[window] = self.spent.get(window, Spend()) + actual
+
+    def windows(self, now: float) -> list[dict[str, Any]]:
+        """Each current window: what was spent in it and what calls in flight hold."""
+        self._prune(now)
+        shown = []
+        for per in PERIODS:
+            window = Window.of(per, now)
+            shown.append(
+                {
+                    "window": window.id,
+                    "spent": self.spent.get(window.id, Spend()).to_json(),
+                    "held": self._held_in(window).to_json(),
+                }
+            )
+        return shown
+
+    def _held_in(self, window: Window) -> Spend:
+        return sum(
+            (h.ask for h in self.held.values() if window.start <= h.at < window.end), Spend()
+        )
+
+    def _prune(self, now: float) -> None:
+        self.held = {k: h for k, h in self.held.items() if now - h.at < HOLD_SECONDS}
+        self.settled = {k: t for k, t in self.settled.items() if now - t < SETTLED_SECONDS}
+        current = {Window.of(per, now).id for per in PERIODS}
+        current |= {Window.of(per, h.at).id for h in self.held.values() for per in PERIODS}
+        self.spent = {k: v for k, v in self.spent.items() if k in current}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "spent": {k: v.to_json() for k, v in self.spent.items()},
+            "held": {k: {**h.ask.to_json(), "at": h.at} for k, h in self.held.items()},
+            "settled": self.settled,
+        }
+
+    @classmethod
+    def of(cls, data: Mapping[str, Any] | None) -> SpendWindows:
+        data = data or {}
+        return cls(
+            spent={k: Spend.of(v) for k, v in (data.get("spent") or {}).items()},
+            held={
+                k: _Hold(Spend.of(v), float(v["at"])) for k, v in (data.get("held") or {}).items()
+            },
+            settled={k: float(t) for k, t in (data.get("settled") or {}).items()},
+        )
