@@ -244,8 +244,28 @@ BUDGETS_NO_CALL_FITS: list[tuple[str, dict[str, Any], str]] = [
         "spec.limits.maxCostUsd",
     ),
 ]
+SIGNED = {"webhook": {"secretRef": {"name": "hook", "key": "key"}}}
+
+
+def _capped(*caps: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {**_model(**KEY), **SIGNED, "limits": {"spendCaps": list(caps)}, **spec}
+
+
+DAILY = {"per": "day", "maxTokens": 100_000}
+SPEND_CAPS_THAT_CANNOT_WORK: list[tuple[str, dict[str, Any], str]] = [
+    ("spend-cap-without-a-limit", _capped({"per": "day"}), "spec.limits.spendCaps[0]"),
+    ("spend-cap-of-no-period", _capped({**DAILY, "per": "week"}), "spec.limits.spendCaps[0].per"),
+    ("spend-caps-of-one-period", _capped(DAILY, DAILY), "spec.limits.spendCaps"),
+    ("spend-caps-unsigned", _capped(DAILY, webhook=None), "spec.limits.spendCaps needs"),
+    (
+        "spend-cap-below-one-output",
+        _capped({"per": "hour", "maxTokens": 4096}),
+        "spec.limits.spendCaps[].maxTokens",
+    ),
+]
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     *BUDGETS_NO_CALL_FITS,
+    *SPEND_CAPS_THAT_CANNOT_WORK,
     ("no-model", {"model": None}, "spec.model: Required value"),
     ("bad-provider", _model(provider="gemini", **KEY), "spec.model.provider"),
     ("empty-model-name", _model(name="", **KEY), "spec.model.name"),

@@ -8,6 +8,7 @@ are not shadowed by submodules of the same name).
 from typing import TYPE_CHECKING, Any
 
 from ..rate import Pace, Rate
+from ..spend_caps import SpendCap
 from .base import (
     ContextWindowExceededError,
     Fallback,
@@ -62,6 +63,7 @@ __all__ = [
     "Rate",
     "ScriptExhaustedError",
     "ScriptedProvider",
+    "SpendCap",
     "SpendCapReached",
     "SpendGate",
     "anthropic",
