@@ -143,4 +143,5 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
     await children.delete_sidecar(op.kube, namespace, name)
     metrics.forget(namespace, name, mem.gauges)
     metrics.forget(namespace, name, mem.schedule_gauges, metrics.SCHEDULE_GAUGES)
+    metrics.forget(namespace, name, mem.spend_gauges, metrics.SPEND_GAUGES)
     await _say(op, body, mem, False, "Deleted", "every version is unregistered and deleted")

@@ -1,7 +1,8 @@
 """The operator's Prometheus metrics: per version, its active and parked runs and the replicas the
 operator wants for it, for an HPA (through a metrics adapter) or KEDA (its Prometheus scaler) to
 scale a version on while its runs are active; per schedule, its next and last runs' times (as
-Restate keeps them), for an alert on a schedule whose next run never came.
+Restate keeps them), for an alert on a schedule whose next run never came; per spend cap, the
+share of it spent, for an alert before runs are refused.
 
 Served at `/metrics` on `TETHER_METRICS_PORT` (default 8000; 0: not served) from a registry of
 the operator's own. The counts are Restate's (the one cached `sys_invocation` query of the
@@ -15,7 +16,7 @@ import logging
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from tether.spec import ScheduleStatus, VersionStatus
+from tether.spec import ScheduleStatus, SpendStatus, VersionStatus
 
 from .conditions import parse_rfc3339
 
@@ -59,6 +60,14 @@ LAST_RUN = Gauge(
     registry=REGISTRY,
 )
 SCHEDULE_GAUGES = (NEXT_RUN, LAST_RUN)
+SPEND_USED = Gauge(
+    "tether_spend_cap_used_ratio",
+    "The larger share of a spend cap's limits that the agent's runs spent in its current period "
+    "(1: reached, and calls are refused before it).",
+    ("namespace", "agent", "period"),
+    registry=REGISTRY,
+)
+SPEND_GAUGES = (SPEND_USED,)
 
 
 def serve(port: int) -> None:
@@ -102,6 +111,17 @@ def report_schedules(
                 gauge.labels(*labels).set(parse_rfc3339(stamp))
     current = {schedule.name for schedule in schedules}
     forget(namespace, agent, shown - current, SCHEDULE_GAUGES)
+    shown.clear()
+    shown.update(current)
+
+
+def report_spend(namespace: str, agent: str, spend: list[SpendStatus], shown: set[str]) -> None:
+    """Set the gauge of each of the agent's spend caps and drop those of caps that are gone;
+    `shown` (the periods reported before) is updated."""
+    for cap in spend:
+        SPEND_USED.labels(namespace, agent, cap.per).set(cap.used)
+    current = {cap.per for cap in spend}
+    forget(namespace, agent, shown - current, SPEND_GAUGES)
     shown.clear()
     shown.update(current)
 

@@ -25,6 +25,7 @@ from tether.programs import restate_admin as admin
 from tether.programs.renewable_session import NO_ANSWER, RenewableSession
 from tether.programs.restate_admin import AdminCall, AdminRefused, parse_body, retry_delay
 from tether.programs.restate_endpoints import Endpoints
+from tether.spec import SPEND_KEY
 
 from .lease import Guard
 
@@ -64,6 +65,11 @@ SCHEDULES_SQL = (
     "WHERE key = 'schedule' AND service_name LIKE '%-schedule'"
 )
 """Every agent's schedules as their objects keep them (`tether.programs.worker.schedule`)."""
+SPEND_SQL = (
+    "SELECT service_name AS service, service_key AS name, value_utf8 AS value FROM state "
+    "WHERE key = 'windows' AND service_name LIKE '%-spend'"
+)
+"""What every agent's runs spent, by period (`tether.programs.worker.spend`)."""
 
 
 class RestateError(TetherError):
@@ -255,7 +261,12 @@ class RestateObserver:
 
     def __init__(self, admin: RestateAdmin, in_flight_age: float, parked_age: float) -> None:
         self.admin = admin
-        self._ages = {"in_flight": in_flight_age, "parked": parked_age, "schedules": parked_age}
+        self._ages = {
+            "in_flight": in_flight_age,
+            "parked": parked_age,
+            "schedules": parked_age,
+            "spend": parked_age,
+        }
         self._cache: dict[str, _Cached] = {name: _Cached() for name in self._ages}
 
     async def _cached(self, name: str, load: Callable[[], Awaitable[Any]], max_age: float) -> Any:
@@ -306,9 +317,10 @@ class RestateObserver:
         counts: Counter[str] = await self._cached("parked", self._load_parked, self._ages["parked"])
         return counts[service]
 
-    async def _load_schedules(self) -> dict[str, dict[str, dict[str, Any]]]:
+    async def _load_state(self, sql: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """The JSON objects of `sql`'s rows (service, name, value), by service and key."""
         found: dict[str, dict[str, dict[str, Any]]] = {}
-        for row in await self.admin.query(SCHEDULES_SQL):
+        for row in await self.admin.query(sql):
             try:
                 kept = json.loads(row["value"] or "null")
             except ValueError:
@@ -317,7 +329,14 @@ class RestateObserver:
                 found.setdefault(row["service"], {})[str(row["name"])] = kept
         return found
 
+    async def _state(self, name: str, sql: str, service: str) -> dict[str, dict[str, Any]]:
+        found = await self._cached(name, lambda: self._load_state(sql), self._ages[name])
+        return dict(found.get(service, {}))
+
     async def schedules(self, service: str) -> dict[str, dict[str, Any]]:
         """The schedules `service` keeps, by name."""
-        found = await self._cached("schedules", self._load_schedules, self._ages["schedules"])
-        return dict(found.get(service, {}))
+        return await self._state("schedules", SCHEDULES_SQL, service)
+
+    async def spend(self, service: str) -> dict[str, Any]:
+        """What the agent of `<agent>-spend` (`service`) spent, by period."""
+        return (await self._state("spend", SPEND_SQL, service)).get(SPEND_KEY, {})

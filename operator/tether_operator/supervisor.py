@@ -40,7 +40,7 @@ from tether.spec import (
     parse_duration,
 )
 
-from . import children, metrics, render, scaling, schedules
+from . import children, metrics, render, scaling, schedules, spend
 from .conditions import (
     DRAINING,
     PROGRESSING,
@@ -594,7 +594,10 @@ async def converge(
     status = await assemble_status(
         op, body, mem, versions, desired, available, agent.spec.drain.timeout, sidecar
     )
-    status = status.model_copy(update={"schedules": kept})
-    await write_status(op, body, mem, status)
+    counted = await spend.observed(op, agent, base_status(body, mem).spend)
+    status = status.model_copy(update={"schedules": kept, "spend": counted})
+    # The gauges first: whoever reads the status then finds them as it says.
     metrics.report(meta["namespace"], meta["name"], status.versions, mem.gauges)
     metrics.report_schedules(meta["namespace"], meta["name"], kept, mem.schedule_gauges)
+    metrics.report_spend(meta["namespace"], meta["name"], counted, mem.spend_gauges)
+    await write_status(op, body, mem, status)

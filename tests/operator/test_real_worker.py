@@ -184,3 +184,44 @@ def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
         wait_for(lambda: cluster.agent(AGENT) is None, timeout=90, what="the agent deleted")
         assert ticks_waiting() == 0
         assert schedule_gauges(operator.metrics, cluster.namespace) == {}  # gone with the agent
+
+
+def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_dropped(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, kubelet: LocalKubelet
+) -> None:
+    operator = on_node_ports(run_operator)
+    manifest = scripted("v1", [{"text": "ok", "usage": {"input": 200, "output": 50}}])
+    manifest["spec"]["model"]["maxTokens"] = 100
+    manifest["spec"]["limits"] = {"spendCaps": [{"per": "day", "maxTokens": 2_000}]}
+
+    def gauges() -> dict[str, float]:
+        labels = {"namespace": cluster.namespace, "agent": AGENT, "period": "day"}
+        return operator_gauges(operator.metrics, "tether_spend_", **labels)
+
+    with dumped_on_failure(kubelet.logs):
+        cluster.apply_agent(manifest)
+        v1 = wait_for(lambda: active(cluster), timeout=90, what="v1 registered")
+        results = [restate.call(AGENT, "s0", "go", timeout=60)]
+        while results[-1]["status"] == "completed" and len(results) < 12:
+            results.append(restate.call(AGENT, f"s{len(results)}", "go", timeout=60))
+        assert results[-1]["status"] == "budget_exceeded", results
+        spent = (len(results) - 1) * 250  # each completed run's one call
+        [status] = wait_for(
+            lambda: [s for s in cluster.status(AGENT).get("spend", []) if s["tokens"] == spent],
+            timeout=30,
+            what="the day's spend in the status",
+        )
+        assert status["per"] == "day" and status["period"].startswith("day:")
+        assert status["resetsAt"].endswith("T00:00:00Z") and status["used"] == spent / 2_000
+        assert wait_for(gauges, timeout=30, what="the gauge") == {
+            "tether_spend_cap_used_ratio": spent / 2_000
+        }
+
+        # Dropped from the spec: gone from the status and the operator's metrics, and the
+        # version without it runs again.
+        manifest["spec"]["limits"] = {}
+        cluster.apply_agent(manifest)
+        wait_for(lambda: cluster.status(AGENT).get("spend") == [], timeout=90, what="dropped")
+        assert gauges() == {}
+        wait_for(lambda: active(cluster, other_than=v1), timeout=90, what="v2 registered")
+        assert restate.call(AGENT, "after", "go", timeout=60)["status"] == "completed"

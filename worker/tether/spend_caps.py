@@ -17,45 +17,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, get_args
+from typing import Any
 
 from .budget import Limits, Spend
-
-Per = Literal["hour", "day", "month"]
-PERIODS: tuple[Per, ...] = get_args(Per)
+from .periods import PERIODS, Per, Window
 
 HOLD_SECONDS = 1800.0
 """How long a call's hold stands without a settle: longer than any model call may take."""
 SETTLED_SECONDS = 300.0
 """How long a settled hold is remembered, so that the same settle or reserve again does
 nothing: longer than a signed request stays fresh."""
-
-
-@dataclass(frozen=True)
-class Window:
-    """One calendar period in UTC: its id (`day:2026-12-06`) and its bounds (epoch seconds)."""
-
-    id: str
-    start: float
-    end: float
-
-    @classmethod
-    def of(cls, per: Per, t: float) -> Window:
-        at = datetime.fromtimestamp(t, UTC)
-        if per == "hour":
-            start = at.replace(minute=0, second=0, microsecond=0)
-            end_ts = start.timestamp() + 3600
-            name = start.strftime("%Y-%m-%dT%H")
-        elif per == "day":
-            start = at.replace(hour=0, minute=0, second=0, microsecond=0)
-            end_ts = start.timestamp() + 86400
-            name = start.strftime("%Y-%m-%d")
-        else:
-            start = at.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-            after = start.replace(year=start.year + start.month // 12, month=start.month % 12 + 1)
-            end_ts = after.timestamp()
-            name = start.strftime("%Y-%m")
-        return cls(f"{per}:{name}", start.timestamp(), end_ts)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_camel
 from ..cron import EXPRESSION_HELP, cron_problem
 from ..errors import ConfigError
 from ..output_schema import OUTPUT_TOOL, schema_problem
+from ..periods import PERIODS, Per
 
 API_VERSION = "tether.dev/v1alpha1"
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -535,9 +536,7 @@ class SpendCapSpec(_Model):
     month (UTC), on every worker and version: a model call that does not fit does not start,
     and its run ends with `budget_exceeded`."""
 
-    per: Literal["hour", "day", "month"] = Field(
-        description="The calendar period in UTC: hour, day or month."
-    )
+    per: Per = Field(description="The calendar period in UTC: hour, day or month.")
     max_cost_usd: float | None = Field(
         default=None,
         gt=0,
@@ -577,7 +576,7 @@ class Limits(_Model):
 
     spend_caps: list[SpendCapSpec] | None = Field(
         default=None,
-        max_length=3,
+        max_length=len(PERIODS),
         description="Caps on what all of the agent's runs spend together in each calendar "
         "hour, day or month (UTC), one per period: every model call holds its worst case "
         "first, on Restate across all workers and versions (needs spec.webhook, whose key signs "
@@ -1349,6 +1348,22 @@ class ScheduleStatus(_Model):
     )
 
 
+class SpendStatus(_Model):
+    """What the agent's runs spent in the current period of one of its spend caps, as Restate
+    counts it (`<agent>-spend/all`); calls in flight are counted once they return."""
+
+    per: Per = Field(description="The cap's period: hour, day or month (UTC).")
+    period: str = Field(description="The current period (`day:2026-12-06`).")
+    resets_at: str = Field(description="When the period ends (RFC 3339).")
+    cost_usd: float = Field(default=0.0, ge=0, description="USD spent in it.")
+    tokens: int = Field(default=0, ge=0, description="Tokens spent in it.")
+    used: float = Field(
+        default=0.0,
+        ge=0,
+        description="The larger share of the cap's limits spent (1: the cap is reached).",
+    )
+
+
 class DurableAgentStatus(_Model):
     """What the operator observed and did."""
 
@@ -1378,6 +1393,9 @@ class DurableAgentStatus(_Model):
     sidecar: SidecarStatus | None = Field(default=None, description="The agent's sidecar pods.")
     schedules: list[ScheduleStatus] = Field(
         default_factory=list, description="The spec's schedules as set on Restate."
+    )
+    spend: list[SpendStatus] = Field(
+        default_factory=list, description="What the runs spent in each spend cap's period."
     )
 
 

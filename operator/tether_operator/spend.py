@@ -1,0 +1,48 @@
+"""What the agent's runs spent in the current period of each of its spend caps
+(`limits.spendCaps`), as the index's `<agent>-spend/all` counts it
+(`tether.programs.worker.spend`): shown in the status and as a gauge, for an alert before runs
+are refused. Read with one cached query for all agents, as the schedules are."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from tether.periods import Window
+from tether.spec import DurableAgent, SpendCapSpec, SpendStatus, restate_services
+
+from .context import Operator
+from .restate_admin import RestateError
+
+
+async def observed(op: Operator, agent: DurableAgent, kept: list[SpendStatus]) -> list[SpendStatus]:
+    """Each cap's current period as Restate counts it (`kept`, the status's, when Restate does
+    not answer)."""
+    caps = agent.spec.limits.spend_caps or []
+    if not caps:
+        return []
+    try:
+        counted = await op.observer.spend(restate_services(agent.metadata.name).spend)
+    except RestateError:
+        return kept
+    spent = counted.get("spent") or {}
+    now = time.time()
+    return [_status(cap, Window.of(cap.per, now), spent) for cap in caps]
+
+
+def _status(cap: SpendCapSpec, window: Window, spent: dict[str, Any]) -> SpendStatus:
+    amount = spent.get(window.id) or {}
+    cost, tokens = float(amount.get("cost_usd") or 0.0), int(amount.get("tokens") or 0)
+    shares = [
+        cost / cap.max_cost_usd if cap.max_cost_usd else 0.0,
+        tokens / cap.max_tokens if cap.max_tokens else 0.0,
+    ]
+    return SpendStatus(
+        per=cap.per,
+        period=window.id,
+        resets_at=datetime.fromtimestamp(window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        cost_usd=round(cost, 6),
+        tokens=tokens,
+        used=round(max(shares), 4),
+    )
