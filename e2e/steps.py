@@ -609,7 +609,22 @@ def fan_out(p: Platform) -> None:
         raise StepFailed(f"the fan-out's model calls took no slot of {FANOUT}-pace: {slot}")
     p.await_metric(f'sum(tether_child_fanout_sum{{agent="{FANOUT}"}})', 2)
     p.await_metric(f'sum(tether_children_total{{agent="{FANOUT}"}})', 2)
+    spend_counted(p)
     schedule_runs(p)
+
+
+def spend_counted(p: Platform) -> None:
+    """The agent's spend cap: its pods' calls held and settled in the index's `<agent>-spend`
+    through the ingress, the operator's status and gauge show the month's share."""
+
+    def counted() -> list[dict[str, Any]]:
+        return [s for s in p.agent_status(FANOUT).get("spend", []) if s["costUsd"] > 0]
+
+    [month] = wait_for("the month's spend in the status", counted, 60, 1)
+    if month["per"] != "month" or not 0 < month["used"] < 1:
+        raise StepFailed(f"the spend cap's status is not the month's share: {month}")
+    used = f'tether_spend_cap_used_ratio{{agent="{FANOUT}",period="month"}}'
+    wait_for("the spend cap's share in Prometheus", lambda: p.series(used), 60, 2)
 
 
 def schedule_runs(p: Platform) -> None:

@@ -44,5 +44,5 @@ def _status(cap: SpendCapSpec, window: Window, spent: dict[str, Any]) -> SpendSt
         resets_at=datetime.fromtimestamp(window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         cost_usd=round(cost, 6),
         tokens=tokens,
-        used=round(max(shares), 4),
+        used=max(shares),
     )
