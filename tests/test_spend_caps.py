@@ -21,7 +21,7 @@ from tether.providers import (
 )
 from tether.spec import SpecError, parse_agent
 from tether.spec.assemble import local_spend_gate, provider_from_spec
-from tether.spend_caps import HOLD_SECONDS, SpendCap, SpendWindows, Window
+from tether.spend_caps import HOLD_SECONDS, REPLAYABLE_SECONDS, SpendCap, SpendWindows, Window
 
 
 def at(text: str) -> float:
@@ -51,7 +51,7 @@ def test_a_call_holds_its_worst_case_and_one_that_does_not_fit_is_refused() -> N
     assert (
         "spend cap of 1,000 tokens a day" in message and "resets at 2026-12-07T00:00:00Z" in message
     )
-    windows.settle("a", Spend(0, 100), NOON + 2)  # spent 100 of its 600: room for b
+    windows.settle("a", Spend(0, 100))  # spent 100 of its 600: room for b
     assert windows.reserve([DAY], "b", Spend(0, 600), NOON + 3) is None
     assert windows.windows(NOON + 3)[1] == {
         "window": "day:2026-12-06",
@@ -63,13 +63,16 @@ def test_a_call_holds_its_worst_case_and_one_that_does_not_fit_is_refused() -> N
 def test_a_settle_or_reserve_sent_again_counts_once() -> None:
     windows = SpendWindows()
     windows.reserve([DAY], "a", Spend(0, 600), NOON)
-    windows.settle("a", Spend(0, 500), NOON + 1)
-    windows.settle("a", Spend(0, 500), NOON + 2)  # again: nothing
-    assert windows.reserve([DAY], "a", Spend(0, 600), NOON + 3) is None  # again: no new hold
-    assert windows.spent["day:2026-12-06"] == Spend(0, 500) and windows.held == {}
+    assert windows.reserve([DAY], "a", Spend(0, 600), NOON + 1) is None  # again: no new hold
     restored = SpendWindows.of(windows.to_json())  # as Restate keeps it
-    restored.settle("a", Spend(0, 500), NOON + 4)
-    assert restored.spent == windows.spent
+    restored.settle("a", Spend(0, 500))
+    restored.settle("a", Spend(0, 500))  # again: nothing, its hold is gone
+    assert restored.reserve([DAY], "a", Spend(0, 600), NOON + 60) is None  # no new hold either
+    assert restored.spent["day:2026-12-06"] == Spend(0, 500) and restored.held == {}
+    # Remembered while its reserve could still be fresh, and no longer.
+    assert "a" in SpendWindows.of(restored.to_json()).settled
+    restored.reserve([DAY], "b", Spend(0, 1), NOON + REPLAYABLE_SECONDS)
+    assert restored.settled == {}
 
 
 def test_a_hold_never_settled_lapses_and_a_new_period_starts_from_nothing() -> None:
@@ -77,7 +80,7 @@ def test_a_hold_never_settled_lapses_and_a_new_period_starts_from_nothing() -> N
     windows.reserve([DAY], "dead", Spend(0, 900), NOON)  # its worker died mid-call
     assert windows.reserve([DAY], "b", Spend(0, 200), NOON + 60) is not None
     assert windows.reserve([DAY], "b", Spend(0, 200), NOON + HOLD_SECONDS) is None
-    windows.settle("b", Spend(0, 200), NOON + HOLD_SECONDS + 1)
+    windows.settle("b", Spend(0, 200))
     month = SpendCap("month", Limits(tokens=300))
     tomorrow = at("2026-12-07T00:00:01")
     assert windows.reserve([DAY], "c", Spend(0, 900), tomorrow) is None  # a new day

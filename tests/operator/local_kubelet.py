@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -115,3 +116,4 @@ class LocalKubelet:
         for process in self.workers.values():
             process.stop(grace=5)
         self.workers.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)  # the workers' specs, workspaces, logs

@@ -5,8 +5,8 @@ model call of every run, on every worker and version, first holds its worst case
 `SpendWindows`, and one that does not fit a cap does not start (`SpendCapReached` ends its run
 with `budget_exceeded`). What a call spent counts in the hour, the day and the month it started
 in, whichever caps are set, so versions with other caps share one count. A hold that is never
-settled (its worker died mid-call) lapses after `HOLD_SECONDS`; a settled hold is remembered a
-while, so a settle or reserve sent twice counts once.
+settled (its worker died mid-call) lapses after `HOLD_SECONDS`; a settle of a hold that is not
+held counts nothing, and a settled hold is remembered while its reserve could be sent again.
 
 Kept where an agent's calls meet: the index's `<agent>-spend` on Restate
 (`tether.programs.worker.spend`), or a process's memory (`tether.providers.spend`).
@@ -14,6 +14,7 @@ Kept where an agent's calls meet: the index's `<agent>-spend` on Restate
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,9 +25,11 @@ from .periods import PERIODS, Per, Window
 
 HOLD_SECONDS = 1800.0
 """How long a call's hold stands without a settle: longer than any model call may take."""
-SETTLED_SECONDS = 300.0
-"""How long a settled hold is remembered, so that the same settle or reserve again does
-nothing: longer than a signed request stays fresh."""
+REPLAYABLE_SECONDS = 120
+"""How long after a hold was made a settled hold is remembered, so that its reserve sent again
+makes no new one: as long as the reserve may stay fresh (a minute either side of its stamp, so
+up to two after a hold made by a worker whose clock is ahead), and no longer, as they are kept
+in the one state value meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ class SpendWindows:
 
     spent: dict[str, Spend] = field(default_factory=dict)
     held: dict[str, _Hold] = field(default_factory=dict)
-    settled: dict[str, float] = field(default_factory=dict)
+    settled: dict[str, int] = field(default_factory=dict)
+    """Settled holds, until when their reserve might be sent again."""
 
     def reserve(
         self, caps: Iterable[SpendCap], hold: str, ask: Spend, now: float
@@ -126,12 +130,12 @@ class SpendWindows:
         self.held[hold] = _Hold(ask, now)
         return None
 
-    def settle(self, hold: str, actual: Spend, now: float) -> None:
+    def settle(self, hold: str, actual: Spend) -> None:
         """The call `hold` spent `actual`: counted in the windows it started in, once."""
         made = self.held.pop(hold, None)
         if made is None:
             return  # settled before, or lapsed
-        self.settled[hold] = now
+        self.settled[hold] = math.ceil(made.at + REPLAYABLE_SECONDS)
         for per in PERIODS:
             window = Window.of(per, made.at).id
             self.spent[window] = self.spent.get(window, Spend()) + actual
@@ -158,7 +162,7 @@ class SpendWindows:
 
     def _prune(self, now: float) -> None:
         self.held = {k: h for k, h in self.held.items() if now - h.at < HOLD_SECONDS}
-        self.settled = {k: t for k, t in self.settled.items() if now - t < SETTLED_SECONDS}
+        self.settled = {k: until for k, until in self.settled.items() if now < until}
         current = {Window.of(per, now).id for per in PERIODS}
         current |= {Window.of(per, h.at).id for h in self.held.values() for per in PERIODS}
         self.spent = {k: v for k, v in self.spent.items() if k in current}
@@ -178,5 +182,5 @@ class SpendWindows:
             held={
                 k: _Hold(Spend.of(v), float(v["at"])) for k, v in (data.get("held") or {}).items()
             },
-            settled={k: float(t) for k, t in (data.get("settled") or {}).items()},
+            settled={k: int(t) for k, t in (data.get("settled") or {}).items()},
         )

@@ -52,7 +52,7 @@ class LocalSpendGate:
         return self.windows.reserve(self.caps, hold, ask, self._clock())
 
     async def settle(self, hold: str, actual: Spend) -> None:
-        self.windows.settle(hold, actual, self._clock())
+        self.windows.settle(hold, actual)
 
 
 async def hold_spend(
@@ -63,7 +63,7 @@ async def hold_spend(
     tools = [(t.name, t.description, t.input_schema) for t in request.tools]
     input_tokens = len(jsoncodec.dumps([request.system, request.messages, tools]))
     output_tokens = request.max_output_tokens + (request.thinking_budget or 0)
-    hold = uuid.uuid4().hex
+    hold = uuid.uuid4().hex[:16]  # short: the settled ones are kept in one state value a while
     refusal = await gate.reserve(hold, worst_case(input_tokens, output_tokens, pricing))
     if refusal is not None:
         raise SpendCapReached(refusal, name)

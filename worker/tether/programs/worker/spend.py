@@ -49,9 +49,9 @@ def spend_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
 
     @obj.handler()
     async def settle(ctx: restate.ObjectContext, request: dict[str, Any]) -> None:
-        asked, now = await checked(ctx, request, "settle")
+        asked, _ = await checked(ctx, request, "settle")
         windows = SpendWindows.of(await ctx.get(STATE_KEY))
-        windows.settle(asked.hold, asked.amount, now)
+        windows.settle(asked.hold, asked.amount)
         ctx.set(STATE_KEY, windows.to_json())
 
     @obj.handler(kind="shared")
