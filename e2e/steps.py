@@ -625,6 +625,7 @@ def spend_counted(p: Platform) -> None:
         raise StepFailed(f"the spend cap's status is not the month's share: {month}")
     used = f'tether_spend_cap_used_ratio{{agent="{FANOUT}",period="month"}}'
     wait_for("the spend cap's share in Prometheus", lambda: p.series(used), 60, 2)
+    p.report.fact("USD the fan-out's calls spent under its monthly cap", month["costUsd"])
 
 
 def schedule_runs(p: Platform) -> None:

@@ -611,3 +611,38 @@ def test_tether_run_forks_a_session_after_an_answer(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert twice.returncode == 2 and "session 's2' exists" in twice.stderr
+
+
+def test_tether_runs_on_one_file_share_the_agents_spend_cap(tmp_path: Path) -> None:
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "frugal"},
+        "spec": {
+            "model": {
+                "provider": "scripted",
+                "name": "s",
+                "maxTokens": 100,
+                "script": [{"text": "ok", "usage": {"input": 200, "output": 50}}],
+            },
+            "webhook": {"secretRef": {"name": "hook", "key": "key"}},  # Kubernetes' signer
+            "limits": {"spendCaps": [{"per": "day", "maxTokens": 400}]},
+        },
+    }
+    manifest = tmp_path / "agent.yaml"
+    manifest.write_text(yaml.safe_dump(document))
+
+    def run(run_id: str, *db: str) -> dict[str, Any]:
+        done = tether(
+            "run", str(manifest), "--run-id", run_id, "--prompt", "go", "--json", *db, cwd=tmp_path
+        )
+        assert done.returncode in (0, 1), done.stderr
+        stats: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])["stats"]
+        return stats
+
+    assert run("first")["status"] == "completed"  # 250 tokens spent
+    refused = run("second")  # another process: 250 spent + its call's worst case > 400
+    assert refused["status"] == "budget_exceeded"
+    assert "the agent's spend cap of 400 tokens a day (UTC) is reached" in refused["error"]
+    elsewhere = str(state_home(tmp_path) / "other.db")  # another file, another count
+    assert run("elsewhere", "--db", elsewhere)["status"] == "completed"

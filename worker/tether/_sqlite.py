@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .errors import ConfigError
 
 Synchronous = Literal["FULL", "NORMAL"]
+T = TypeVar("T")
 Params = Sequence[Any]
 
 SCHEMA_VERSION = 1
 """The schema below, stamped in each database (`PRAGMA user_version`). A database from before
 the stamp (0) has this schema. A change to it adds a version and the statements that bring an
 older database up to it; a database a newer Tether wrote is refused, not guessed at: its runs'
-journals may hold steps this code would replay wrong."""
+journals may hold steps this code would replay wrong. A table of its own that older code never
+reads (`tether_spend`) needs no new version: each open creates it."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tether_runs (
@@ -45,6 +47,7 @@ CREATE TABLE IF NOT EXISTS tether_tool_state (
   session_id TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   PRIMARY KEY (session_id, tool, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS tether_budgets (tree TEXT PRIMARY KEY, limits TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tether_spend (agent TEXT PRIMARY KEY, windows TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tether_budget_calls (
   tree TEXT NOT NULL, key TEXT NOT NULL, cost_usd REAL NOT NULL, tokens INTEGER NOT NULL,
   settled INTEGER NOT NULL, PRIMARY KEY (tree, key)) WITHOUT ROWID;
@@ -105,6 +108,20 @@ class Database:
             except BaseException:
                 writer.execute("ROLLBACK")
                 raise
+
+    def exclusive(self, work: Callable[[sqlite3.Cursor], T]) -> T:
+        """`work` in one write transaction, begun at once: what it reads, no other process
+        writes before it commits."""
+        with self._lock:
+            writer = self._writer
+            writer.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(writer)
+                writer.execute("COMMIT")
+            except BaseException:
+                writer.execute("ROLLBACK")
+                raise
+            return result
 
     def close(self) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ from ..durable.protocol import DurableRuntime
 from ..parked import asks_for_budget
 from ..providers.base import Fallback, Provider
 from ..providers.scripted import scripted
+from ..providers.spend import SpendGate, SqliteSpendGate
 from ..session import Session, SessionStore, create_session, load_session
 from ..session.fork import ForkError, fork_session
 from ..spec import DEFAULT_KEY_ENV, DurableAgentSpec, SpecError, load_agent, parse_duration
@@ -41,10 +42,10 @@ from ..spec.assemble import (
     cooldown_from_spec,
     fallbacks_from_spec,
     load_script,
-    local_spend_gate,
     output_from_spec,
     parking_with,
     provider_from_spec,
+    spend_caps_of,
     subagents_from_spec,
     tools_from_spec,
 )
@@ -60,13 +61,16 @@ PARKED_EXIT = 3
 
 
 def choose_provider(
-    spec: DurableAgentSpec, spec_path: Path, script: str | None, env: dict[str, str]
+    spec: DurableAgentSpec,
+    spec_path: Path,
+    script: str | None,
+    env: dict[str, str],
+    spend: SpendGate | None = None,
 ) -> tuple[Provider, list[Fallback], str]:
     """The provider to use, its fallbacks and a line saying why: the spec's models if the
     first one's key is set, else whichever of ANTHROPIC_API_KEY / OPENAI_API_KEY is set, else
-    the example's script."""
+    the example's script; all held to `spend`, the spec's spend caps."""
     key = api_key_for(spec, env)
-    spend = local_spend_gate(spec)  # this process's calls: `tether run` is one
     if spec.model.provider == "scripted" or key:
         fallbacks = fallbacks_from_spec(spec, env, spend=spend)
         then = "".join(f", then {model.label}" for model in spec.model.fallbacks or [])
@@ -165,7 +169,9 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
     # `python:` tools of an example may sit next to its manifest.
     sys.path.insert(0, str(spec_path.resolve().parent))
     spec = manifest.spec
-    provider, fallbacks, provider_note = choose_provider(spec, spec_path, args.script, env)
+    caps = spend_caps_of(spec)  # counted in the runs' file, with every run of the agent there
+    spend = SqliteSpendGate(args.db, manifest.metadata.name, caps) if caps else None
+    provider, fallbacks, provider_note = choose_provider(spec, spec_path, args.script, env, spend)
     refuse_state_in_workspace(Path(args.db), Path(args.workspace), "the runs' database", "--db")
     Path(args.db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     answers = Database(args.db)

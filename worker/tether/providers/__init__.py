@@ -22,7 +22,7 @@ from .cooldown import Cooldown
 from .limit import Limited
 from .pace import LocalPacer, Pacer
 from .scripted import ScriptedProvider, ScriptExhaustedError, scripted
-from .spend import LocalSpendGate, SpendCapReached, SpendGate
+from .spend import LocalSpendGate, SpendCapReached, SpendGate, SqliteSpendGate
 
 if TYPE_CHECKING:
     from .anthropic_provider import AnthropicProvider, anthropic
@@ -66,6 +66,7 @@ __all__ = [
     "SpendCap",
     "SpendCapReached",
     "SpendGate",
+    "SqliteSpendGate",
     "anthropic",
     "openai",
     "scripted",

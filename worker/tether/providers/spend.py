@@ -4,15 +4,20 @@ together never pass a cap."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 from .. import jsoncodec
+from .._sqlite import Database
 from ..budget import Spend, usage_tokens, worst_case
 from ..spend_caps import Refusal, SpendCap, SpendWindows
 from .base import ModelRequest, ModelResponse, Pricing, ProviderError
+
+T = TypeVar("T")
 
 
 class SpendCapReached(ProviderError):
@@ -53,6 +58,50 @@ class LocalSpendGate:
 
     async def settle(self, hold: str, actual: Spend) -> None:
         self.windows.settle(hold, actual)
+
+
+class SqliteSpendGate:
+    """The caps kept in an embedded runtime's SQLite file (`tether run`): every process that
+    runs the agent `agent` on the file counts with the others, and a new one goes on from what
+    they spent. The file is opened at the first call."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        agent: str,
+        caps: Sequence[SpendCap],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.caps = tuple(caps)
+        self.path, self.agent = path, agent
+        self._clock = clock
+        self._db: Database | None = None
+
+    async def reserve(self, hold: str, ask: Spend) -> Refusal | None:
+        return self._changed(lambda windows: windows.reserve(self.caps, hold, ask, self._clock()))
+
+    async def settle(self, hold: str, actual: Spend) -> None:
+        self._changed(lambda windows: windows.settle(hold, actual))
+
+    def _changed(self, change: Callable[[SpendWindows], T]) -> T:
+        """`change` made to the agent's windows in one transaction of the file."""
+        if self._db is None:
+            self._db = Database(self.path)
+
+        def work(cursor: sqlite3.Cursor) -> T:
+            row = cursor.execute(
+                "SELECT windows FROM tether_spend WHERE agent = ?", (self.agent,)
+            ).fetchone()
+            windows = SpendWindows.of(jsoncodec.loads(row[0]) if row else None)
+            result = change(windows)
+            cursor.execute(
+                "INSERT INTO tether_spend (agent, windows) VALUES (?, ?) "
+                "ON CONFLICT (agent) DO UPDATE SET windows = excluded.windows",
+                (self.agent, jsoncodec.dumps(windows.to_json()).decode()),
+            )
+            return result
+
+        return self._db.exclusive(work)
 
 
 async def hold_spend(
