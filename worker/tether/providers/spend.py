@@ -45,8 +45,8 @@ class SpendGate(Protocol):
 
 
 class LocalSpendGate:
-    """The caps kept by this process alone (`tether run`, `tether dev`): the calls of other
-    processes are not counted."""
+    """The caps kept by this process alone (a worker without Restate's ingress, a library's
+    agent): the calls of other processes are not counted."""
 
     def __init__(self, caps: Sequence[SpendCap], clock: Callable[[], float] = time.time) -> None:
         self.caps = tuple(caps)
