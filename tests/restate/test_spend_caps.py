@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from tests.restate.support import attach, http, send_run
-from tests.restate.test_worker import manifest
+from tests.restate.test_worker import manifest, model_calls
 from tether.budget import Spend
 from tether.programs.local_http import Response
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV
@@ -34,7 +34,9 @@ CAPS = {"spendCaps": [{"per": "day", "maxTokens": CAP}]}
 
 
 @contextmanager
-def worker(server: RestateServer, directory: Path, agent: str) -> Iterator[HypercornWorker]:
+def worker(
+    server: RestateServer, directory: Path, agent: str, **extra: str
+) -> Iterator[HypercornWorker]:
     """A `tether worker` of `agent`, whose runs answer at once with a call of 250 tokens,
     registered as the latest deployment."""
     document = manifest(
@@ -54,6 +56,7 @@ def worker(server: RestateServer, directory: Path, agent: str) -> Iterator[Hyper
         "TETHER_WEBHOOK_SECRET": SECRET.decode(),
         "RESTATE_INGRESS_URL": server.ingress_url,
         IDENTITY_KEYS_ENV: server.identity_public_key,
+        **extra,
     }
     with HypercornWorker("", command=command, env=env, log_dir=directory) as served:
         server.register(served.url)
@@ -77,7 +80,9 @@ def test_a_cap_holds_across_workers_and_a_refused_run_says_when_it_resets(
     restate_server: RestateServer, tmp_path: Path
 ) -> None:
     agent = "frugal"
-    with worker(restate_server, tmp_path, agent):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    with worker(restate_server, tmp_path, agent, PROMETHEUS_MULTIPROC_DIR=str(metrics)):
         results = [run(restate_server, agent)]
         while results[-1]["status"] == "completed" and len(results) < 12:
             results.append(run(restate_server, agent))
@@ -89,6 +94,9 @@ def test_a_cap_holds_across_workers_and_a_refused_run_says_when_it_resets(
     assert "it resets at " in refused["error"]
     assert completed >= 2 and completed * 250 <= CAP
     assert day["spent"]["tokens"] == completed * 250 and day["held"]["tokens"] == 0
+    # The refused call was not made: counted as capped, not as the model's error.
+    calls = model_calls(metrics, agent)
+    assert (calls[("s", "ok")], calls[("s", "capped")], calls[("s", "error")]) == (completed, 1, 0)
     # Another worker (the first one gone, this one the latest deployment): its count is the
     # agent's, not its own, so its first run is refused too.
     with worker(restate_server, tmp_path, agent):

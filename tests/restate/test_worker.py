@@ -945,9 +945,11 @@ def test_a_model_that_fails_hands_the_turn_to_its_fallback_and_a_replay_asks_no_
         ("claude-test", "ok"): 1,
         ("claude-test", "error"): 1,
         ("claude-test", "skipped"): 0,
+        ("claude-test", "capped"): 0,
         ("gpt-test", "ok"): 1,
         ("gpt-test", "error"): 0,
         ("gpt-test", "skipped"): 0,
+        ("gpt-test", "capped"): 0,
     }
 
 

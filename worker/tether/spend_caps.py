@@ -53,12 +53,17 @@ class SpendCap:
         return cls(per, limits)
 
     def describe(self) -> str:
+        amount = self.amount(Spend(self.limits.cost_usd or 0.0, self.limits.tokens or 0))
+        return f"{amount} {'an' if self.per == 'hour' else 'a'} {self.per}"
+
+    def amount(self, spend: Spend) -> str:
+        """`spend` in the units the cap sets."""
         amounts = []
         if self.limits.cost_usd is not None:
-            amounts.append(f"${self.limits.cost_usd:g}")
+            amounts.append(f"${spend.cost_usd:.4g}")
         if self.limits.tokens is not None:
-            amounts.append(f"{self.limits.tokens:,} tokens")
-        return f"{' and '.join(amounts)} {'an' if self.per == 'hour' else 'a'} {self.per}"
+            amounts.append(f"{spend.tokens:,} tokens")
+        return " and ".join(amounts)
 
 
 @dataclass(frozen=True)
@@ -72,11 +77,11 @@ class Refusal:
 
     def message(self) -> str:
         resets = datetime.fromtimestamp(self.window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cap = self.cap
         return (
-            f"the agent's spend cap of {self.cap.describe()} (UTC) is reached: this {self.cap.per} "
-            f"its runs spent ${self.spent.cost_usd:.4f} and {self.spent.tokens:,} tokens, and "
-            f"calls in flight hold ${self.held.cost_usd:.4f} and {self.held.tokens:,} tokens "
-            f"more; it resets at {resets}"
+            f"the agent's spend cap of {cap.describe()} (UTC) is reached: this {cap.per} its "
+            f"runs spent {cap.amount(self.spent)}, and calls in flight hold "
+            f"{cap.amount(self.held)} more; it resets at {resets}"
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -71,10 +71,11 @@ CHILDREN = Counter(
 RUNS = Counter("tether_runs_total", "Agent runs that finished, by status.", ["agent", "status"])
 MODEL_CALLS = Counter(
     "tether_model_calls_total",
-    "Model calls that ran live, and those skipped while their model cooled down.",
+    "Model calls that ran live, those skipped while their model cooled down, and those the "
+    "agent's spend caps refused.",
     ["agent", "provider", "model", "outcome"],
 )
-MODEL_CALL_OUTCOMES = ("ok", "error", "skipped")
+MODEL_CALL_OUTCOMES = ("ok", "error", "skipped", "capped")
 MODEL_CALLS_WAITING = Gauge(
     "tether_model_calls_waiting",
     "Model calls waiting for a slot under their model's cap on calls in flight in a worker "
@@ -373,7 +374,9 @@ def agent_hooks(
             _series(COST_USD, agent, *which).inc(cost)
 
     def turn_error(payload: HookPayload) -> None:
-        outcome = "skipped" if payload.get("skipped") else "error"
+        outcome = "error"
+        if payload.get("skipped") or payload.get("capped"):  # not made: not the model's fault
+            outcome = "skipped" if payload.get("skipped") else "capped"
         _series(MODEL_CALLS, agent, *called(payload), outcome).inc()
 
     def tool_after(payload: HookPayload) -> None:

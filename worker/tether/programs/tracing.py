@@ -367,8 +367,8 @@ class RunSpans:
         self._model_span(payload, extra)
 
     def turn_error(self, payload: HookPayload) -> None:
-        if payload.get("skipped"):
-            return  # no call: a model cooling down was skipped for the next one's
+        if payload.get("skipped") or payload.get("capped"):
+            return  # no call: a model cooling down was skipped, or the spend caps refused it
         retry = {"tether.retry": bool(payload.get("retry"))}
         self._model_span(payload, retry, error=str(payload.get("error")))
 
