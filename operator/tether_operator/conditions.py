@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -14,7 +15,12 @@ ORDER = (READY, REGISTERED, PROGRESSING, DRAINING)
 
 
 def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(time.time())
+
+
+def rfc3339(t: float) -> str:
+    """Epoch seconds as an RFC 3339 timestamp in UTC, to the second."""
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_rfc3339(text: str) -> float:

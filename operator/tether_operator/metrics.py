@@ -89,10 +89,7 @@ def report(namespace: str, agent: str, versions: list[VersionStatus], shown: set
         ACTIVE_RUNS.labels(*labels).set(version.active_runs or 0)
         PARKED_RUNS.labels(*labels).set(version.parked_runs or 0)
         REPLICAS.labels(*labels).set(version.replicas or 0)
-    current = {v.hash for v in versions}
-    forget(namespace, agent, shown - current)
-    shown.clear()
-    shown.update(current)
+    _shown_now(namespace, agent, shown, {v.hash for v in versions}, VERSION_GAUGES)
 
 
 def report_schedules(
@@ -109,10 +106,7 @@ def report_schedules(
                 forget(namespace, agent, {schedule.name}, (gauge,))
             else:
                 gauge.labels(*labels).set(parse_rfc3339(stamp))
-    current = {schedule.name for schedule in schedules}
-    forget(namespace, agent, shown - current, SCHEDULE_GAUGES)
-    shown.clear()
-    shown.update(current)
+    _shown_now(namespace, agent, shown, {s.name for s in schedules}, SCHEDULE_GAUGES)
 
 
 def report_spend(namespace: str, agent: str, spend: list[SpendStatus], shown: set[str]) -> None:
@@ -120,8 +114,15 @@ def report_spend(namespace: str, agent: str, spend: list[SpendStatus], shown: se
     `shown` (the periods reported before) is updated."""
     for cap in spend:
         SPEND_USED.labels(namespace, agent, cap.per).set(cap.used)
-    current = {cap.per for cap in spend}
-    forget(namespace, agent, shown - current, SPEND_GAUGES)
+    _shown_now(namespace, agent, shown, {cap.per for cap in spend}, SPEND_GAUGES)
+
+
+def _shown_now(
+    namespace: str, agent: str, shown: set[str], current: set[str], gauges: tuple[Gauge, ...]
+) -> None:
+    """Drop the `gauges` of the keys `shown` before that are not `current`; `shown` becomes
+    `current`."""
+    forget(namespace, agent, shown - current, gauges)
     shown.clear()
     shown.update(current)
 
@@ -129,7 +130,7 @@ def report_spend(namespace: str, agent: str, spend: list[SpendStatus], shown: se
 def forget(
     namespace: str, agent: str, keys: set[str], gauges: tuple[Gauge, ...] = VERSION_GAUGES
 ) -> None:
-    """Drop the `gauges` of the agent's versions (or schedules) `keys`."""
+    """Drop the `gauges` of the agent's `keys` (versions, schedules or spend caps' periods)."""
     for key in keys:
         for gauge in gauges:
             with contextlib.suppress(KeyError):

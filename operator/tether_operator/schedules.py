@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import binascii
 import time
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -25,6 +24,7 @@ from tether.programs.restate_admin import AdminCall
 from tether.programs.webhooks import schedule_order
 from tether.spec import DurableAgent, ScheduleSpec, ScheduleStatus, restate_services
 
+from .conditions import rfc3339
 from .context import AgentMemory, Operator
 from .kube import KubeError
 from .names import content_hash
@@ -94,9 +94,7 @@ def _as_kept(status: ScheduleStatus, kept: dict[str, Any]) -> ScheduleStatus:
 
 
 def _rfc3339(t: Any) -> str | None:
-    if not isinstance(t, int | float):
-        return None
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(t) if isinstance(t, int | float) else None
 
 
 async def _webhook_key(

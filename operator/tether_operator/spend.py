@@ -6,12 +6,12 @@ are refused. Read with one cached query for all agents, as the schedules are."""
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 from tether.periods import Window
 from tether.spec import DurableAgent, SpendCapSpec, SpendStatus, restate_services
 
+from .conditions import rfc3339
 from .context import Operator
 from .restate_admin import RestateError
 
@@ -41,7 +41,7 @@ def _status(cap: SpendCapSpec, window: Window, spent: dict[str, Any]) -> SpendSt
     return SpendStatus(
         per=cap.per,
         period=window.id,
-        resets_at=datetime.fromtimestamp(window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        resets_at=rfc3339(window.end),
         cost_usd=round(cost, 6),
         tokens=tokens,
         used=max(shares),

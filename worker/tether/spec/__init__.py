@@ -1123,29 +1123,31 @@ class DurableAgentSpec(_Model):
 
     @model_validator(mode="after")
     def _budget_fits_a_call(self) -> DurableAgentSpec:
-        # Every model call reserves its output first: a budget below one call's output lets
-        # no call start, which is a mistake to say now rather than a run that stops at once.
-        limits = self.limits
-        for where, model in self.model.choices():
-            field = where.removeprefix("spec.")
+        self._fits_one_call("limits.", self.limits.max_tokens, self.limits.max_cost_usd)
+        return self
+
+    def _fits_one_call(self, where: str, max_tokens: int | None, cost_usd: float | None) -> None:
+        """Every model call holds its output first, against a run's budget (`limits.`) and the
+        agent's spend caps: a limit below one call's output lets no call start, which is a
+        mistake to say now rather than a run that stops at once."""
+        for at, model in self.model.choices():
+            field = at.removeprefix("spec.")
             output = model.max_tokens + (self.behavior.thinking_budget or 0)
-            if limits.max_tokens is not None and limits.max_tokens <= output:
+            if max_tokens is not None and max_tokens <= output:
                 raise ValueError(
-                    f"limits.maxTokens ({limits.max_tokens}) must be larger than one model "
-                    f"call's output ({field}.maxTokens plus behavior.thinkingBudget: {output}): "
-                    "each call reserves it before it starts, so no call could"
+                    f"{where}maxTokens ({max_tokens}) must be larger than one call's output "
+                    f"({field}.maxTokens plus behavior.thinkingBudget: {output}): each call "
+                    "holds it before it starts, so no call could"
                 )
             pricing = model.pricing
-            if limits.max_cost_usd is not None and pricing is not None:
+            if cost_usd is not None and pricing is not None:
                 most = output * pricing.output_per_m_tok / 1_000_000
-                if limits.max_cost_usd <= most:
+                if cost_usd <= most:
                     raise ValueError(
-                        f"limits.maxCostUsd ({limits.max_cost_usd}) must be more than one call "
-                        f"of {field} can cost ({output} tokens at {pricing.output_per_m_tok} "
-                        "USD per million): each call reserves it before it starts, so no call "
-                        "could"
+                        f"{where}maxCostUsd ({cost_usd}) must be more than one call of {field} "
+                        f"can cost ({output} tokens at {pricing.output_per_m_tok} USD per "
+                        "million): each call holds it before it starts, so no call could"
                     )
-        return self
 
     @model_validator(mode="after")
     def _no_secret_passed_to_a_command(self) -> DurableAgentSpec:
@@ -1192,29 +1194,13 @@ class DurableAgentSpec(_Model):
             )
         for cap in caps:
             for where, model in self.model.choices():
-                field = where.removeprefix("spec.")
-                output = model.max_tokens + (self.behavior.thinking_budget or 0)
-                if cap.max_tokens is not None and cap.max_tokens <= output:
+                if cap.max_cost_usd is not None and model.pricing is None:
                     raise ValueError(
-                        f"limits.spendCaps ({cap.per}): maxTokens ({cap.max_tokens}) must be "
-                        f"larger than one call's output ({field}.maxTokens plus "
-                        f"behavior.thinkingBudget: {output}), which each call holds first"
+                        f"limits.spendCaps ({cap.per}): maxCostUsd needs "
+                        f"{where.removeprefix('spec.')}.pricing, or its calls would cost nothing "
+                        "against the cap"
                     )
-                if cap.max_cost_usd is None:
-                    continue
-                if model.pricing is None:
-                    raise ValueError(
-                        f"limits.spendCaps ({cap.per}): maxCostUsd needs {field}.pricing, or "
-                        "its calls would cost nothing against the cap"
-                    )
-                most = output * model.pricing.output_per_m_tok / 1_000_000
-                if cap.max_cost_usd <= most:
-                    raise ValueError(
-                        f"limits.spendCaps ({cap.per}): maxCostUsd ({cap.max_cost_usd}) must be "
-                        f"more than one call of {field} can cost ({output} tokens at "
-                        f"{model.pricing.output_per_m_tok} USD per million), which each call "
-                        "holds first"
-                    )
+            self._fits_one_call(f"limits.spendCaps ({cap.per}): ", cap.max_tokens, cap.max_cost_usd)
         return self
 
     @model_validator(mode="after")

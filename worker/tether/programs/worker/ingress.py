@@ -13,6 +13,11 @@ from ..restate_endpoints import Endpoints
 log = logging.getLogger(__name__)
 
 
+def answer_of(response: httpx2.Response | None) -> str:
+    """What a post got back, for a log line or an error: no answer, or its status."""
+    return "no answer" if response is None else f"status {response.status_code}"
+
+
 class IngressPoster:
     """POSTs JSON through Restate's ingress, a cluster's nodes in turn (`Endpoints`). A post
     that gets no answer is dropped and logged, and the posts after it go on new connections: the

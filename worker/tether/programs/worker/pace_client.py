@@ -12,7 +12,7 @@ from ...providers.pace import LocalPacer
 from ...rate import Pace
 from ...spec import restate_services
 from ..webhooks import pace_signature
-from .ingress import IngressPoster
+from .ingress import IngressPoster, answer_of
 from .pace import pace_ask
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ class RestatePacer:
                 return float(response.json()) / 1000
             except ValueError:
                 pass
-        status = "no answer" if response is None else response.status_code
-        log.warning("the pace of %s: Restate gave %s; paced in this process", self.model, status)
+        log.warning(
+            "the pace of %s: Restate gave %s; paced in this process",
+            self.model,
+            answer_of(response),
+        )
         return await self._alone.admit(tokens)

@@ -16,7 +16,7 @@ from ...providers import ProviderError
 from ...spec import SPEND_KEY, restate_services
 from ...spend_caps import Refusal, SpendCap
 from ..webhooks import spend_signature
-from .ingress import IngressPoster
+from .ingress import IngressPoster, answer_of
 from .spend import spend_request
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,9 @@ class RestateSpendGate:
                 return None if answer.get("granted") else Refusal.of(answer["refusal"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 pass
-        status = "no answer" if response is None else f"status {response.status_code}"
         raise ProviderError(
-            f"the agent's spend caps could not hold the call ({status} from Restate): it is "
+            f"the agent's spend caps could not hold the call ({answer_of(response)} from "
+            "Restate): it is "
             "not sent until they can",
             provider="spend caps",
             retryable=True,
@@ -52,11 +52,10 @@ class RestateSpendGate:
     async def settle(self, hold: str, actual: Spend) -> None:
         response = await self._send("settle", hold, actual)
         if response is None or response.status_code != 200:
-            status = "no answer" if response is None else f"status {response.status_code}"
             log.warning(
                 "the spend caps: settling a call gave %s; its hold lapses in time, and what it "
                 "spent (%s) is not counted",
-                status,
+                answer_of(response),
                 actual.to_json(),
             )
 
