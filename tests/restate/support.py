@@ -10,7 +10,8 @@ import contextlib
 import os
 import shutil
 import signal
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 
 from tether.programs.local_http import Response
 from tether.programs.local_http import request_json as http
+from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer, free_port
 from tether.programs.worker.deadline import descendants
 from tether.testing import (
@@ -53,6 +55,7 @@ __all__ = [
     "service_app",
     "wait_until",
     "without_capabilities",
+    "worker_process",
 ]
 
 
@@ -162,6 +165,31 @@ class ServedApp:
 # --------------------------------------------------------------------------------------------
 
 SERVICES_DIR = Path(__file__).resolve().parent / "services"
+
+
+def worker_process(
+    server: RestateServer,
+    directory: Path,
+    document: Mapping[str, Any],
+    *,
+    prefix: Sequence[str] = (),
+    **env: str | None,
+) -> HypercornWorker:
+    """`tether worker` serving `document` as a process that only `server` may invoke, its
+    workspace and logs in `directory`; not started. `env` adds to its environment (a stop
+    waits a second for its runs by default), or with None takes a variable out."""
+    spec = directory / f"{document['metadata']['name']}.yaml"
+    spec.write_text(yaml.safe_dump(dict(document)))
+    command = [*prefix, sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
+    command += ["--host", "127.0.0.1", "--port", "{port}"]
+    settings = {
+        "TETHER_WORKSPACE": str(directory),
+        "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
+        IDENTITY_KEYS_ENV: server.identity_public_key,
+        **env,
+    }
+    present = {name: value for name, value in settings.items() if value is not None}
+    return HypercornWorker("", command=command, env=present, log_dir=directory)
 
 
 def send_run(ingress_url: str, agent: str, session: str, prompt: str) -> str:

@@ -12,7 +12,6 @@ SIGKILLed instead, nothing is handed over: b reports the body interrupted at onc
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -21,11 +20,9 @@ from typing import Any
 
 import httpx2
 import pytest
-import yaml
 
-from tests.restate.support import attach, send_run
+from tests.restate.support import attach, send_run, worker_process
 from tests.restate.test_worker import manifest
-from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer
 from tether.programs.webhooks import handoff_peek_signature, handoff_signature
 from tether.programs.worker import handoff_client
@@ -82,25 +79,22 @@ def replicas(
         for n in range(2)
     ]
     tools = [{"name": "record", "python": "handoff_tools:record"}]
-    spec = directory / "agent.yaml"
-    spec.write_text(yaml.safe_dump(manifest(AGENT, [*script, {"text": "done"}], tools=tools)))
-    command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
-    command += ["--host", "127.0.0.1", "--port", "{port}"]
+    document = manifest(AGENT, [*script, {"text": "done"}], tools=tools)
     with ExitStack() as stack:
         workers: dict[str, HypercornWorker] = {}
         for name in ("a", "b"):
-            env = {
-                "TETHER_WORKSPACE": str(directory),
-                "TETHER_WORKER_GRACEFUL_TIMEOUT": str(graceful_timeout),
-                "TETHER_WEBHOOK_SECRET": SECRET.decode(),
-                "RESTATE_INGRESS_URL": server.ingress_url,
-                IDENTITY_KEYS_ENV: server.identity_public_key,
-                "HANDOFF_STAMPS": str(directory / "stamps"),
-                "HANDOFF_RELEASE": str(directory / "release"),
-                "HANDOFF_REPLICA": name,
-                "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir(directory, name)),
-            }
-            worker = HypercornWorker("", command=command, env=env, log_dir=directory)
+            worker = worker_process(
+                server,
+                directory,
+                document,
+                TETHER_WORKER_GRACEFUL_TIMEOUT=str(graceful_timeout),
+                TETHER_WEBHOOK_SECRET=SECRET.decode(),
+                RESTATE_INGRESS_URL=server.ingress_url,
+                HANDOFF_STAMPS=str(directory / "stamps"),
+                HANDOFF_RELEASE=str(directory / "release"),
+                HANDOFF_REPLICA=name,
+                PROMETHEUS_MULTIPROC_DIR=str(metrics_dir(directory, name)),
+            )
             workers[name] = stack.enter_context(worker)
         yield workers
 

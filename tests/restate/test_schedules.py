@@ -5,18 +5,15 @@ schedule's; only a signed, fresh order of the agent's newest generation changes 
 from __future__ import annotations
 
 import calendar
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.restate.support import http
+from tests.restate.support import http, worker_process
 from tests.restate.test_worker import manifest
-from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer
 from tether.programs.webhooks import schedule_order
 from tether.testing import HypercornWorker, wait_until
@@ -30,17 +27,10 @@ EVERY_2S = "*/2 * * * * *"
 def worker(restate_server: RestateServer, tmp_path: Path) -> Iterator[HypercornWorker]:
     script = [{"text": f"report {n}"} for n in range(40)]
     document = manifest(AGENT, script, webhook={"secretRef": {"name": "hook", "key": "key"}})
-    spec = tmp_path / "agent.yaml"
-    spec.write_text(yaml.safe_dump(document))
-    command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
-    command += ["--host", "127.0.0.1", "--port", "{port}"]
-    env = {
-        "TETHER_WORKSPACE": str(tmp_path),
-        "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
-        "TETHER_WEBHOOK_SECRET": SECRET.decode(),
-        IDENTITY_KEYS_ENV: restate_server.identity_public_key,
-    }
-    with HypercornWorker("", command=command, env=env, log_dir=tmp_path) as served:
+    process = worker_process(
+        restate_server, tmp_path, document, TETHER_WEBHOOK_SECRET=SECRET.decode()
+    )
+    with process as served:
         restate_server.register(served.url)
         yield served
 

@@ -5,7 +5,6 @@ worker's signed, fresh request takes a hold or settles one, and once."""
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,13 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tests.restate.support import attach, http, send_run
+from tests.restate.support import attach, http, send_run, worker_process
 from tests.restate.test_worker import manifest, model_calls
 from tether.budget import Spend
 from tether.programs.local_http import Response
-from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer
 from tether.programs.webhooks import spend_signature
 from tether.programs.worker.spend import spend_request
@@ -46,19 +42,15 @@ def worker(
         limits=CAPS,
     )
     document["spec"]["model"]["maxTokens"] = 100
-    spec = directory / f"{agent}.yaml"
-    spec.write_text(yaml.safe_dump(document))
-    command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
-    command += ["--host", "127.0.0.1", "--port", "{port}"]
-    env = {
-        "TETHER_WORKSPACE": str(directory),
-        "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
-        "TETHER_WEBHOOK_SECRET": SECRET.decode(),
-        "RESTATE_INGRESS_URL": server.ingress_url,
-        IDENTITY_KEYS_ENV: server.identity_public_key,
+    process = worker_process(
+        server,
+        directory,
+        document,
+        TETHER_WEBHOOK_SECRET=SECRET.decode(),
+        RESTATE_INGRESS_URL=server.ingress_url,
         **extra,
-    }
-    with HypercornWorker("", command=command, env=env, log_dir=directory) as served:
+    )
+    with process as served:
         server.register(served.url)
         yield served
 

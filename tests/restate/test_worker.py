@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -30,9 +29,10 @@ from tests.restate.support import (
     http,
     wait_until,
     without_capabilities,
+    worker_process,
 )
 from tether.parked import PARKED_STATE_KEY
-from tether.programs.restate_identity import IDENTITY_KEYS_ENV, new_private_key_pem, public_key_of
+from tether.programs.restate_identity import new_private_key_pem, public_key_of
 from tether.programs.restate_server import IDENTITY_KEY_FILE, RestateServer, free_port
 from tether.programs.webhooks import SignatureError, answer_proof, listing_token, verify_link
 from tether.spec import parse_agent
@@ -114,21 +114,19 @@ def agent_worker(
         document: dict[str, Any], *, prefix: Sequence[str] = (), **extra_env: str | None
     ) -> HypercornWorker:
         """`extra_env` adds to the worker's environment, or with None takes a variable out."""
-        spec = tmp_path / f"{document['metadata']['name']}.yaml"
-        spec.write_text(yaml.safe_dump(document))
-        command = [*prefix, sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
-        command += ["--host", "127.0.0.1", "--port", "{port}"]
-        env = {
-            "TETHER_WORKSPACE": str(tmp_path),
-            "TETHER_WEBHOOK_SECRET": "s3cret",
-            "TETHER_WEBHOOK_BASE_URL": "http://sidecar.example",
-            # Teardown stops workers that may be mid-run: do not wait the default 20 s for them.
-            "TETHER_WORKER_GRACEFUL_TIMEOUT": "3",
-            IDENTITY_KEYS_ENV: restate_server.identity_public_key,  # only Restate may invoke it
-            **extra_env,
-        }
-        env = {name: value for name, value in env.items() if value is not None}
-        worker = HypercornWorker("", command=command, env=env)
+        worker = worker_process(
+            restate_server,
+            tmp_path,
+            document,
+            prefix=prefix,
+            **{
+                "TETHER_WEBHOOK_SECRET": "s3cret",
+                "TETHER_WEBHOOK_BASE_URL": "http://sidecar.example",
+                # Teardown stops workers that may be mid-run: do not wait 20 s for them.
+                "TETHER_WORKER_GRACEFUL_TIMEOUT": "3",
+                **extra_env,
+            },
+        )
         workers.append(worker)
         worker.start()
         restate_server.register(worker.url)

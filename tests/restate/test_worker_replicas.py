@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,11 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.restate.support import attach, http, send_run
+from tests.restate.support import attach, http, send_run, worker_process
 from tests.restate.test_worker import manifest
-from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.restate_server import RestateServer
 from tether.programs.webhooks import pace_signature
 from tether.programs.worker.pace import pace_ask
@@ -98,23 +95,18 @@ def serving(
     tools = [{"name": "slow", "python": "loss_tools:slow", "replay": "safe"}]
     document = manifest(AGENT, [*script, {"text": "done"}], tools=tools)
     document["spec"]["model"].update(model or {})
-    spec = directory / "agent.yaml"
-    spec.write_text(yaml.safe_dump(document))
-    command = [sys.executable, "-m", "tether", "worker", "--spec", str(spec)]
-    command += ["--host", "127.0.0.1", "--port", "{port}"]
     with ExitStack() as stack:
         workers: dict[str, HypercornWorker] = {}
         for name in ("a", "b"):
-            settings = {
-                "TETHER_WORKSPACE": str(directory),
-                "TETHER_WORKER_GRACEFUL_TIMEOUT": "1",
-                IDENTITY_KEYS_ENV: restate_server.identity_public_key,
-                "LOSS_STAMPS": str(directory / "stamps"),
-                "LOSS_REPLICA": name,
-                "LOSS_TOOL_SECONDS": str(tool_seconds),
+            worker = worker_process(
+                restate_server,
+                directory,
+                document,
+                LOSS_STAMPS=str(directory / "stamps"),
+                LOSS_REPLICA=name,
+                LOSS_TOOL_SECONDS=str(tool_seconds),
                 **env,
-            }
-            worker = HypercornWorker("", command=command, env=settings, log_dir=directory)
+            )
             workers[name] = stack.enter_context(worker)
         yield workers
 
