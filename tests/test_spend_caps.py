@@ -3,14 +3,20 @@ ends when its call does not fit, and the spec that sets them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers import FlakyProvider, RecordingProvider
+from tests.test_events import collect
 from tether import create_agent
 from tether.budget import Limits, Spend
+from tether.durable import sqlite_runtime
 from tether.providers import (
     Limited,
     LocalSpendGate,
@@ -18,6 +24,7 @@ from tether.providers import (
     Pricing,
     ProviderError,
     SpendCapReached,
+    spend,
 )
 from tether.spec import SpecError, parse_agent
 from tether.spec.assemble import local_spend_gate, provider_from_spec
@@ -89,6 +96,31 @@ def test_a_hold_never_settled_lapses_and_a_new_period_starts_from_nothing() -> N
     assert "day:2026-12-06" not in windows.spent  # gone with its day
 
 
+HOUR_WAITS = SpendCap("hour", Limits(tokens=1_000), "wait")
+
+
+def test_a_cap_that_waits_says_how_long_unless_the_call_cannot_fit_one_period() -> None:
+    windows, roomy_day = SpendWindows(), SpendCap("day", Limits(tokens=10_000))
+    assert windows.reserve([HOUR_WAITS, roomy_day], "a", Spend(0, 900), NOON) is None
+    refusal = windows.reserve([HOUR_WAITS, roomy_day], "b", Spend(0, 200), NOON + 600)
+    assert refusal is not None and refusal.waits and refusal.wait_seconds == 3000
+    assert "the run waits until it resets at 2026-12-06T13:00:00Z" in refusal.message()
+    assert (
+        SpendWindows.of(windows.to_json()).reserve([HOUR_WAITS], "b", Spend(0, 200), NOON + 600)
+        == refusal
+    )  # its JSON, as Restate's object answers it
+    assert refusal == type(refusal).of(refusal.to_json())
+    # Two waiting caps: the later reset, when both have room again.
+    day_waits = SpendCap("day", Limits(tokens=1_000), "wait")
+    both = windows.reserve([HOUR_WAITS, day_waits], "b", Spend(0, 200), NOON + 600)
+    assert both is not None and both.cap == day_waits and both.wait_seconds == 12 * 3600 - 600
+    # A cap that stops wins over one that waits; a call larger than the cap would wait forever.
+    stopped = windows.reserve([HOUR_WAITS, DAY], "c", Spend(0, 150), NOON + 700)
+    assert stopped is not None and stopped.cap == DAY and not stopped.waits
+    too_big = SpendWindows().reserve([HOUR_WAITS], "d", Spend(0, 1_001), NOON)
+    assert too_big is not None and not too_big.waits
+
+
 def request(text: str = "hi") -> ModelRequest:
     return ModelRequest(
         messages=[{"role": "user", "content": [{"type": "text", "text": text}]}],
@@ -150,9 +182,16 @@ def capped(**extra: Any) -> dict[str, Any]:
 
 
 def test_the_spec_builds_one_gate_for_all_the_agents_models() -> None:
-    agent = parse_agent(capped(limits={"spendCaps": [{"per": "day", "maxTokens": 5_000}]}))
-    gate = local_spend_gate(agent.spec)
-    assert gate is not None and list(gate.caps) == [SpendCap("day", Limits(tokens=5_000))]
+    caps = [
+        {"per": "day", "maxTokens": 5_000},
+        {"per": "hour", "maxTokens": 500, "onReached": "wait"},
+    ]
+    gate = local_spend_gate(parse_agent(capped(limits={"spendCaps": caps})).spec)
+    assert gate is not None and list(gate.caps) == [
+        SpendCap("day", Limits(tokens=5_000)),
+        SpendCap("hour", Limits(tokens=500), "wait"),
+    ]
+    agent = parse_agent(capped(limits={"spendCaps": caps[:1]}))
     provider = provider_from_spec(agent.spec, "", spend=gate)
     assert isinstance(provider, Limited) and provider.spend is gate
     assert local_spend_gate(parse_agent(capped()).spec) is None
@@ -167,8 +206,9 @@ def test_the_spec_builds_one_gate_for_all_the_agents_models() -> None:
         ([{"per": "day", "maxTokens": 100}], {}, "must be larger than one call's output"),
         ([{"per": "day", "maxCostUsd": 5}], {}, "maxCostUsd needs model.pricing"),
         ([{"per": "day", "maxTokens": 5_000}], {"webhook": None}, "needs spec.webhook"),
+        ([{"per": "day", "maxTokens": 5_000, "onReached": "ask"}], {}, "[0].onReached"),
     ],
-    ids=["no-limit", "unknown-period", "twice", "below-one-output", "unpriced", "unsigned"],
+    ids=["no-limit", "unknown-period", "twice", "below-one-output", "unpriced", "unsigned", "ask"],
 )
 def test_the_spec_refuses_caps_that_cannot_work(
     caps: list[dict[str, Any]], extra: dict[str, Any], says: str
@@ -180,3 +220,35 @@ def test_the_spec_refuses_caps_that_cannot_work(
     with pytest.raises(SpecError) as refused:
         parse_agent(document)
     assert says in str(refused.value)
+
+
+@pytest.mark.parametrize("runtime", ["memory", "sqlite"])
+async def test_a_run_under_a_cap_that_waits_sleeps_until_the_next_period_then_goes_on(
+    runtime: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a retry: a run allowed one still has it for the 429 that follows the wait."""
+    monkeypatch.setattr(spend, "WAKE_SPREAD_SECONDS", 0.0)
+    hour_ends_in_a_second = 3600 - time.time() % 3600 - 1.0
+    gate = LocalSpendGate([HOUR_WAITS], clock=lambda: time.time() + hour_ends_in_a_second)
+    gate.windows.reserve(gate.caps, "earlier", Spend(0, 900), gate._clock())  # in flight
+    overloaded = ProviderError("429", provider="p", retryable=True, retry_after=0)
+    model = FlakyProvider([{"text": "done", "usage": {"input": 10, "output": 10}}], 1, overloaded)
+    with contextlib.ExitStack() as stack:
+        durable = None
+        if runtime == "sqlite":
+            durable = stack.enter_context(sqlite_runtime(tmp_path / "runs.db", "r1"))
+        agent = create_agent(
+            provider=Limited(model, spend=gate),
+            durable=durable,
+            behavior={"max_output_tokens": 100, "max_retries": 1},
+        )
+        watcher = asyncio.create_task(collect(agent))
+        started = time.monotonic()
+        stats = await agent.run("go")
+        waited = time.monotonic() - started
+        events = await asyncio.wait_for(watcher, 5)
+    assert stats.status == "completed" and model.attempts == 2
+    assert 0.9 < waited < 5
+    [waiting] = [e for e in events if e["type"] == "spend_cap_waiting"]
+    assert waiting["until"] - waiting["at"] == pytest.approx(1000, abs=100)
+    assert "the run waits until it resets" in waiting["reason"]

@@ -213,3 +213,15 @@ def test_a_raised_budget_reads_as_its_new_amounts() -> None:
     printer.show({"type": "budget_raised", "at": T0 * 1000, "raise_to": raise_to})
     printer.close()
     assert out.getvalue().splitlines() == ["  budget raised to $0.50, 20000 tokens"]
+
+
+def test_a_run_waiting_for_the_spend_cap_says_how_long_and_until_when() -> None:
+    out = Terminal(tty=False)
+    printer = Printer(out, clock=lambda: T0)
+    until = (T0 + 3 * 3600 + 5) * 1000
+    printer.show({"type": "spend_cap_waiting", "at": T0 * 1000, "until": until, "reason": "r"})
+    printer.close()
+    day = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until / 1000))
+    assert out.getvalue().splitlines() == [
+        f"  waits 3h00m05s for the agent's spend cap, until {day}"
+    ]

@@ -9,16 +9,18 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tests.restate.support import attach, http, send_run, worker_process
+from tests.restate.support import attach, http, send_run, wait_until, worker_process
 from tests.restate.test_worker import manifest, model_calls
 from tether.budget import Spend
 from tether.programs.local_http import Response
 from tether.programs.restate_server import RestateServer
 from tether.programs.webhooks import spend_signature
 from tether.programs.worker.spend import spend_request
+from tether.providers.spend import WAKE_SPREAD_SECONDS
 from tether.spend_caps import SpendCap
 from tether.testing import HypercornWorker
 
@@ -31,7 +33,11 @@ CAPS = {"spendCaps": [{"per": "day", "maxTokens": CAP}]}
 
 @contextmanager
 def worker(
-    server: RestateServer, directory: Path, agent: str, **extra: str
+    server: RestateServer,
+    directory: Path,
+    agent: str,
+    caps: dict[str, Any] = CAPS,
+    **extra: str,
 ) -> Iterator[HypercornWorker]:
     """A `tether worker` of `agent`, whose runs answer at once with a call of 250 tokens,
     registered as the latest deployment."""
@@ -39,7 +45,7 @@ def worker(
         agent,
         [{"text": "ok", "usage": USED}],
         webhook={"secretRef": {"name": "hook", "key": "key"}},
-        limits=CAPS,
+        limits=caps,
     )
     document["spec"]["model"]["maxTokens"] = 100
     process = worker_process(
@@ -94,6 +100,49 @@ def test_a_cap_holds_across_workers_and_a_refused_run_says_when_it_resets(
     with worker(restate_server, tmp_path, agent):
         assert run(restate_server, agent)["status"] == "budget_exceeded"
         assert day_spent(restate_server, agent) == day
+
+
+def test_a_run_under_a_cap_that_waits_sleeps_in_restate_until_the_next_period(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    agent = "patient"
+    caps = {"spendCaps": [{"per": "day", "maxTokens": CAP, "onReached": "wait"}]}
+    if (seconds_left := 86400 - time.time() % 86400) < 120:  # the run must not wake up here
+        time.sleep(seconds_left + 1)
+    url = restate_server.ingress_url
+    with worker(restate_server, tmp_path, agent, caps):
+        completed = 0
+        while True:
+            invocation = send_run(url, agent, f"s{completed}", "go")
+            status = wait_until(partial(ended_or_sleeping, restate_server, invocation), timeout=30)
+            if status == "completed":
+                status = attach(url, invocation, 10)["status"]  # the run's, not Restate's
+            if status != "completed":
+                break
+            completed += 1
+        assert status == "suspended" and 2 <= completed <= CAP // 250
+        events = http("POST", f"{url}/{agent}/s{completed}/events", None).json()
+        [waiting] = [e for e in events if e["type"] == "spend_cap_waiting"]
+        tomorrow = (time.time() // 86400 + 1) * 86400 * 1000
+        assert tomorrow <= waiting["until"] <= tomorrow + WAKE_SPREAD_SECONDS * 1000
+        assert "the run waits until it resets at" in waiting["reason"]
+        assert day_spent(restate_server, agent)["spent"]["tokens"] == completed * 250
+    http("PATCH", f"{restate_server.admin_url}/invocations/{invocation}/kill", None)
+
+
+def ended_or_sleeping(server: RestateServer, invocation: str) -> str | None:
+    """`completed` for a run that completed, `suspended` for one whose last journal entry is a
+    sleep it waits on, None while neither."""
+    rows = server.query(
+        f"SELECT status, completion_result FROM sys_invocation WHERE id = '{invocation}'"
+    )
+    if rows and rows[0]["status"] == "completed":
+        return "completed" if rows[0]["completion_result"] == "success" else "failed"
+    journal = server.query(
+        f"SELECT entry_type FROM sys_journal WHERE id = '{invocation}' ORDER BY index"
+    )
+    sleeping = bool(journal) and journal[-1]["entry_type"] == "Command: Sleep"
+    return "suspended" if sleeping and rows and rows[0]["status"] == "suspended" else None
 
 
 def test_runs_at_once_never_pass_the_cap_together(

@@ -2,9 +2,10 @@
 
 A run's budget (`tether.budget`) bounds one run and its sub-agents; a cap bounds the agent: every
 model call of every run, on every worker and version, first holds its worst case in the agent's
-`SpendWindows`, and one that does not fit a cap does not start (`SpendCapReached` ends its run
-with `budget_exceeded`). What a call spent counts in the hour, the day and the month it started
-in, whichever caps are set, so versions with other caps share one count. A hold that is never
+`SpendWindows`, and one that does not fit a cap does not start: `SpendCapReached` ends its run
+with `budget_exceeded`, or, under a cap that waits, has its run wait for the period to reset.
+What a call spent counts in the hour, the day and the month it started in, whichever caps are
+set, so versions with other caps share one count. A hold that is never
 settled (its worker died mid-call) lapses after `HOLD_SECONDS`; a settle of a hold that is not
 held counts nothing, and a settled hold is remembered while its reserve could be sent again.
 
@@ -18,7 +19,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .budget import Limits, Spend
 from .periods import PERIODS, Per, Window
@@ -30,17 +31,23 @@ REPLAYABLE_SECONDS = 120
 makes no new one: as long as the reserve may stay fresh (a minute either side of its stamp, so
 up to two after a hold made by a worker whose clock is ahead), and no longer, as they are kept
 in the one state value meanwhile."""
+OnReached = Literal["stop", "wait"]
 
 
 @dataclass(frozen=True)
 class SpendCap:
-    """At most `limits` spent by the agent's calls in each calendar `per` (UTC)."""
+    """At most `limits` spent by the agent's calls in each calendar `per` (UTC). A call that
+    does not fit ends its run (`on_reached` stop), or its run waits for the next period."""
 
     per: Per
     limits: Limits
+    on_reached: OnReached = "stop"
 
     def to_json(self) -> dict[str, Any]:
-        return {"per": self.per, **self.limits.to_json()}
+        data: dict[str, Any] = {"per": self.per, **self.limits.to_json()}
+        if self.on_reached != "stop":
+            data["on_reached"] = self.on_reached
+        return data
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> SpendCap:
@@ -50,7 +57,10 @@ class SpendCap:
         limits = Limits.of(data)
         if not limits:
             raise ValueError("a spend cap needs cost_usd or tokens")
-        return cls(per, limits)
+        on_reached = data.get("on_reached", "stop")
+        if on_reached not in get_args(OnReached):
+            raise ValueError(f"a spend cap stops or waits when reached, not {on_reached!r}")
+        return cls(per, limits, on_reached)
 
     def describe(self) -> str:
         amount = self.amount(Spend(self.limits.cost_usd or 0.0, self.limits.tokens or 0))
@@ -68,20 +78,31 @@ class SpendCap:
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a call may not start: the cap it would pass, and what its window holds."""
+    """Why a call may not start at `at`: the cap it would pass, and what its window holds.
+    `waits`: its run waits for the window to end, then asks again."""
 
     cap: SpendCap
     window: Window
     spent: Spend
     held: Spend
+    at: float
+    waits: bool = False
+
+    @property
+    def wait_seconds(self) -> float:
+        """How long until the window ends, by the clock of whoever keeps the caps."""
+        return max(0.0, self.window.end - self.at)
 
     def message(self) -> str:
         resets = datetime.fromtimestamp(self.window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cap = self.cap
+        then = (
+            f"the run waits until it resets at {resets}" if self.waits else f"it resets at {resets}"
+        )
         return (
             f"the agent's spend cap of {cap.describe()} (UTC) is reached: this {cap.per} its "
             f"runs spent {cap.amount(self.spent)}, and calls in flight hold "
-            f"{cap.amount(self.held)} more; it resets at {resets}"
+            f"{cap.amount(self.held)} more; {then}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -90,6 +111,8 @@ class Refusal:
             "window": [self.window.id, self.window.start, self.window.end],
             "spent": self.spent.to_json(),
             "held": self.held.to_json(),
+            "at": self.at,
+            "waits": self.waits,
         }
 
     @classmethod
@@ -100,6 +123,8 @@ class Refusal:
             Window(str(window_id), float(start), float(end)),
             Spend.of(data["spent"]),
             Spend.of(data["held"]),
+            float(data["at"]),
+            bool(data.get("waits")),
         )
 
 
@@ -121,17 +146,24 @@ class SpendWindows:
     def reserve(
         self, caps: Iterable[SpendCap], hold: str, ask: Spend, now: float
     ) -> Refusal | None:
-        """Hold `ask` for the call `hold` if it fits every cap at `now`; the cap it passes
-        otherwise. A hold already made or settled is granted again without a new one."""
+        """Hold `ask` for the call `hold` if it fits every cap at `now`; why not otherwise: a cap
+        that stops it, else the waiting cap whose period ends last (the others' end before). A
+        hold already made or settled is granted again without a new one."""
         self._prune(now)
         if hold in self.held or hold in self.settled:
             return None
+        refusals = []
         for cap in caps:
             window = Window.of(cap.per, now)
             spent = self.spent.get(window.id, Spend())
             held = self._held_in(window)
             if cap.limits.exceeded_by(spent + held + ask):
-                return Refusal(cap, window, spent, held)
+                # Waiting helps only a call that fits the cap in a period of its own.
+                waits = cap.on_reached == "wait" and not cap.limits.exceeded_by(ask)
+                refusals.append(Refusal(cap, window, spent, held, now, waits))
+        if refusals:
+            stops = [r for r in refusals if not r.waits]
+            return stops[0] if stops else max(refusals, key=lambda r: r.window.end)
         self.held[hold] = _Hold(ask, now)
         return None
 

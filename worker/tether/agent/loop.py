@@ -424,11 +424,23 @@ class AgentRun:
                 continue
             if "error" not in result or not result["retry"]:
                 return result
+            waits = bool(result.get("capped"))  # for the spend cap's next period: not a retry
+            if waits:
+                until = result["at"] + round(result["retry_after"] * 1000)
+                await self._publish(
+                    event(
+                        "spend_cap_waiting",
+                        self.run_id,
+                        result["at"],
+                        until=until,
+                        reason=result["error"],
+                    )
+                )
             await self.durable.sleep(
                 backoff_ms(retries, result.get("retry_after")), f"backoff:{turn}:{attempt}"
             )
             attempt += 1
-            retries += 1
+            retries += 0 if waits else 1
             model = 0
 
     def _model_fn(
@@ -499,18 +511,18 @@ class AgentRun:
             except Aborted:
                 return {"aborted": True, "at": now_ms()}
             except ProviderError as error:
-                if cooldown is not None and error.retryable:
+                capped = isinstance(error, SpendCapReached)  # the agent's, every model's too
+                if cooldown is not None and error.retryable and not capped:
                     cooldown.failed(model)
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
                 # Any failure moves on to a fallback: another model may answer what this one
                 # refused (a key, a quota, a context window); the last one's decides the retry.
-                capped = isinstance(error, SpendCapReached)  # the agent's, every model's too
                 fallback = model < fallbacks and not capped
                 failed: dict[str, Any] = {
                     "error": f"{error.provider}: {error}",
-                    "retry": not fallback
-                    and error.retryable
-                    and retries < self.behavior.max_retries,
+                    # A cap that waits is asked again however often it refused.
+                    "retry": error.retryable
+                    and (capped or (not fallback and retries < self.behavior.max_retries)),
                     "retry_after": error.retry_after,
                     "at": now_ms(),
                 }

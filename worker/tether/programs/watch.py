@@ -231,6 +231,10 @@ class Printer:
             amounts = [f"${raised['cost_usd']:.2f}"] if "cost_usd" in raised else []
             amounts += [f"{raised['tokens']} tokens"] if "tokens" in raised else []
             self._line(f"  budget raised to {', '.join(amounts)}")
+        elif kind == "spend_cap_waiting":  # up to a month: the day too
+            until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["until"] / 1000))
+            left = duration(event["until"] / 1000 - event["at"] / 1000)
+            self._line(f"  waits {left} for the agent's spend cap, until {until}")
         elif kind == "run_ended":
             self._line(
                 f"run {event['run']} {event['status']}: {event.get('turns')} turns, "

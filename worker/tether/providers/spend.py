@@ -4,6 +4,7 @@ together never pass a cap."""
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import time
 import uuid
@@ -20,12 +21,24 @@ from .base import ModelRequest, ModelResponse, Pricing, ProviderError
 T = TypeVar("T")
 
 
+WAKE_SPREAD_SECONDS = 30.0
+"""Runs that wait for a spend cap's period to reset wake within this long after it, at random,
+so that they do not all ask at once."""
+
+
 class SpendCapReached(ProviderError):
     """A call that does not fit one of the agent's spend caps: it does not start, and its run
-    ends with `budget_exceeded`."""
+    ends with `budget_exceeded`, or, when the cap waits, retries once the period has reset."""
 
     def __init__(self, refusal: Refusal, provider: str) -> None:
-        super().__init__(refusal.message(), provider=provider, code="spend_cap")
+        wait = refusal.wait_seconds + random.uniform(0, WAKE_SPREAD_SECONDS)
+        super().__init__(
+            refusal.message(),
+            provider=provider,
+            code="spend_cap",
+            retryable=refusal.waits,
+            retry_after=wait if refusal.waits else None,
+        )
         self.refusal = refusal
 
 

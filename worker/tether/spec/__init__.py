@@ -534,7 +534,7 @@ class ToolSpecEntry(_Model):
 class SpendCapSpec(_Model):
     """At most so much spent by all of the agent's runs together in each calendar hour, day or
     month (UTC), on every worker and version: a model call that does not fit does not start,
-    and its run ends with `budget_exceeded`."""
+    and its run ends with `budget_exceeded` or waits for the next period."""
 
     per: Per = Field(description="The calendar period in UTC: hour, day or month.")
     max_cost_usd: float | None = Field(
@@ -543,6 +543,12 @@ class SpendCapSpec(_Model):
         description="USD a period (needs the pricing of every model of the spec).",
     )
     max_tokens: int | None = Field(default=None, gt=0, description="Tokens a period.")
+    on_reached: Literal["stop", "wait"] | None = Field(
+        default=None,
+        description="When a model call does not fit: stop (the default) ends its run "
+        "(budget_exceeded); wait has the run wait, durably, for the period to reset (a "
+        "throttle), unless the call alone is larger than the cap.",
+    )
 
     @model_validator(mode="after")
     def _a_limit(self) -> SpendCapSpec:

@@ -90,7 +90,7 @@ def pace_of(limit: RateLimit) -> Pace:
 def spend_caps_of(spec: DurableAgentSpec) -> list[SpendCap]:
     """The spec's caps on what its runs spend together (`limits.spendCaps`)."""
     return [
-        SpendCap(cap.per, Limits(cap.max_cost_usd, cap.max_tokens))
+        SpendCap(cap.per, Limits(cap.max_cost_usd, cap.max_tokens), cap.on_reached or "stop")
         for cap in spec.limits.spend_caps or []
     ]
 
