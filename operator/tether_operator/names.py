@@ -29,6 +29,9 @@ CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 """On the sidecar's pod template: the hash of its spec document and pod spec."""
 REPLICAS_ANNOTATION = f"{GROUP}/replicas"
 """On a version Deployment at zero replicas: how many it had, to scale it back to."""
+RUN_NOW_ANNOTATION = f"{GROUP}/run-now"
+"""On a DurableAgent, set by a person: `<schedule>@<anything new>` starts a run of the schedule
+at once, once per value (`schedules.run_now`)."""
 
 WORKER_PORT = 9080
 """The Restate endpoint of a worker pod and of a sidecar pod's index container."""

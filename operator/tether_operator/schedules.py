@@ -8,6 +8,10 @@ order, never kept), and carry the DurableAgent's uid and generation: Restate ref
 older than the one it keeps, so an operator replica a change behind cannot undo it. A schedule
 that could not be set (Restate or the Secret failed) is tried again on the next pass; the status
 shows each set schedule's next and last runs as Restate keeps them (one query for all agents).
+
+A person starts a schedule's run at once with the annotation `tether.dev/run-now:
+<schedule>@<anything new>` (whoever may patch the DurableAgent may): the operator orders it once
+per value of the annotation, and the status keeps the value handled last (`runNow`).
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ from urllib.parse import quote
 import kopf
 
 from tether.programs.restate_admin import AdminCall
-from tether.programs.webhooks import schedule_order
+from tether.programs.webhooks import schedule_order, schedule_run_order
 from tether.spec import DurableAgent, ScheduleSpec, ScheduleStatus, restate_services
 
 from .conditions import rfc3339
 from .context import AgentMemory, Operator
 from .kube import KubeError
-from .names import content_hash
+from .names import RUN_NOW_ANNOTATION, content_hash
 from .restate_admin import RestateError
 
 
@@ -68,6 +72,40 @@ async def observed(
     except RestateError:
         return kept
     return [_as_kept(status, found.get(status.name) or {}) for status in kept]
+
+
+async def run_now(
+    op: Operator, body: kopf.Body, mem: AgentMemory, agent: DurableAgent, handled: str | None
+) -> str | None:
+    """Start a run of the schedule that the annotation `tether.dev/run-now` names, unless its
+    value is `handled` already; the value handled now (as it was, to try again next pass)."""
+    asked = str((body["metadata"].get("annotations") or {}).get(RUN_NOW_ANNOTATION) or "")
+    if not asked or asked == handled:
+        return handled
+    name = asked.split("@", 1)[0]
+    names = [schedule.name for schedule in agent.spec.schedules]
+    if name not in names:
+        message = f"{RUN_NOW_ANNOTATION}: {asked!r} names no schedule of the spec ({names})"
+        kopf.warn(body, reason="RunNowFailed", message=message)
+        return asked  # nothing to try again: a new value may name one
+    key = await _webhook_key(op, body, mem, agent)
+    if key is None:
+        return handled
+    uid = str(body["metadata"].get("uid", ""))
+    order = schedule_run_order(key, name, content_hash(asked), owner=uid, stamp=time.time())
+    service = restate_services(agent.metadata.name).schedule
+    what = f"running the schedule {name!r} now"
+    call: AdminCall[dict[str, Any]] = AdminCall(
+        "POST", f"/{service}/{quote(name, safe='')}/run_now", order, what, "RunNowFailed", dict
+    )
+    try:
+        answer = await op.ingress.send(call, changes=True)
+    except RestateError as error:
+        mem.warn_once(body, "RunNowFailed", str(error))
+        return handled
+    message = f"the schedule {name!r} started a run in session {answer.get('session')!r}"
+    kopf.info(body, reason="RanNow", message=message)
+    return asked
 
 
 async def stop_all(op: Operator, name: str) -> int:

@@ -578,10 +578,11 @@ async def converge(
     # A version's runs send to the sidecar's index: no version is registered before it.
     if desired in versions and sidecar is not None and sidecar.restate_deployment_id:
         await register_desired(op, body, mem, versions, desired, available)
-    kept = base_status(body, mem).schedules
+    kept, ran_now = base_status(body, mem).schedules, base_status(body, mem).run_now
     # A schedule's runs go to the agent's object, and it is served by the index: both first.
     if any(v.state == "Active" and v.restate_deployment_id for v in versions.values()):
         kept = await schedules.observed(op, agent, await schedules.keep(op, body, mem, agent, kept))
+        ran_now = await schedules.run_now(op, body, mem, agent, ran_now)
     in_flight = None
     try:
         in_flight = await drain_old(op, body, agent, mem, versions, desired)
@@ -595,7 +596,7 @@ async def converge(
         op, body, mem, versions, desired, available, agent.spec.drain.timeout, sidecar
     )
     counted = await spend.observed(op, agent, base_status(body, mem).spend)
-    status = status.model_copy(update={"schedules": kept, "spend": counted})
+    status = status.model_copy(update={"schedules": kept, "spend": counted, "run_now": ran_now})
     # The gauges first: whoever reads the status then finds them as it says.
     metrics.report(meta["namespace"], meta["name"], status.versions, mem.gauges)
     metrics.report_schedules(meta["namespace"], meta["name"], kept, mem.schedule_gauges)

@@ -21,6 +21,7 @@ from tests.operator.op_harness import (
     wait_for,
 )
 from tether.programs.local_http import request_json as http
+from tether.spec.crd import GROUP, PLURAL, VERSION
 
 AGENT = "clerk"
 ASK = {"text": "asking", "tool_calls": [{"name": "ask", "input": {"question": "Ship it?"}}]}
@@ -184,6 +185,49 @@ def test_the_specs_schedules_start_runs_until_the_spec_or_the_agent_drops_them(
         wait_for(lambda: cluster.agent(AGENT) is None, timeout=90, what="the agent deleted")
         assert ticks_waiting() == 0
         assert schedule_gauges(operator.metrics, cluster.namespace) == {}  # gone with the agent
+
+
+def test_a_person_runs_a_schedule_now_with_an_annotation_once_per_value(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory, kubelet: LocalKubelet
+) -> None:
+    on_node_ports(run_operator)
+    ingress = restate.server.ingress_url
+    manifest = scripted("v1", [{"text": f"report {n}"} for n in range(10)])
+    yearly = {"name": "report", "cron": "0 0 1 1 *", "prompt": "report", "session": "reports"}
+    manifest["spec"]["schedules"] = [yearly]
+
+    def annotate(value: str) -> None:
+        patch = {"metadata": {"annotations": {"tether.dev/run-now": value}}}
+        cluster.objects.patch_namespaced_custom_object(
+            GROUP, VERSION, cluster.namespace, PLURAL, AGENT, patch
+        )
+
+    def runs() -> int:
+        return len(http("POST", f"{ingress}/{AGENT}/reports/session").json()["runs"])
+
+    def reasons(reason: str) -> list[str]:
+        return [e["message"] for e in cluster.events(AGENT) if e["reason"] == reason]
+
+    with dumped_on_failure(kubelet.logs):
+        cluster.apply_agent(manifest)
+        wait_for(lambda: active(cluster), timeout=90, what="v1 registered")
+        wait_for(lambda: cluster.status(AGENT).get("schedules"), timeout=30, what="set")
+        assert runs() == 0
+        annotate("report@1")
+        wait_for(lambda: runs() == 1, timeout=30, what="the run started now")
+        wait_for(lambda: cluster.status(AGENT).get("runNow") == "report@1", timeout=30, what="1")
+        [ran] = wait_for(lambda: reasons("RanNow"), timeout=30, what="the RanNow event")
+        assert "'reports'" in ran
+        # Once per value, not once per pass; a value naming no schedule starts nothing.
+        annotate("nope@2")
+        wait_for(lambda: reasons("RunNowFailed"), timeout=30, what="the RunNowFailed event")
+        assert cluster.status(AGENT)["runNow"] == "nope@2"
+        annotate("report@3")
+        wait_for(lambda: runs() == 2, timeout=30, what="the second run")
+        wait_for(lambda: cluster.status(AGENT).get("runNow") == "report@3", timeout=30, what="3")
+        assert runs() == 2 and len(reasons("RanNow")) == 2
+        described = http("POST", f"{ingress}/{AGENT}-schedule/report/describe").json()
+        assert described["last"] is None and described["manual"]["session"] == "reports"
 
 
 def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_dropped(

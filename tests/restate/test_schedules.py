@@ -15,7 +15,7 @@ import pytest
 from tests.restate.support import http, worker_process
 from tests.restate.test_worker import manifest
 from tether.programs.restate_server import RestateServer
-from tether.programs.webhooks import schedule_order
+from tether.programs.webhooks import schedule_order, schedule_run_order
 from tether.testing import HypercornWorker, wait_until
 
 AGENT = "cron-agent"
@@ -202,3 +202,47 @@ def test_a_tick_that_comes_late_runs_only_the_latest_time_due(
     )
     assert due[0] >= first + 4, (first, due)  # none for the times missed while down
     assert set_schedule(restate_server, "often", order("often", None, 2)).status == 200
+
+
+def run_order(name: str, request: str, owner: str = "uid-1", age: float = 0.0) -> dict[str, Any]:
+    return schedule_run_order(SECRET, name, request, owner=owner, stamp=time.time() - age)
+
+
+def run_now(server: RestateServer, name: str, body: dict[str, Any]) -> Any:
+    return http("POST", f"{server.ingress_url}/{AGENT}-schedule/{name}/run_now", body)
+
+
+def test_a_signed_order_runs_a_schedule_now_once_and_leaves_its_times_as_they_are(
+    restate_server: RestateServer, worker: HypercornWorker
+) -> None:
+    yearly = {"name": "yearly", "cron": "0 0 1 1 *", "prompt": "sum up the year"}
+    due = set_schedule(restate_server, "yearly", order("yearly", yearly)).json()["next"]
+    before = run_invocations(restate_server)  # the other tests' too, on this server
+    assert run_now(restate_server, "unset", run_order("unset", "r1")).status == 404
+    # Only the operator's fresh order for the agent that set the schedule runs it.
+    forged = {**run_order("yearly", "r1"), "sig": "0" * 64}
+    assert run_now(restate_server, "yearly", forged).status == 401
+    assert run_now(restate_server, "yearly", run_order("yearly", "r1", age=600)).status == 401
+    assert run_now(restate_server, "yearly", run_order("other", "r1")).status == 401  # its name
+    assert run_now(restate_server, "yearly", run_order("yearly", "r1", owner="uid-2")).status == 409
+    assert run_invocations(restate_server) == before
+
+    sent = time.time()
+    first = run_now(restate_server, "yearly", run_order("yearly", "r1"))
+    assert first.status == 200, first.text
+    started = first.json()["session"]
+    assert started.startswith("yearly-")
+    wait_until(lambda: session(restate_server, started)["status"] == "completed", timeout=30)
+    assert said(session(restate_server, started), "user") == ["sum up the year"]
+    # The same request again (an operator that did not record it), in another second (the
+    # session a new run would have differs): no second run.
+    wait_until(lambda: int(time.time()) > int(sent) + 1, timeout=3)
+    assert run_now(restate_server, "yearly", run_order("yearly", "r1")).json() == first.json()
+    assert run_invocations(restate_server) == before + 1
+    described = describe(restate_server, "yearly")
+    assert described["next"] == due and described["last"] is None
+    assert described["manual"]["session"] == started
+    # Another request: another run.
+    second = run_now(restate_server, "yearly", run_order("yearly", "r2")).json()["session"]
+    wait_until(lambda: session(restate_server, second)["status"] == "completed", timeout=30)
+    assert second != started and run_invocations(restate_server) == before + 2

@@ -326,6 +326,22 @@ def schedule_order(
     return {**order, "sig": schedule_signature(secret, name, order)}
 
 
+def schedule_run_signature(secret: bytes, name: str, order: Mapping[str, Any]) -> str:
+    """HMAC(secret, ["tether-schedule-run:v1", name, the order's request, owner and stamp]): the
+    operator starts a run of the schedule `name` now, as a person asked (`tether.dev/run-now`)."""
+    fields = (order.get("request"), order.get("owner"), order.get("stamp"))
+    return hmac_hex(secret, json.dumps(["tether-schedule-run:v1", name, *fields]).encode())
+
+
+def schedule_run_order(
+    secret: bytes, name: str, request: str, *, owner: str, stamp: float
+) -> dict[str, Any]:
+    """The operator's order to start a run of the schedule `name` now, once for `request`, for
+    the DurableAgent whose uid is `owner`, signed."""
+    order = {"request": request, "owner": owner, "stamp": stamp}
+    return {**order, "sig": schedule_run_signature(secret, name, order)}
+
+
 def watch_tag(secret: bytes, session: str) -> str:
     """HMAC(secret, "tether-watch:v1:<session>"), 32 hex digits: a watched session as the
     sidecar registers it in `<agent>-watchers` and the workers ask about it, through the

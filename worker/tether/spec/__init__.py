@@ -1389,6 +1389,11 @@ class DurableAgentStatus(_Model):
     spend: list[SpendStatus] = Field(
         default_factory=list, description="What the runs spent in each spend cap's period."
     )
+    run_now: str | None = Field(
+        default=None,
+        description="The last value of the annotation tether.dev/run-now that the operator "
+        "handled: a schedule's run started at once (events RanNow, RunNowFailed).",
+    )
 
 
 class Metadata(BaseModel):

@@ -14,14 +14,15 @@ expected (a cancel that came too late) does nothing. A tick sends the run with a
 key of the schedule and the time, so a time's run starts once. A tick that comes late (Restate
 was down) runs the latest time due and skips those before it; a run of a schedule's own session
 waits behind the session's runs, and one still waiting at the next time is skipped
-(`RunRequest.start_by`). Served with the index (`served`).
+(`RunRequest.start_by`). `run_now` starts a run at once, as a person asked through the
+operator (`tether.dev/run-now`), once per request. Served with the index (`served`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,7 +31,7 @@ from restate.exceptions import TerminalError
 
 from ...cron import Cron
 from ...spec import ScheduleSpec, restate_services
-from ..webhooks import schedule_signature, signatures_equal
+from ..webhooks import schedule_run_signature, schedule_signature, signatures_equal
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ FRESH_SECONDS = 60
 
 
 def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
-    """`<agent>-schedule`, keyed by a schedule's name: `set` (signed), `tick` (its own, at each
-    time due) and `describe`."""
+    """`<agent>-schedule`, keyed by a schedule's name: `set` and `run_now` (signed), `tick` (its
+    own, at each time due) and `describe`."""
     services = restate_services(agent)
     obj = restate.VirtualObject(
         services.schedule, description=f"The schedules that start runs of the {agent} agent."
@@ -73,6 +74,35 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
         kept = {**kept, "config": config, "owner": owner, "generation": generation, "next": due}
         ctx.set(STATE, await _send_tick(ctx, services.schedule, kept, now))
         return {"next": due}
+
+    @obj.handler()
+    async def run_now(ctx: restate.ObjectContext, order: dict[str, Any]) -> dict[str, Any]:
+        """Start a run of the schedule now, with its prompt, in its session (or one of its
+        own), once per `order["request"]`; answers the run's session. Its times stay as they
+        are."""
+        request, owner = await _checked_run(ctx, secrets, order)
+        kept: dict[str, Any] = await ctx.get(STATE) or {}
+        if not kept:
+            raise TerminalError(f"no schedule {ctx.key()!r} is set", status_code=404)
+        if owner != kept["owner"]:
+            raise TerminalError("the schedule is another DurableAgent's", status_code=409)
+        manual = kept.get("manual") or {}
+        if manual.get("request") == request:  # the same order again: its run has started
+            return {"session": manual["session"]}
+        schedule = ScheduleSpec.model_validate(kept["config"])
+        now = await ctx.time()
+        # Its own session unless the schedule has one: not a tick's, nor another request's.
+        session = schedule.session or f"{schedule.name}-{_stamp(now)}-{request[:8]}"
+        ctx.generic_send(
+            services.agent,
+            "run",
+            json.dumps({"prompt": schedule.prompt}).encode(),
+            key=session,
+            idempotency_key=f"schedule/{schedule.name}/now/{request}",
+        )
+        manual = {"request": request, "at": now, "session": session}
+        ctx.set(STATE, {**kept, "manual": manual})
+        return {"session": session}
 
     @obj.handler(ingress_private=True)
     async def tick(ctx: restate.ObjectContext, due: float) -> None:
@@ -114,13 +144,14 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
     async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
         """The schedule as kept: its cron, time zone, session and suspension, the agent's
         generation that set it, its next time due, its last run's time and session, and how
-        many of its ticks came late, skipping earlier times for the latest (not its prompt);
+        many of its ticks came late, skipping earlier times for the latest, and the last run
+        started now (`manual`: when, in which session; not its prompt);
         `{"schedule": None}` when none is set."""
         kept: dict[str, Any] | None = await ctx.get(STATE)
         if not kept:
             return {"schedule": None}
         config = {k: v for k, v in kept["config"].items() if k != "prompt"}
-        fields = ("generation", "next", "last", "session", "late")
+        fields = ("generation", "next", "last", "session", "late", "manual")
         return {"schedule": config, **{field: kept.get(field) for field in fields}}
 
     return obj
@@ -168,12 +199,39 @@ async def _checked(
         schedule = None if raw is None else ScheduleSpec.model_validate(raw)
     except (KeyError, TypeError, ValueError) as error:
         raise TerminalError(f"expected a signed order for a schedule: {error}", 400) from None
-    if not isinstance(given, str) or not any(
-        signatures_equal(schedule_signature(s, ctx.key(), order), given) for s in secrets
-    ):
-        raise TerminalError("not signed by the operator of this agent", status_code=401)
+    await _verify(ctx, secrets, order, given, stamp, schedule_signature)
     if schedule is not None and schedule.name != ctx.key():
         raise TerminalError(f"the schedule is named {schedule.name!r}, not {ctx.key()!r}", 400)
+    return schedule, owner, generation
+
+
+async def _checked_run(
+    ctx: restate.ObjectContext, secrets: Sequence[bytes], order: Any
+) -> tuple[str, str]:
+    """The request id and owner of an order to run now, signed with one of `secrets` and made
+    within `FRESH_SECONDS`."""
+    try:
+        given, request = order["sig"], str(order["request"])
+        owner, stamp = str(order["owner"]), float(order["stamp"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise TerminalError(f"expected a signed order to run now: {error}", 400) from None
+    await _verify(ctx, secrets, order, given, stamp, schedule_run_signature)
+    return request, owner
+
+
+async def _verify(
+    ctx: restate.ObjectContext,
+    secrets: Sequence[bytes],
+    order: Any,
+    given: Any,
+    stamp: float,
+    sign: Callable[[bytes, str, Any], str],
+) -> None:
+    """Refuse an order that none of `secrets` signed (`sign`) or that was made more than
+    `FRESH_SECONDS` from now."""
+    if not isinstance(given, str) or not any(
+        signatures_equal(sign(s, ctx.key(), order), given) for s in secrets
+    ):
+        raise TerminalError("not signed by the operator of this agent", status_code=401)
     if abs(await ctx.time() - stamp) > FRESH_SECONDS:
         raise TerminalError("the order is stale: sign it again", status_code=401)
-    return schedule, owner, generation
