@@ -18,7 +18,8 @@ The steps, in order (each checks what a user would look at, and times what a use
     a drain evicts one worker and its PodDisruptionBudget refuses the second;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus); a schedule set by the
-    operator starts runs, and stops when the spec drops it;
+    operator starts runs, runs once more at once when annotated (kubectl annotate ...
+    tether.dev/run-now=...), and stops when the spec drops it;
     under load the operator adds a worker pod (autoscaling), which runs its share of the runs,
     and takes it away once the load dropped, while runs go on;
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
@@ -653,6 +654,17 @@ def schedule_runs(p: Platform) -> None:
     p.report.time("schedule applied -> its first run completed", time.monotonic() - set_at)
     if p.agent_status(FANOUT)["activeVersion"] != version:
         raise StepFailed("adding a schedule rolled out a new version")
+    # Run now, as a person does with kubectl: one run, in a session of its own.
+    p.kubectl("-n", p.agents_ns, "annotate", "durableagent", FANOUT, "tether.dev/run-now=census@1")
+
+    def ran_now() -> bool:
+        status, body = http("POST", f"{p.ingress.url}/{FANOUT}-schedule/census/describe")
+        manual = (body.get("manual") or {}) if status == 200 else {}
+        return bool(manual) and p.session(FANOUT, manual["session"])["status"] == "completed"
+
+    wait_for("the run started by the annotation completed", ran_now, 60, 1)
+    if p.agent_status(FANOUT).get("runNow") != "census@1":
+        raise StepFailed(f"status.runNow is not the annotation: {p.agent_status(FANOUT)}")
     p.apply_agent(E2E / "fanout-agent.yaml")
     wait_for(
         "the schedule stopped",
