@@ -22,6 +22,7 @@ from tests.kube.host import HostError
 from tests.kube.node import PACKAGES, KubeNode, check_host, install_packages
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCKERD_LOG = Path("/tmp/tether-e2e-dockerd.log")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -32,6 +33,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def _docker_answers() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+def _dockerd_log_tail() -> str:
+    try:
+        lines = DOCKERD_LOG.read_text(errors="replace").splitlines()[-20:]
+    except OSError:
+        return " (no dockerd was started here: another process runs the engine)"
+    return "; the end of " + str(DOCKERD_LOG) + ":\n" + "\n".join(lines)
 
 
 @pytest.fixture(scope="session")
@@ -46,12 +55,12 @@ def docker_engine() -> Iterator[None]:
         return
     if not shutil.which("dockerd"):
         pytest.exit("make e2e needs a Docker engine: dockerd is not installed", returncode=2)
-    log = open("/tmp/tether-e2e-dockerd.log", "wb")  # noqa: SIM115  (kept open while it runs)
+    log = open(DOCKERD_LOG, "wb")  # noqa: SIM115  (kept open while it runs)
     dockerd = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not _docker_answers():
         if dockerd.poll() is not None or time.monotonic() > deadline:
-            pytest.exit("dockerd did not start: see /tmp/tether-e2e-dockerd.log", returncode=2)
+            pytest.exit(f"dockerd did not start: see {DOCKERD_LOG}", returncode=2)
         time.sleep(0.2)
     try:
         yield
@@ -72,7 +81,11 @@ def images(docker_engine: None) -> dict[str, str]:
         check=False,
     )
     if result.returncode != 0:
-        pytest.fail("scripts/build-images.sh failed; its log is above")
+        # Once the build failed with the engine gone: say whether it still answers, and why not.
+        engine = "answers" if _docker_answers() else f"does not answer{_dockerd_log_tail()}"
+        pytest.fail(
+            f"scripts/build-images.sh failed (its log is above); the Docker engine {engine}"
+        )
     print(f"\nimages ready in {time.monotonic() - started:.1f} s")
     return dict(line.split("=", 1) for line in result.stdout.split())
 
