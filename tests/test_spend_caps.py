@@ -82,17 +82,22 @@ def test_a_settle_or_reserve_sent_again_counts_once() -> None:
     assert restored.settled == {}
 
 
-def test_a_hold_never_settled_lapses_and_a_new_period_starts_from_nothing() -> None:
+def test_a_hold_never_settled_counts_at_its_worst_and_a_new_period_starts_afresh() -> None:
     windows = SpendWindows()
-    windows.reserve([DAY], "dead", Spend(0, 900), NOON)  # its worker died mid-call
-    assert windows.reserve([DAY], "b", Spend(0, 200), NOON + 60) is not None
+    windows.reserve([DAY], "dead", Spend(0, 700), NOON)  # its worker died mid-call
+    assert windows.reserve([DAY], "b", Spend(0, 400), NOON + 60) is not None
+    # No longer held, but spent: the provider may have charged the call.
+    refusal = windows.reserve([DAY], "b", Spend(0, 400), NOON + HOLD_SECONDS)
+    assert refusal is not None and (refusal.spent, refusal.held) == (Spend(0, 700), Spend())
     assert windows.reserve([DAY], "b", Spend(0, 200), NOON + HOLD_SECONDS) is None
     windows.settle("b", Spend(0, 200))
-    month = SpendCap("month", Limits(tokens=300))
+    windows.settle("dead", Spend(0, 10))  # its settle after all: counted already
+    assert windows.spent["day:2026-12-06"] == Spend(0, 900)
+    month = SpendCap("month", Limits(tokens=2_000))
     tomorrow = at("2026-12-07T00:00:01")
     assert windows.reserve([DAY], "c", Spend(0, 900), tomorrow) is None  # a new day
-    refusal = windows.reserve([month], "d", Spend(0, 150), tomorrow)  # the month remembers
-    assert refusal is not None and refusal.cap == month and refusal.spent == Spend(0, 200)
+    refusal = windows.reserve([month], "d", Spend(0, 250), tomorrow)  # the month remembers
+    assert refusal is not None and refusal.cap == month and refusal.spent == Spend(0, 900)
     assert "day:2026-12-06" not in windows.spent  # gone with its day
 
 

@@ -5,9 +5,10 @@ model call of every run, on every worker and version, first holds its worst case
 `SpendWindows`, and one that does not fit a cap does not start: `SpendCapReached` ends its run
 with `budget_exceeded`, or, under a cap that waits, has its run wait for the period to reset.
 What a call spent counts in the hour, the day and the month it started in, whichever caps are
-set, so versions with other caps share one count. A hold that is never
-settled (its worker died mid-call) lapses after `HOLD_SECONDS`; a settle of a hold that is not
-held counts nothing, and a settled hold is remembered while its reserve could be sent again.
+set, so versions with other caps share one count. A hold that is never settled (its worker died
+mid-call, after the provider may have charged it) counts as spent, at its worst case, after
+`HOLD_SECONDS`; a settle of a hold that is not held counts nothing, and a settled hold is
+remembered while its reserve could be sent again.
 
 Kept where an agent's calls meet: the index's `<agent>-spend` on Restate
 (`tether.programs.worker.spend`), or a process's memory (`tether.providers.spend`).
@@ -25,7 +26,8 @@ from .budget import Limits, Spend
 from .periods import PERIODS, Per, Window
 
 HOLD_SECONDS = 1800.0
-"""How long a call's hold stands without a settle: longer than any model call may take."""
+"""How long a call's hold stands without a settle (longer than any model call may take); then
+it counts as spent."""
 REPLAYABLE_SECONDS = 120
 """How long after a hold was made a settled hold is remembered, so that its reserve sent again
 makes no new one: as long as the reserve may stay fresh (a minute either side of its stamp, so
@@ -171,11 +173,15 @@ class SpendWindows:
         """The call `hold` spent `actual`: counted in the windows it started in, once."""
         made = self.held.pop(hold, None)
         if made is None:
-            return  # settled before, or lapsed
+            return  # settled before, or counted at its worst case already
         self.settled[hold] = math.ceil(made.at + REPLAYABLE_SECONDS)
+        self._count(actual, made.at)
+
+    def _count(self, spent: Spend, at: float) -> None:
+        """What a call that started `at` spent, in the windows it started in."""
         for per in PERIODS:
-            window = Window.of(per, made.at).id
-            self.spent[window] = self.spent.get(window, Spend()) + actual
+            window = Window.of(per, at).id
+            self.spent[window] = self.spent.get(window, Spend()) + spent
 
     def windows(self, now: float) -> list[dict[str, Any]]:
         """Each current window: what was spent in it and what calls in flight hold."""
@@ -198,7 +204,10 @@ class SpendWindows:
         )
 
     def _prune(self, now: float) -> None:
-        self.held = {k: h for k, h in self.held.items() if now - h.at < HOLD_SECONDS}
+        for hold in [k for k, h in self.held.items() if now - h.at >= HOLD_SECONDS]:
+            # Never settled: the call may have been charged, so its worst case is what it cost.
+            made = self.held.pop(hold)
+            self._count(made.ask, made.at)
         self.settled = {k: until for k, until in self.settled.items() if now < until}
         current = {Window.of(per, now).id for per in PERIODS}
         current |= {Window.of(per, h.at).id for h in self.held.values() for per in PERIODS}
