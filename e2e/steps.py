@@ -18,8 +18,8 @@ The steps, in order (each checks what a user would look at, and times what a use
     a drain evicts one worker and its PodDisruptionBudget refuses the second;
  8. Restate's pod killed mid-run: the journal survives on its volume and the run completes;
  9. a run that fans out to two sub-agents (fan-out counted in Prometheus); a schedule set by the
-    operator starts runs, runs once more at once when annotated (kubectl annotate ...
-    tether.dev/run-now=...), and stops when the spec drops it;
+    operator starts runs, and stops when the spec drops it; a yearly one runs at once when
+    annotated (kubectl annotate ... tether.dev/run-now=...);
     under load the operator adds a worker pod (autoscaling), which runs its share of the runs,
     and takes it away once the load dropped, while runs go on;
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
@@ -631,7 +631,8 @@ def spend_counted(p: Platform) -> None:
 
 def schedule_runs(p: Platform) -> None:
     """A schedule: the operator sets it on Restate through the ingress, signed with the webhook
-    key, without a new version; its runs start; dropped from the spec, its tick is gone."""
+    key, without a new version; its runs start; dropped from the spec, its tick is gone. Then a
+    yearly one, run now by a person with `kubectl annotate`; it stays, for the dashboard."""
     ticks = (
         "SELECT count(*) AS n FROM sys_invocation WHERE status = 'scheduled' "
         f"AND target_service_name = '{FANOUT}-schedule'"
@@ -642,36 +643,37 @@ def schedule_runs(p: Platform) -> None:
     set_at = time.monotonic()
     wait_for("the schedule set", lambda: p.agent_status(FANOUT).get("schedules"), 60)
 
-    def completed() -> bool:  # each run in a session of its own: census-<time>
-        status, body = http("POST", f"{p.ingress.url}/{FANOUT}-schedule/census/describe")
+    def completed(name: str) -> bool:  # each run in a session of its own: <name>-<time>...
+        status, body = http("POST", f"{p.ingress.url}/{FANOUT}-schedule/{name}/describe")
         last = body.get("session") if status == 200 else None
         return bool(last) and p.session(FANOUT, last)["status"] == "completed"
 
-    wait_for("a scheduled run completed", completed, 120, 1)
+    wait_for("a scheduled run completed", lambda: completed("census"), 120, 1)
     # The operator's gauge, which TetherScheduleBehind watches, in Prometheus.
     due = f'tether_schedule_next_run_timestamp_seconds{{agent="{FANOUT}",schedule="census"}}'
     wait_for("the schedule's next run in Prometheus", lambda: p.series(due), 60, 2)
     p.report.time("schedule applied -> its first run completed", time.monotonic() - set_at)
     if p.agent_status(FANOUT)["activeVersion"] != version:
         raise StepFailed("adding a schedule rolled out a new version")
-    # Run now, as a person does with kubectl: one run, in a session of its own.
-    p.kubectl("-n", p.agents_ns, "annotate", "durableagent", FANOUT, "tether.dev/run-now=census@1")
-
-    def ran_now() -> bool:
-        status, body = http("POST", f"{p.ingress.url}/{FANOUT}-schedule/census/describe")
-        manual = (body.get("manual") or {}) if status == 200 else {}
-        return bool(manual) and p.session(FANOUT, manual["session"])["status"] == "completed"
-
-    wait_for("the run started by the annotation completed", ran_now, 60, 1)
-    if p.agent_status(FANOUT).get("runNow") != "census@1":
-        raise StepFailed(f"status.runNow is not the annotation: {p.agent_status(FANOUT)}")
-    p.apply_agent(E2E / "fanout-agent.yaml")
+    yearly = {"name": "report", "cron": "0 0 1 1 *", "prompt": "count the fruit"}
+    p.apply_agent(E2E / "fanout-agent.yaml", schedules=[yearly])
     wait_for(
-        "the schedule stopped",
-        lambda: p.agent_status(FANOUT).get("schedules") == [] and p.sql(ticks)[0]["n"] == 0,
+        "the first schedule stopped, the yearly one set",
+        lambda: (
+            [s["name"] for s in p.agent_status(FANOUT).get("schedules", [])] == ["report"]
+            and p.sql(ticks)[0]["n"] == 1
+        ),
         60,
         1,
     )
+    # Run now, as a person does: one run, at once, in a session of its own.
+    p.kubectl("-n", p.agents_ns, "annotate", "durableagent", FANOUT, "tether.dev/run-now=report@1")
+    asked_at = time.monotonic()
+    wait_for("the run the annotation started completed", lambda: completed("report"), 60, 1)
+    p.report.time("run-now annotated -> its run completed", time.monotonic() - asked_at)
+    status = p.agent_status(FANOUT)
+    if status.get("runNow") != "report@1" or not status["schedules"][0].get("lastRun"):
+        raise StepFailed(f"the status does not show the run started now: {status}")
 
 
 SHARED_RUNS = 450

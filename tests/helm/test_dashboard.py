@@ -19,6 +19,7 @@ from tests.helm.chart import (
     by_kind,
     helm,
     one,
+    operator_metrics,
     render,
     tether_metrics,
 )
@@ -141,12 +142,17 @@ def test_the_panels_on_call_people_look_at() -> None:
     assert "tether_mcp_calls_total" in exprs("MCP calls")
     assert 'outcome!="ok"' in exprs("MCP errors")
     assert "tether_mcp_call_duration_seconds_bucket" in exprs("MCP latency")
+    versions = exprs("Runs and pods by version")
+    assert "tether_version_parked_runs" in versions and "tether_version_replicas" in versions
+    assert "tether_schedule_next_run_timestamp_seconds" in exprs("Schedules: next and last runs")
+    assert "tether_spend_cap_used_ratio" in exprs("Spend caps used")
 
 
 def test_the_dashboard_shows_every_tether_metric_and_no_other() -> None:
-    """A metric added to Tether goes on the dashboard (and so through the e2e's check against a
-    real Prometheus); a name the dashboard queries is one Tether exports."""
-    declared = tether_metrics()
+    """A metric added to Tether (its workers', sidecars' or operator's) goes on the dashboard
+    (and so through the e2e's check against a real Prometheus); a name the dashboard queries is
+    one Tether exports."""
+    declared = {**tether_metrics(), **operator_metrics()}
     used: set[str] = set()
     for query in dashboard.queries(BOARD):
         for name in METRIC.findall(query.expr):

@@ -226,8 +226,8 @@ def test_a_person_runs_a_schedule_now_with_an_annotation_once_per_value(
         wait_for(lambda: runs() == 2, timeout=30, what="the second run")
         wait_for(lambda: cluster.status(AGENT).get("runNow") == "report@3", timeout=30, what="3")
         assert runs() == 2 and len(reasons("RanNow")) == 2
-        described = http("POST", f"{ingress}/{AGENT}-schedule/report/describe").json()
-        assert described["last"] is None and described["manual"]["session"] == "reports"
+        [status] = cluster.status(AGENT)["schedules"]  # its last run; its next one next year
+        assert status["lastSession"] == "reports" and status["lastRun"] < status["nextRun"]
 
 
 def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_dropped(

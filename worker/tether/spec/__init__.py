@@ -1330,7 +1330,9 @@ class ScheduleStatus(_Model):
     next_run: str | None = Field(
         default=None, description="When its next run is due (RFC 3339); none while suspended."
     )
-    last_run: str | None = Field(default=None, description="When its last run was due.")
+    last_run: str | None = Field(
+        default=None, description="When its last run was due (or was asked for: run-now)."
+    )
     last_session: str | None = Field(default=None, description="The session of its last run.")
     late_ticks: int = Field(
         default=0,

@@ -78,8 +78,8 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
     @obj.handler()
     async def run_now(ctx: restate.ObjectContext, order: dict[str, Any]) -> dict[str, Any]:
         """Start a run of the schedule now, with its prompt, in its session (or one of its
-        own), once per `order["request"]`; answers the run's session. Its times stay as they
-        are."""
+        own), once per `order["request"]`; answers the run's session. It is the schedule's
+        last run; its next time stays as it is."""
         request, owner = await _checked_run(ctx, secrets, order)
         kept: dict[str, Any] = await ctx.get(STATE) or {}
         if not kept:
@@ -100,8 +100,8 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
             key=session,
             idempotency_key=f"schedule/{schedule.name}/now/{request}",
         )
-        manual = {"request": request, "at": now, "session": session}
-        ctx.set(STATE, {**kept, "manual": manual})
+        manual = {"request": request, "session": session}
+        ctx.set(STATE, {**kept, "last": now, "session": session, "manual": manual})
         return {"session": session}
 
     @obj.handler(ingress_private=True)
@@ -144,8 +144,8 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
     async def describe(ctx: restate.ObjectSharedContext) -> dict[str, Any]:
         """The schedule as kept: its cron, time zone, session and suspension, the agent's
         generation that set it, its next time due, its last run's time and session, and how
-        many of its ticks came late, skipping earlier times for the latest, and the last run
-        started now (`manual`: when, in which session; not its prompt);
+        many of its ticks came late, skipping earlier times for the latest, and the last
+        request to run it now (`manual`); not its prompt;
         `{"schedule": None}` when none is set."""
         kept: dict[str, Any] | None = await ctx.get(STATE)
         if not kept:
