@@ -163,6 +163,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # keep the test output clean
 
     def do_POST(self) -> None:
+        try:
+            self._answer()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away (an aborted call): no one to tell
+
+    def _answer(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
         headers = {name.lower(): value for name, value in self.headers.items()}

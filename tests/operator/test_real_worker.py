@@ -226,7 +226,12 @@ def test_a_person_runs_a_schedule_now_with_an_annotation_once_per_value(
         wait_for(lambda: runs() == 2, timeout=30, what="the second run")
         wait_for(lambda: cluster.status(AGENT).get("runNow") == "report@3", timeout=30, what="3")
         assert runs() == 2 and len(reasons("RanNow")) == 2
-        [status] = cluster.status(AGENT)["schedules"]  # its last run; its next one next year
+        # Its last run (as Restate keeps it, read every few seconds); its next one next year.
+        [status] = wait_for(
+            lambda: [s for s in cluster.status(AGENT)["schedules"] if s.get("lastRun")],
+            timeout=30,
+            what="the last run in the status",
+        )
         assert status["lastSession"] == "reports" and status["lastRun"] < status["nextRun"]
 
 
