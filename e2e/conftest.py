@@ -56,7 +56,13 @@ def docker_engine() -> Iterator[None]:
     if not shutil.which("dockerd"):
         pytest.exit("make e2e needs a Docker engine: dockerd is not installed", returncode=2)
     log = open(DOCKERD_LOG, "wb")  # noqa: SIM115  (kept open while it runs)
-    dockerd = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT)
+    # It only builds images (with the host's network) and runs no container: no bridge, no
+    # iptables rule and no forwarding policy of Docker's to leave on the host after it.
+    dockerd = subprocess.Popen(
+        ["dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 60
     while not _docker_answers():
         if dockerd.poll() is not None or time.monotonic() > deadline:
@@ -68,6 +74,21 @@ def docker_engine() -> Iterator[None]:
         dockerd.terminate()
         dockerd.wait(timeout=60)
         log.close()
+    left = docker_leftovers()
+    if left:
+        pytest.fail(f"the dockerd started here left {', '.join(left)} on the host")
+
+
+def docker_leftovers() -> list[str]:
+    """What a Docker engine leaves on a host when it is let set up its networking."""
+    left = ["the docker0 link"] if Path("/sys/class/net/docker0").exists() else []
+    for table in ("filter", "nat"):
+        saved = subprocess.run(
+            ["iptables-save", "-t", table], capture_output=True, text=True, check=False
+        ).stdout
+        if "DOCKER" in saved or "docker0" in saved:
+            left.append(f"rules in iptables' {table} table")
+    return left
 
 
 @pytest.fixture(scope="session")

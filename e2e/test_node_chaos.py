@@ -51,7 +51,9 @@ def chaos_image(base: str, node: KubeNode) -> str:
             f"FROM {base}\nCOPY chaos_tools.py /usr/local/lib/python3.11/site-packages/\n"
         )
         subprocess.run(
-            ["docker", "build", "-q", "-t", tag, context], check=True, capture_output=True
+            ["docker", "build", "-q", "--network", "host", "-t", tag, context],
+            check=True,
+            capture_output=True,
         )
     node.load_image(tag)
     return tag

@@ -85,6 +85,10 @@ base_image() {
   fi
 }
 
+# Builds use the host's network: the engine the e2e starts has no bridge and writes no iptables
+# rule (nothing of Docker's is left on the host after it), and RUN steps still reach PyPI.
+BUILD=(docker build -q --network host)
+
 # docker build from stdin's Dockerfile, in a context holding the given files; skipped when the
 # image already carries the same source label.
 build() { # <tag> <label> <dockerfile> [files...]
@@ -99,7 +103,7 @@ build() { # <tag> <label> <dockerfile> [files...]
   trap "rm -rf '$context'" RETURN
   if (($#)); then cp -L "$@" "$context/"; fi
   log "build $tag"
-  replacing "$tag" docker build -q --label "$SOURCE_LABEL=$label" -t "$tag" -f - "$context" \
+  replacing "$tag" "${BUILD[@]}" --label "$SOURCE_LABEL=$label" -t "$tag" -f - "$context" \
     <<<"$dockerfile"
 }
 
@@ -130,7 +134,7 @@ ENTRYPOINT [\"/bin/$name\"]
 base_image
 standin_image
 log "build $TETHER_IMAGE from the Dockerfile"
-replacing "$TETHER_IMAGE" docker build -q --build-arg PYTHON_IMAGE="$STANDIN" \
+replacing "$TETHER_IMAGE" "${BUILD[@]}" --build-arg PYTHON_IMAGE="$STANDIN" \
   -t "$TETHER_IMAGE" "$ROOT"
 
 # Like Restate's own image: Debian with CA certificates (it will not start without a bundle).
