@@ -258,6 +258,16 @@ SPEND_CAPS_THAT_CANNOT_WORK: list[tuple[str, dict[str, Any], str]] = [
     ("spend-caps-of-one-period", _capped(DAILY, DAILY), "spec.limits.spendCaps"),
     ("spend-caps-unsigned", _capped(DAILY, webhook=None), "spec.limits.spendCaps needs"),
     (
+        "spend-caps-of-one-period-and-model",
+        _capped(DAILY, {**DAILY, "model": "c"}, {**DAILY, "model": "c"}),
+        "spec.limits.spendCaps: one cap per period (hour, day, month), and per model",
+    ),
+    (
+        "spend-cap-model-too-long",
+        _capped({**DAILY, "model": "c" * 129}),
+        "spec.limits.spendCaps[0].model",
+    ),
+    (
         "spend-cap-below-one-output",
         _capped({"per": "hour", "maxTokens": 4096}),
         "spec.limits.spendCaps[].maxTokens",
@@ -966,3 +976,11 @@ def test_the_spec_refuses_a_schedule_that_cannot_work(
     with pytest.raises(SpecError) as refused:
         parse_agent(agent("cron", **_model(**KEY), **hook, schedules=schedules))
     assert says in str(refused.value)
+
+
+def test_a_models_own_spend_cap_is_kept_beside_the_agents(api: ApiClient, namespace: str) -> None:
+    caps = [DAILY, {**DAILY, "model": "c"}, {**DAILY, "per": "hour", "model": "anthropic/c"}]
+    created = create(api, namespace, agent("tiers", **_capped(*caps)))
+    assert created["spec"]["limits"]["spendCaps"] == caps
+    [_, day, hour] = parse_agent(created).spec.limits.spend_caps or []
+    assert (day.model, hour.model) == ("c", "anthropic/c")

@@ -27,7 +27,12 @@ from tether.providers import (
     spend,
 )
 from tether.spec import SpecError, parse_agent
-from tether.spec.assemble import local_spend_gate, provider_from_spec
+from tether.spec.assemble import (
+    fallbacks_from_spec,
+    local_spend_gate,
+    provider_from_spec,
+    spend_caps_of,
+)
 from tether.spend_caps import HOLD_SECONDS, REPLAYABLE_SECONDS, SpendCap, SpendWindows, Window
 
 
@@ -257,3 +262,141 @@ async def test_a_run_under_a_cap_that_waits_sleeps_until_the_next_period_then_go
     [waiting] = [e for e in events if e["type"] == "spend_cap_waiting"]
     assert waiting["until"] - waiting["at"] == pytest.approx(1000, abs=100)
     assert "the run waits until it resets" in waiting["reason"]
+
+
+# A model's own caps -----------------------------------------------------------------------
+
+OPUS, HAIKU = "anthropic/claude-opus", "anthropic/claude-haiku"
+
+
+def test_a_models_cap_counts_and_refuses_only_that_models_calls() -> None:
+    opus_day = SpendCap("day", Limits(tokens=1_000), model=OPUS)
+    caps, windows = [SpendCap("day", Limits(tokens=5_000)), opus_day], SpendWindows()
+    assert windows.reserve(caps, "a", Spend(0, 600), NOON, OPUS) is None
+    assert windows.reserve(caps, "b", Spend(0, 600), NOON + 1, HAIKU) is None  # not opus's
+    refused = windows.reserve(caps, "c", Spend(0, 600), NOON + 2, OPUS)  # 600 held + 600
+    assert refused is not None and refused.cap == opus_day and refused.held == Spend(0, 600)
+    assert "1,000 tokens on anthropic/claude-opus a day" in refused.message()
+    assert "its runs' calls to anthropic/claude-opus spent 0 tokens" in refused.message()
+    windows = SpendWindows.of(windows.to_json())  # the holds keep their model
+    windows.settle("a", Spend(0, 500))
+    windows.settle("b", Spend(0, 3_000))
+    day = Window.of("day", NOON)
+    assert windows.spent[day.id] == Spend(0, 3_500)  # the agent's: every model's calls
+    assert windows.spent[day.key(OPUS)] == Spend(0, 500)
+    assert windows.spent[day.key(HAIKU)] == Spend(0, 3_000)
+    assert windows.reserve(caps, "d", Spend(0, 400), NOON + 3, OPUS) is None
+    [shown] = [w for w in windows.windows(NOON + 4) if w["window"] == day.id]
+    assert shown["models"] == {OPUS: Spend(0, 500).to_json(), HAIKU: Spend(0, 3_000).to_json()}
+    # The agent's cap refuses first: no other model would fit it either.
+    refused = windows.reserve(caps, "e", Spend(0, 1_200), NOON + 5, OPUS)
+    assert refused is not None and refused.cap.model is None
+    # A model's counts go with their window.
+    assert windows.reserve(caps, "f", Spend(0, 1), NOON + 86_400, OPUS) is None
+    assert not any(key.startswith(day.id) for key in windows.spent)
+
+
+def fallback_agent(primary_cap: dict[str, Any], **extra_limits: Any) -> dict[str, Any]:
+    """A spec of two scripted models, `big` and its fallback `small`, under `primary_cap` on
+    `big` alone."""
+    document = capped(limits={"spendCaps": [primary_cap], **extra_limits})
+    model = document["spec"]["model"]
+    model |= {"name": "big", "script": [{"text": "from big", "usage": {"output": 90}}] * 9}
+    model["fallbacks"] = [
+        {
+            "provider": "scripted",
+            "name": "small",
+            "script": [{"text": "from small", "usage": {"output": 90}}] * 9,
+            "maxTokens": 100,
+        }
+    ]
+    return document
+
+
+async def test_a_run_whose_model_reached_its_own_cap_goes_on_with_its_fallback() -> None:
+    """Each run asks the capped model first (its cap may have room again), then its fallback;
+    a model's cap that refuses the last model stops the run as the agent's would."""
+    document = fallback_agent({"per": "day", "maxTokens": 220, "model": "big"})
+    spec = parse_agent(document).spec
+    [cap] = spend_caps_of(spec)
+    assert cap.model == "scripted/big"  # its name, resolved to provider/name
+    gate = local_spend_gate(spec)
+    assert gate is not None
+    env: dict[str, str] = {}
+
+    async def run() -> tuple[Any, list[dict[str, Any]]]:
+        agent = create_agent(
+            provider=provider_from_spec(spec, "", spend=gate),
+            fallbacks=fallbacks_from_spec(spec, env, spend=gate),
+            behavior={"max_output_tokens": 100},
+        )
+        watcher = asyncio.create_task(collect(agent))
+        stats = await agent.run("go")
+        return stats, await asyncio.wait_for(watcher, 5)
+
+    first, _ = await run()  # big: ~50 + 100 held of 220, 100 spent
+    assert first.status == "completed" and first.text == "from big"
+    second, events = await run()  # big: 100 spent + its hold > 220: refused, small answers
+    assert second.status == "completed" and second.text == "from small"
+    [answered] = [e for e in events if e["type"] == "model_done"]
+    assert answered["model"] == "small"
+    assert not [e for e in events if e["type"] == "spend_cap_waiting"]
+    day = Window.of("day", time.time())
+    assert isinstance(gate, LocalSpendGate)
+    assert gate.windows.spent[day.key("scripted/big")].tokens == 100  # input 10, output 90
+    assert gate.windows.spent[day.key("scripted/small")].tokens == 100
+
+    # The last model's own cap: the run ends as under the agent's cap.
+    document = fallback_agent({"per": "day", "maxTokens": 150, "model": "scripted/small"})
+    spec = parse_agent(document).spec
+    gate = LocalSpendGate(spend_caps_of(spec))
+    gate.windows.reserve(gate.caps, "earlier", Spend(0, 140), time.time(), "scripted/small")
+    agent = create_agent(
+        provider=FailingFirst(provider_from_spec(spec, "", spend=gate)),
+        fallbacks=fallbacks_from_spec(spec, env, spend=gate),
+        behavior={"max_output_tokens": 100},
+    )
+    stats = await agent.run("go")
+    assert stats.status == "budget_exceeded" and "on scripted/small a day" in str(stats.error)
+
+
+class FailingFirst:
+    """The wrapped provider, refusing every call as unavailable: its run goes to its fallback."""
+
+    def __init__(self, provider: Any) -> None:
+        self.provider = provider
+        self.name, self.model = provider.name, provider.model
+        self.pricing, self.context_window = provider.pricing, provider.context_window
+
+    async def complete(self, request: ModelRequest, on_text: Any = None) -> Any:
+        raise ProviderError("unavailable", provider=self.name, retryable=True)
+
+
+@pytest.mark.parametrize(
+    ("cap", "says"),
+    [
+        ({"model": "medium"}, "model 'medium' is none of the spec's models"),
+        ({"model": "small", "maxCostUsd": 1}, "maxCostUsd needs model.fallbacks[0].pricing"),
+        ({"model": "big", "maxTokens": 100}, "must be larger than one call's output"),
+    ],
+    ids=["unknown-model", "unpriced-model", "below-one-output"],
+)
+def test_the_spec_refuses_a_models_cap_that_cannot_work(cap: dict[str, Any], says: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_agent(fallback_agent({"per": "day", "maxTokens": 5_000} | cap))
+    assert says in str(refused.value)
+
+
+def test_the_spec_takes_one_cap_per_period_and_model() -> None:
+    day = {"per": "day", "maxTokens": 5_000}
+    caps = [day, day | {"model": "big"}, day | {"model": "scripted/small"}]
+    document = fallback_agent(caps[0])
+    document["spec"]["limits"]["spendCaps"] = caps
+    assert [cap.model for cap in spend_caps_of(parse_agent(document).spec)] == [
+        None,
+        "scripted/big",
+        "scripted/small",
+    ]
+    document["spec"]["limits"]["spendCaps"] = [*caps, day | {"model": "scripted/big"}]
+    with pytest.raises(SpecError, match=r"one cap per period \(hour, day, month\), and per model"):
+        parse_agent(document)

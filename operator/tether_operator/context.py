@@ -74,8 +74,8 @@ class AgentMemory:
     """The versions whose gauges this process reports."""
     schedule_gauges: set[str] = field(default_factory=set)
     """The schedules whose gauges this process reports."""
-    spend_gauges: set[str] = field(default_factory=set)
-    """The spend caps (by period) whose gauges this process reports."""
+    spend_gauges: set[tuple[str, str]] = field(default_factory=set)
+    """The spend caps (by period and model) whose gauges this process reports."""
 
     def warn_once(self, body: kopf.Body, reason: str, message: str) -> None:
         """A warning event, once for as long as this process runs (a retried failure)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
@@ -64,7 +65,7 @@ SPEND_USED = Gauge(
     "tether_spend_cap_used_ratio",
     "The larger share of a spend cap's limits that the agent's runs spent in its current period "
     "(1: reached, and calls are refused before it).",
-    ("namespace", "agent", "period"),
+    ("namespace", "agent", "period", "model"),  # model: "" for a cap on all of the agent's calls
     registry=REGISTRY,
 )
 SPEND_GAUGES = (SPEND_USED,)
@@ -109,16 +110,24 @@ def report_schedules(
     _shown_now(namespace, agent, shown, {s.name for s in schedules}, SCHEDULE_GAUGES)
 
 
-def report_spend(namespace: str, agent: str, spend: list[SpendStatus], shown: set[str]) -> None:
+def report_spend(
+    namespace: str, agent: str, spend: list[SpendStatus], shown: set[tuple[str, str]]
+) -> None:
     """Set the gauge of each of the agent's spend caps and drop those of caps that are gone;
-    `shown` (the periods reported before) is updated."""
-    for cap in spend:
-        SPEND_USED.labels(namespace, agent, cap.per).set(cap.used)
-    _shown_now(namespace, agent, shown, {cap.per for cap in spend}, SPEND_GAUGES)
+    `shown` (the periods and models reported before) is updated."""
+    caps: dict[tuple[str, str], float] = {(cap.per, cap.model or ""): cap.used for cap in spend}
+    for (per, model), used in caps.items():
+        SPEND_USED.labels(namespace, agent, per, model).set(used)
+    _shown_now(namespace, agent, shown, set(caps), SPEND_GAUGES)
+
+
+Key = TypeVar("Key", str, tuple[str, str])
+"""A gauge's labels after the namespace and the agent's: a version's hash, a schedule's name, a
+spend cap's period and model."""
 
 
 def _shown_now(
-    namespace: str, agent: str, shown: set[str], current: set[str], gauges: tuple[Gauge, ...]
+    namespace: str, agent: str, shown: set[Key], current: set[Key], gauges: tuple[Gauge, ...]
 ) -> None:
     """Drop the `gauges` of the keys `shown` before that are not `current`; `shown` becomes
     `current`."""
@@ -128,10 +137,11 @@ def _shown_now(
 
 
 def forget(
-    namespace: str, agent: str, keys: set[str], gauges: tuple[Gauge, ...] = VERSION_GAUGES
+    namespace: str, agent: str, keys: set[Key], gauges: tuple[Gauge, ...] = VERSION_GAUGES
 ) -> None:
-    """Drop the `gauges` of the agent's `keys` (versions, schedules or spend caps' periods)."""
+    """Drop the `gauges` of the agent's `keys` (versions, schedules or spend caps)."""
     for key in keys:
+        labels = (key,) if isinstance(key, str) else key
         for gauge in gauges:
             with contextlib.suppress(KeyError):
-                gauge.remove(namespace, agent, key)
+                gauge.remove(namespace, agent, *labels)

@@ -28,11 +28,15 @@ async def observed(op: Operator, agent: DurableAgent, kept: list[SpendStatus]) -
         return kept
     spent = counted.get("spent") or {}
     now = time.time()
-    return [_status(cap, Window.of(cap.per, now), spent) for cap in caps]
+    return [
+        _status(cap, agent.spec.model.label_of(cap.model) if cap.model else None, now, spent)
+        for cap in caps
+    ]
 
 
-def _status(cap: SpendCapSpec, window: Window, spent: dict[str, Any]) -> SpendStatus:
-    amount = spent.get(window.id) or {}
+def _status(cap: SpendCapSpec, model: str | None, now: float, spent: dict[str, Any]) -> SpendStatus:
+    window = Window.of(cap.per, now)
+    amount = spent.get(window.key(model)) or {}
     cost, tokens = float(amount.get("cost_usd") or 0.0), int(amount.get("tokens") or 0)
     shares = [
         cost / cap.max_cost_usd if cap.max_cost_usd else 0.0,
@@ -40,6 +44,7 @@ def _status(cap: SpendCapSpec, window: Window, spent: dict[str, Any]) -> SpendSt
     ]
     return SpendStatus(
         per=cap.per,
+        model=model,
         period=window.id,
         resets_at=rfc3339(window.end),
         cost_usd=round(cost, 6),

@@ -241,10 +241,13 @@ def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_droppe
     operator = on_node_ports(run_operator)
     manifest = scripted("v1", [{"text": "ok", "usage": {"input": 200, "output": 50}}])
     manifest["spec"]["model"]["maxTokens"] = 100
-    manifest["spec"]["limits"] = {"spendCaps": [{"per": "day", "maxTokens": 2_000}]}
+    # The agent's cap, and a roomy one of its model's own (by its name).
+    model_cap = {"per": "month", "maxTokens": 1_000_000, "model": "script"}
+    caps = [{"per": "day", "maxTokens": 2_000}, model_cap]
+    manifest["spec"]["limits"] = {"spendCaps": caps}
 
-    def gauges() -> dict[str, float]:
-        labels = {"namespace": cluster.namespace, "agent": AGENT, "period": "day"}
+    def gauges(per: str = "day", model: str = "") -> dict[str, float]:
+        labels = {"namespace": cluster.namespace, "agent": AGENT, "period": per, "model": model}
         return operator_gauges(operator.metrics, "tether_spend_", **labels)
 
     with dumped_on_failure(kubelet.logs):
@@ -255,15 +258,22 @@ def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_droppe
             results.append(restate.call(AGENT, f"s{len(results)}", "go", timeout=60))
         assert results[-1]["status"] == "budget_exceeded", results
         spent = (len(results) - 1) * 250  # each completed run's one call
-        [status] = wait_for(
+        status, of_model = wait_for(
             lambda: [s for s in cluster.status(AGENT).get("spend", []) if s["tokens"] == spent],
             timeout=30,
             what="the day's spend in the status",
         )
         assert status["per"] == "day" and status["period"].startswith("day:")
+        assert "model" not in status
         assert status["resetsAt"].endswith("T00:00:00Z") and status["used"] == spent / 2_000
         assert wait_for(gauges, timeout=30, what="the gauge") == {
             "tether_spend_cap_used_ratio": spent / 2_000
+        }
+        # The model's cap: its calls are the agent's here, counted again as its own.
+        assert of_model["model"] == "scripted/script" and of_model["period"].startswith("month:")
+        assert of_model["used"] == spent / 1_000_000
+        assert gauges("month", "scripted/script") == {
+            "tether_spend_cap_used_ratio": spent / 1_000_000
         }
 
         # Dropped from the spec: gone from the status and the operator's metrics, and the
@@ -271,6 +281,6 @@ def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_droppe
         manifest["spec"]["limits"] = {}
         cluster.apply_agent(manifest)
         wait_for(lambda: cluster.status(AGENT).get("spend") == [], timeout=90, what="dropped")
-        assert gauges() == {}
+        assert gauges() == {} and gauges("month", "scripted/script") == {}
         wait_for(lambda: active(cluster, other_than=v1), timeout=90, what="v2 registered")
         assert restate.call(AGENT, "after", "go", timeout=60)["status"] == "completed"

@@ -37,10 +37,11 @@ def worker(
     directory: Path,
     agent: str,
     caps: dict[str, Any] = CAPS,
+    fallbacks: list[dict[str, Any]] | None = None,
     **extra: str,
 ) -> Iterator[HypercornWorker]:
-    """A `tether worker` of `agent`, whose runs answer at once with a call of 250 tokens,
-    registered as the latest deployment."""
+    """A `tether worker` of `agent`, whose runs answer at once with a call of 250 tokens (of
+    its model `s`, or of its `fallbacks`), registered as the latest deployment."""
     document = manifest(
         agent,
         [{"text": "ok", "usage": USED}],
@@ -48,6 +49,8 @@ def worker(
         limits=caps,
     )
     document["spec"]["model"]["maxTokens"] = 100
+    if fallbacks:
+        document["spec"]["model"]["fallbacks"] = fallbacks
     process = worker_process(
         server,
         directory,
@@ -196,3 +199,57 @@ def test_only_a_workers_fresh_signed_request_holds_or_settles_once(
         assert send("reserve", reserve).json() == {"granted": True}  # and no new hold
         day = day_spent(restate_server, agent)
         assert day["spent"]["tokens"] == 300 and day["held"]["tokens"] == 0
+
+
+def test_a_models_own_cap_sends_its_runs_to_the_fallback_across_workers(
+    restate_server: RestateServer, tmp_path: Path
+) -> None:
+    """A day's cap on the model `s` alone: once its calls reach it, runs are answered by the
+    fallback `f`, on this worker and on the next; the agent's count has every model's calls."""
+    agent = "tiered"
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    caps = {"spendCaps": [{"per": "day", "maxTokens": 700, "model": "s"}]}
+    fallback = {"provider": "scripted", "name": "f", "maxTokens": 100}
+    fallbacks = [fallback | {"script": [{"text": "from f", "usage": USED}]}]
+    with worker(
+        restate_server, tmp_path, agent, caps, fallbacks, PROMETHEUS_MULTIPROC_DIR=str(metrics)
+    ):
+        results = [run(restate_server, agent) for _ in range(5)]
+        day = day_spent(restate_server, agent)
+    assert [r["status"] for r in results] == ["completed"] * 5, results
+    answers = [r["text"] for r in results]
+    on_s = answers.count("ok")  # the model's own script answers "ok"
+    assert on_s >= 1 and answers == ["ok"] * on_s + ["from f"] * (5 - on_s)
+    assert day["models"]["scripted/s"]["tokens"] == on_s * 250 <= 700
+    assert day["models"]["scripted/f"]["tokens"] == (5 - on_s) * 250
+    assert day["spent"]["tokens"] == 5 * 250  # the agent's own count: both models
+    calls = model_calls(metrics, agent)
+    assert (calls[("s", "ok")], calls[("s", "capped")], calls[("f", "ok")]) == (
+        on_s,
+        5 - on_s,
+        5 - on_s,
+    )
+    with worker(restate_server, tmp_path, agent, caps, fallbacks):  # another worker, same count
+        assert run(restate_server, agent)["text"] == "from f"
+
+
+def test_a_holds_model_is_signed(restate_server: RestateServer, tmp_path: Path) -> None:
+    """A worker's hold names its model, which its signature covers: moved to another model, it
+    is refused; a hold of a worker from before models had caps names none, and still holds."""
+    agent = "labelled"
+    caps = [SpendCap.of({"per": "day", "tokens": CAP, "model": "scripted/s"})]
+    base = f"{restate_server.ingress_url}/{agent}-spend/all/reserve"
+    with worker(restate_server, tmp_path, agent):
+        body = spend_request("reserve", "h1", Spend(0, 100), caps, time.time(), "scripted/s")
+        signed = {**body, "sig": spend_signature(SECRET, body)}
+        assert http("POST", base, {**signed, "model": "scripted/other"}).status == 401
+        unsigned_model = {k: v for k, v in signed.items() if k != "model"}
+        assert http("POST", base, unsigned_model).status == 401
+        old = spend_request("reserve", "h2", Spend(0, 100), caps, time.time())
+        assert "model" not in old
+        assert http("POST", base, {**old, "sig": spend_signature(SECRET, old)}).json() == {
+            "granted": True
+        }
+        assert http("POST", base, signed).json() == {"granted": True}
+        assert day_spent(restate_server, agent)["held"]["tokens"] == 200

@@ -36,3 +36,8 @@ class Window:
             end_ts = after.timestamp()
             name = start.strftime("%Y-%m")
         return cls(f"{per}:{name}", start.timestamp(), end_ts)
+
+    def key(self, model: str | None = None) -> str:
+        """Where what was spent in this window is counted: all of the agent's calls (None), or
+        those of one model (`provider/name`)."""
+        return self.id if model is None else f"{self.id} {model}"

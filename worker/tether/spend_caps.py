@@ -5,10 +5,12 @@ model call of every run, on every worker and version, first holds its worst case
 `SpendWindows`, and one that does not fit a cap does not start: `SpendCapReached` ends its run
 with `budget_exceeded`, or, under a cap that waits, has its run wait for the period to reset.
 What a call spent counts in the hour, the day and the month it started in, whichever caps are
-set, so versions with other caps share one count. A hold that is never settled (its worker died
-mid-call, after the provider may have charged it) counts as spent, at its worst case, after
-`HOLD_SECONDS`; a settle of a hold that is not held counts nothing, and a settled hold is
-remembered while its reserve could be sent again.
+set, so versions with other caps share one count; a call also counts for its model, which a
+cap of that model alone (`SpendCap.model`) is held to: a model's cap refuses only its calls,
+and their runs go on with a fallback model where they have one. A hold that is never settled
+(its worker died mid-call, after the provider may have charged it) counts as spent, at its
+worst case, after `HOLD_SECONDS`; a settle of a hold that is not held counts nothing, and a
+settled hold is remembered while its reserve could be sent again.
 
 Kept where an agent's calls meet: the index's `<agent>-spend` on Restate
 (`tether.programs.worker.spend`), or a process's memory (`tether.providers.spend`).
@@ -38,17 +40,25 @@ OnReached = Literal["stop", "wait"]
 
 @dataclass(frozen=True)
 class SpendCap:
-    """At most `limits` spent by the agent's calls in each calendar `per` (UTC). A call that
-    does not fit ends its run (`on_reached` stop), or its run waits for the next period."""
+    """At most `limits` spent by the agent's calls in each calendar `per` (UTC), or by those of
+    one `model` (`provider/name`). A call that does not fit ends its run (`on_reached` stop), or
+    its run waits for the next period; a call refused by its model's cap goes to the run's
+    next fallback model first, where there is one."""
 
     per: Per
     limits: Limits
     on_reached: OnReached = "stop"
+    model: str | None = None
+
+    def applies_to(self, model: str) -> bool:
+        return self.model is None or self.model == model
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"per": self.per, **self.limits.to_json()}
         if self.on_reached != "stop":
             data["on_reached"] = self.on_reached
+        if self.model is not None:
+            data["model"] = self.model
         return data
 
     @classmethod
@@ -62,11 +72,15 @@ class SpendCap:
         on_reached = data.get("on_reached", "stop")
         if on_reached not in get_args(OnReached):
             raise ValueError(f"a spend cap stops or waits when reached, not {on_reached!r}")
-        return cls(per, limits, on_reached)
+        model = data.get("model")
+        if model is not None and not (isinstance(model, str) and model):
+            raise ValueError(f"a spend cap's model is a name, not {model!r}")
+        return cls(per, limits, on_reached, model)
 
     def describe(self) -> str:
         amount = self.amount(Spend(self.limits.cost_usd or 0.0, self.limits.tokens or 0))
-        return f"{amount} {'an' if self.per == 'hour' else 'a'} {self.per}"
+        on = "" if self.model is None else f" on {self.model}"
+        return f"{amount}{on} {'an' if self.per == 'hour' else 'a'} {self.per}"
 
     def amount(self, spend: Spend) -> str:
         """`spend` in the units the cap sets."""
@@ -101,9 +115,10 @@ class Refusal:
         then = (
             f"the run waits until it resets at {resets}" if self.waits else f"it resets at {resets}"
         )
+        whose = "runs" if cap.model is None else f"runs' calls to {cap.model}"
         return (
             f"the agent's spend cap of {cap.describe()} (UTC) is reached: this {cap.per} its "
-            f"runs spent {cap.amount(self.spent)}, and calls in flight hold "
+            f"{whose} spent {cap.amount(self.spent)}, and calls in flight hold "
             f"{cap.amount(self.held)} more; {then}"
         )
 
@@ -134,6 +149,7 @@ class Refusal:
 class _Hold:
     ask: Spend
     at: float
+    model: str = ""
 
 
 @dataclass
@@ -146,27 +162,32 @@ class SpendWindows:
     """Settled holds, until when their reserve might be sent again."""
 
     def reserve(
-        self, caps: Iterable[SpendCap], hold: str, ask: Spend, now: float
+        self, caps: Iterable[SpendCap], hold: str, ask: Spend, now: float, model: str = ""
     ) -> Refusal | None:
-        """Hold `ask` for the call `hold` if it fits every cap at `now`; why not otherwise: a cap
-        that stops it, else the waiting cap whose period ends last (the others' end before). A
-        hold already made or settled is granted again without a new one."""
+        """Hold `ask` for the call `hold` to `model` if it fits every cap of the agent and of
+        the model at `now`; why not otherwise: the agent's caps first (no other model helps
+        then), and of those that refuse, one that stops, else the waiting cap whose period ends
+        last (the others' end before). A hold already made or settled is granted again without
+        a new one."""
         self._prune(now)
         if hold in self.held or hold in self.settled:
             return None
         refusals = []
         for cap in caps:
+            if not cap.applies_to(model):
+                continue
             window = Window.of(cap.per, now)
-            spent = self.spent.get(window.id, Spend())
-            held = self._held_in(window)
+            spent = self.spent.get(window.key(cap.model), Spend())
+            held = self._held_in(window, cap.model)
             if cap.limits.exceeded_by(spent + held + ask):
                 # Waiting helps only a call that fits the cap in a period of its own.
                 waits = cap.on_reached == "wait" and not cap.limits.exceeded_by(ask)
                 refusals.append(Refusal(cap, window, spent, held, now, waits))
         if refusals:
+            refusals = [r for r in refusals if r.cap.model is None] or refusals
             stops = [r for r in refusals if not r.waits]
             return stops[0] if stops else max(refusals, key=lambda r: r.window.end)
-        self.held[hold] = _Hold(ask, now)
+        self.held[hold] = _Hold(ask, now, model)
         return None
 
     def settle(self, hold: str, actual: Spend) -> None:
@@ -175,48 +196,67 @@ class SpendWindows:
         if made is None:
             return  # settled before, or counted at its worst case already
         self.settled[hold] = math.ceil(made.at + REPLAYABLE_SECONDS)
-        self._count(actual, made.at)
+        self._count(made, actual)
 
-    def _count(self, spent: Spend, at: float) -> None:
-        """What a call that started `at` spent, in the windows it started in."""
+    def _count(self, made: _Hold, spent: Spend) -> None:
+        """What the call of the hold `made` spent, in the windows it started in: the agent's,
+        and its model's."""
         for per in PERIODS:
-            window = Window.of(per, at).id
-            self.spent[window] = self.spent.get(window, Spend()) + spent
+            window = Window.of(per, made.at)
+            for key in (window.id, window.key(made.model)) if made.model else (window.id,):
+                self.spent[key] = self.spent.get(key, Spend()) + spent
 
     def windows(self, now: float) -> list[dict[str, Any]]:
-        """Each current window: what was spent in it and what calls in flight hold."""
+        """Each current window: what was spent in it and what calls in flight hold, and what
+        each model's calls spent."""
         self._prune(now)
         shown = []
         for per in PERIODS:
             window = Window.of(per, now)
+            models = {
+                key.split(" ", 1)[1]: spent.to_json()
+                for key, spent in self.spent.items()
+                if key.startswith(f"{window.id} ")
+            }
             shown.append(
                 {
                     "window": window.id,
                     "spent": self.spent.get(window.id, Spend()).to_json(),
                     "held": self._held_in(window).to_json(),
+                    **({"models": models} if models else {}),
                 }
             )
         return shown
 
-    def _held_in(self, window: Window) -> Spend:
+    def _held_in(self, window: Window, model: str | None = None) -> Spend:
+        """What the calls in flight that started in `window` hold: all of them, or `model`'s."""
         return sum(
-            (h.ask for h in self.held.values() if window.start <= h.at < window.end), Spend()
+            (
+                h.ask
+                for h in self.held.values()
+                if window.start <= h.at < window.end and model in (None, h.model)
+            ),
+            Spend(),
         )
 
     def _prune(self, now: float) -> None:
         for hold in [k for k, h in self.held.items() if now - h.at >= HOLD_SECONDS]:
             # Never settled: the call may have been charged, so its worst case is what it cost.
             made = self.held.pop(hold)
-            self._count(made.ask, made.at)
+            self._count(made, made.ask)
         self.settled = {k: until for k, until in self.settled.items() if now < until}
         current = {Window.of(per, now).id for per in PERIODS}
         current |= {Window.of(per, h.at).id for h in self.held.values() for per in PERIODS}
-        self.spent = {k: v for k, v in self.spent.items() if k in current}
+        # A model's count (`day:2026-12-06 openai/gpt-5`) goes with its window's.
+        self.spent = {k: v for k, v in self.spent.items() if k.split(" ", 1)[0] in current}
 
     def to_json(self) -> dict[str, Any]:
         return {
             "spent": {k: v.to_json() for k, v in self.spent.items()},
-            "held": {k: {**h.ask.to_json(), "at": h.at} for k, h in self.held.items()},
+            "held": {
+                k: {**h.ask.to_json(), "at": h.at, **({"model": h.model} if h.model else {})}
+                for k, h in self.held.items()
+            },
             "settled": self.settled,
         }
 
@@ -226,7 +266,8 @@ class SpendWindows:
         return cls(
             spent={k: Spend.of(v) for k, v in (data.get("spent") or {}).items()},
             held={
-                k: _Hold(Spend.of(v), float(v["at"])) for k, v in (data.get("held") or {}).items()
+                k: _Hold(Spend.of(v), float(v["at"]), str(v.get("model") or ""))
+                for k, v in (data.get("held") or {}).items()
             },
             settled={k: int(t) for k, t in (data.get("settled") or {}).items()},
         )

@@ -511,24 +511,27 @@ class AgentRun:
             except Aborted:
                 return {"aborted": True, "at": now_ms()}
             except ProviderError as error:
-                capped = isinstance(error, SpendCapReached)  # the agent's, every model's too
+                capped = isinstance(error, SpendCapReached)
                 if cooldown is not None and error.retryable and not capped:
                     cooldown.failed(model)
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
                 # Any failure moves on to a fallback: another model may answer what this one
-                # refused (a key, a quota, a context window); the last one's decides the retry.
-                fallback = model < fallbacks and not capped
+                # refused (a key, a quota, a context window, its own spend cap; not the agent's
+                # cap, which every model's calls count for); the last one's decides the retry.
+                every_model = isinstance(error, SpendCapReached) and error.refusal.cap.model is None
+                fallback = model < fallbacks and not every_model
                 failed: dict[str, Any] = {
                     "error": f"{error.provider}: {error}",
                     # A cap that waits is asked again however often it refused.
                     "retry": error.retryable
-                    and (capped or (not fallback and retries < self.behavior.max_retries)),
+                    and not fallback
+                    and (capped or retries < self.behavior.max_retries),
                     "retry_after": error.retry_after,
                     "at": now_ms(),
                 }
                 if fallbacks:
                     failed |= {"fallback": fallback, **self._which(provider)}
-                if capped:
+                if capped:  # not made: not the model's fault (also when it falls back)
                     failed["capped"] = True
                 await hooks.call(
                     "turn:error",

@@ -295,9 +295,12 @@ def pace_signature(secret: bytes, model: str, ask: Mapping[str, Any]) -> str:
 def spend_signature(secret: bytes, request: Mapping[str, Any]) -> str:
     """HMAC(secret, ["tether-spend:v1", and the request's fields]): a worker holds a call's
     spend against the agent's caps, or settles it (`tether.programs.worker.spend`); only a
-    worker does, never a tool that would take the caps' room or give it back."""
+    worker does, never a tool that would take the caps' room or give it back. A hold's model is
+    signed when it names one (a worker from before models had caps names none)."""
     fields = ("op", "hold", "amount", "caps", "stamp")
     signed = ["tether-spend:v1", *(request.get(field) for field in fields)]
+    if "model" in request:
+        signed.append(request["model"])
     return hmac_hex(secret, json.dumps(signed, sort_keys=True).encode())
 
 

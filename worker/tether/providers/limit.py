@@ -41,6 +41,7 @@ class Limited:
         self.max_calls = max_calls
         self.pacer = pacer
         self.spend = spend
+        self.spend_as = f"{provider.name}/{provider.model}"  # what a model's spend caps name
         self.on_waiting = on_waiting
         self.waiting = 0
         self._slots = asyncio.Semaphore(max_calls) if max_calls is not None else None
@@ -51,7 +52,7 @@ class Limited:
         gate = self.spend
         if gate is None:
             return await self._limited(request, on_text)
-        hold = await hold_spend(gate, request, self.pricing, self.name)
+        hold = await hold_spend(gate, request, self.pricing, self.name, self.spend_as)
         response: ModelResponse | None = None
         try:
             response = await self._limited(request, on_text)

@@ -48,8 +48,9 @@ class SpendGate(Protocol):
     @property
     def caps(self) -> Sequence[SpendCap]: ...
 
-    async def reserve(self, hold: str, ask: Spend) -> Refusal | None:
-        """Hold `ask` for the call `hold`; the cap it would pass instead."""
+    async def reserve(self, hold: str, ask: Spend, model: str) -> Refusal | None:
+        """Hold `ask` for the call `hold` to `model` (`provider/name`); the cap it would pass
+        instead."""
         ...
 
     async def settle(self, hold: str, actual: Spend) -> None:
@@ -66,8 +67,8 @@ class LocalSpendGate:
         self.windows = SpendWindows()
         self._clock = clock
 
-    async def reserve(self, hold: str, ask: Spend) -> Refusal | None:
-        return self.windows.reserve(self.caps, hold, ask, self._clock())
+    async def reserve(self, hold: str, ask: Spend, model: str) -> Refusal | None:
+        return self.windows.reserve(self.caps, hold, ask, self._clock(), model)
 
     async def settle(self, hold: str, actual: Spend) -> None:
         self.windows.settle(hold, actual)
@@ -90,8 +91,10 @@ class SqliteSpendGate:
         self._clock = clock
         self._db: Database | None = None
 
-    async def reserve(self, hold: str, ask: Spend) -> Refusal | None:
-        return self._changed(lambda windows: windows.reserve(self.caps, hold, ask, self._clock()))
+    async def reserve(self, hold: str, ask: Spend, model: str) -> Refusal | None:
+        return self._changed(
+            lambda windows: windows.reserve(self.caps, hold, ask, self._clock(), model)
+        )
 
     async def settle(self, hold: str, actual: Spend) -> None:
         self._changed(lambda windows: windows.settle(hold, actual))
@@ -118,15 +121,15 @@ class SqliteSpendGate:
 
 
 async def hold_spend(
-    gate: SpendGate, request: ModelRequest, pricing: Pricing | None, name: str
+    gate: SpendGate, request: ModelRequest, pricing: Pricing | None, name: str, model: str
 ) -> str:
-    """Hold the worst case of `request` (its bytes bound its input tokens) in `gate`: the
-    hold's id, or `SpendCapReached`."""
+    """Hold the worst case of `request` to `model` (`provider/name`; its bytes bound its input
+    tokens) in `gate`: the hold's id, or `SpendCapReached`."""
     tools = [(t.name, t.description, t.input_schema) for t in request.tools]
     input_tokens = len(jsoncodec.dumps([request.system, request.messages, tools]))
     output_tokens = request.max_output_tokens + (request.thinking_budget or 0)
     hold = uuid.uuid4().hex[:16]  # short: the settled ones are kept in one state value a while
-    refusal = await gate.reserve(hold, worst_case(input_tokens, output_tokens, pricing))
+    refusal = await gate.reserve(hold, worst_case(input_tokens, output_tokens, pricing), model)
     if refusal is not None:
         raise SpendCapReached(refusal, name)
     return hold

@@ -299,6 +299,11 @@ class ModelSpec(ModelChoice):
         fallbacks = enumerate(self.fallbacks or [])
         return [("spec.model", self), *((f"spec.model.fallbacks[{i}]", m) for i, m in fallbacks)]
 
+    def label_of(self, name: str) -> str | None:
+        """The `provider/name` of the model named `name` (or `provider/name`), if any."""
+        index = self.index_of(name)
+        return None if index is None else self.choices()[index][1].label
+
     def index_of(self, name: str) -> int | None:
         """The place in `choices` of the model named `name` (or `provider/name`), if any."""
         for index, (_, choice) in enumerate(self.choices()):
@@ -549,6 +554,15 @@ class SpendCapSpec(_Model):
         "(budget_exceeded); wait has the run wait, durably, for the period to reset (a "
         "throttle), unless the call alone is larger than the cap.",
     )
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Only the calls of this model count, and only they are refused: one of "
+        "spec.model's or its fallbacks' (its name, or provider/name). A call it refuses goes "
+        "to the run's next fallback model at once, as a failed call does; from the last model, "
+        "it stops or waits. Unset: every call of the agent.",
+    )
 
     @model_validator(mode="after")
     def _a_limit(self) -> SpendCapSpec:
@@ -582,12 +596,13 @@ class Limits(_Model):
 
     spend_caps: list[SpendCapSpec] | None = Field(
         default=None,
-        max_length=len(PERIODS),
+        max_length=len(PERIODS) * (2 + MAX_FALLBACKS),  # per period: the agent's, each model's
         description="Caps on what all of the agent's runs spend together in each calendar "
-        "hour, day or month (UTC), one per period: every model call holds its worst case "
-        "first, on Restate across all workers and versions (needs spec.webhook, whose key signs "
-        "the holds), and one that does not fit does not start: its run ends with "
-        "budget_exceeded, saying when the period resets.",
+        "hour, day or month (UTC), one per period (and per model, for a model's own): every "
+        "model call holds its worst case first, on Restate across all workers and versions "
+        "(needs spec.webhook, whose key signs the holds), and one that does not fit does not "
+        "start: its run ends with budget_exceeded, saying when the period resets, or waits for "
+        "it (onReached: wait), or goes to a fallback model (a model's cap).",
     )
 
     @model_validator(mode="after")
@@ -1132,11 +1147,15 @@ class DurableAgentSpec(_Model):
         self._fits_one_call("limits.", self.limits.max_tokens, self.limits.max_cost_usd)
         return self
 
-    def _fits_one_call(self, where: str, max_tokens: int | None, cost_usd: float | None) -> None:
+    def _fits_one_call(
+        self, where: str, max_tokens: int | None, cost_usd: float | None, only: str | None = None
+    ) -> None:
         """Every model call holds its output first, against a run's budget (`limits.`) and the
-        agent's spend caps: a limit below one call's output lets no call start, which is a
-        mistake to say now rather than a run that stops at once."""
+        agent's spend caps (`only` a model's): a limit below one call's output lets no call
+        start, which is a mistake to say now rather than a run that stops at once."""
         for at, model in self.model.choices():
+            if only is not None and only not in (model.name, model.label):
+                continue
             field = at.removeprefix("spec.")
             output = model.max_tokens + (self.behavior.thinking_budget or 0)
             if max_tokens is not None and max_tokens <= output:
@@ -1190,9 +1209,18 @@ class DurableAgentSpec(_Model):
     @model_validator(mode="after")
     def _spend_caps_can_count(self) -> DurableAgentSpec:
         caps = self.limits.spend_caps or []
-        periods = [cap.per for cap in caps]
+        for cap in caps:
+            if cap.model is not None and self.model.label_of(cap.model) is None:
+                names = [choice.label for _, choice in self.model.choices()]
+                raise ValueError(
+                    f"limits.spendCaps ({cap.per}): model {cap.model!r} is none of the spec's "
+                    f"models ({', '.join(names)})"
+                )
+        periods = [(cap.per, cap.model and self.model.label_of(cap.model)) for cap in caps]
         if len(set(periods)) != len(periods):
-            raise ValueError("limits.spendCaps: one cap per period (hour, day, month)")
+            raise ValueError(
+                "limits.spendCaps: one cap per period (hour, day, month), and per model"
+            )
         if caps and self.webhook is None:
             raise ValueError(
                 "limits.spendCaps needs spec.webhook: its key signs each call's hold, which "
@@ -1200,13 +1228,16 @@ class DurableAgentSpec(_Model):
             )
         for cap in caps:
             for where, model in self.model.choices():
-                if cap.max_cost_usd is not None and model.pricing is None:
+                counted = cap.model is None or cap.model in (model.name, model.label)
+                if counted and cap.max_cost_usd is not None and model.pricing is None:
                     raise ValueError(
                         f"limits.spendCaps ({cap.per}): maxCostUsd needs "
                         f"{where.removeprefix('spec.')}.pricing, or its calls would cost nothing "
                         "against the cap"
                     )
-            self._fits_one_call(f"limits.spendCaps ({cap.per}): ", cap.max_tokens, cap.max_cost_usd)
+            self._fits_one_call(
+                f"limits.spendCaps ({cap.per}): ", cap.max_tokens, cap.max_cost_usd, cap.model
+            )
         return self
 
     @model_validator(mode="after")
@@ -1347,6 +1378,9 @@ class SpendStatus(_Model):
     counts it (`<agent>-spend/all`); calls in flight are counted once they return."""
 
     per: Per = Field(description="The cap's period: hour, day or month (UTC).")
+    model: str | None = Field(
+        default=None, description="The model whose calls the cap counts (provider/name)."
+    )
     period: str = Field(description="The current period (`day:2026-12-06`).")
     resets_at: str = Field(description="When the period ends (RFC 3339).")
     cost_usd: float = Field(default=0.0, ge=0, description="USD spent in it.")

@@ -88,9 +88,15 @@ def pace_of(limit: RateLimit) -> Pace:
 
 
 def spend_caps_of(spec: DurableAgentSpec) -> list[SpendCap]:
-    """The spec's caps on what its runs spend together (`limits.spendCaps`)."""
+    """The spec's caps on what its runs spend together (`limits.spendCaps`), a model's named
+    by its `provider/name`."""
     return [
-        SpendCap(cap.per, Limits(cap.max_cost_usd, cap.max_tokens), cap.on_reached or "stop")
+        SpendCap(
+            cap.per,
+            Limits(cap.max_cost_usd, cap.max_tokens),
+            cap.on_reached or "stop",
+            None if cap.model is None else spec.model.label_of(cap.model),
+        )
         for cap in spec.limits.spend_caps or []
     ]
 

@@ -319,8 +319,9 @@ def _spec_schema() -> Schema:
     _add_rules(
         caps,
         _rule(
-            "self.all(c, self.filter(d, d.per == c.per).size() == 1)",
-            "spec.limits.spendCaps: one cap per period (hour, day, month)",
+            "self.all(c, self.filter(d, d.per == c.per && (has(d.model) ? d.model : '') == "
+            "(has(c.model) ? c.model : '')).size() == 1)",
+            "spec.limits.spendCaps: one cap per period (hour, day, month), and per model",
         ),
     )
     _add_rules(
@@ -345,9 +346,10 @@ def _spec_schema() -> Schema:
         ),
         _rule(
             "!has(self.limits) || !has(self.limits.spendCaps) || self.limits.spendCaps.all(c, "
-            f"!has(c.maxTokens) || c.maxTokens > {output})",
-            "spec.limits.spendCaps[].maxTokens must be larger than one model call's output "
-            "(model.maxTokens plus behavior.thinkingBudget): each call holds it first",
+            f"!has(c.maxTokens) || has(c.model) || c.maxTokens > {output})",
+            "spec.limits.spendCaps[].maxTokens of a cap on every model must be larger than one "
+            "model call's output (model.maxTokens plus behavior.thinkingBudget): each call holds "
+            "it first",
             ".limits.spendCaps",
         ),
         _rule(

@@ -43,7 +43,7 @@ def spend_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
     async def reserve(ctx: restate.ObjectContext, request: dict[str, Any]) -> dict[str, Any]:
         asked, now = await checked(ctx, request, "reserve")
         windows = SpendWindows.of(await ctx.get(STATE_KEY))
-        refusal = windows.reserve(asked.caps, asked.hold, asked.amount, now)
+        refusal = windows.reserve(asked.caps, asked.hold, asked.amount, now, asked.model)
         ctx.set(STATE_KEY, windows.to_json())
         return {"granted": True} if refusal is None else {"refusal": refusal.to_json()}
 
@@ -64,17 +64,18 @@ def spend_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
 
 
 def spend_request(
-    op: str, hold: str, amount: Spend, caps: Sequence[SpendCap], stamp: float
+    op: str, hold: str, amount: Spend, caps: Sequence[SpendCap], stamp: float, model: str = ""
 ) -> dict[str, Any]:
     """What a worker sends to hold (`reserve`) or settle a call's spend (`spend_signature`
-    signs it)."""
-    return {
+    signs it); a hold names the call's model (`provider/name`), which its model's caps count."""
+    request = {
         "op": op,
         "hold": hold,
         "amount": amount.to_json(),
         "caps": [cap.to_json() for cap in caps],
         "stamp": stamp,
     }
+    return {**request, "model": model} if model else request
 
 
 class _Asked(NamedTuple):
@@ -82,6 +83,7 @@ class _Asked(NamedTuple):
     hold: str
     amount: Spend
     stamp: float
+    model: str
 
 
 def _checked(secrets: Sequence[bytes], request: Any, op: str) -> _Asked:
@@ -93,8 +95,14 @@ def _checked(secrets: Sequence[bytes], request: Any, op: str) -> _Asked:
             hold,
             Spend.of(request["amount"]),
             float(request["stamp"]),
+            request.get("model") or "",
         )
-        valid = request["op"] == op and isinstance(hold, str) and 0 < len(hold) <= 64
+        valid = (
+            request["op"] == op
+            and isinstance(hold, str)
+            and 0 < len(hold) <= 64
+            and isinstance(asked.model, str)
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
         valid = False
     if not valid:

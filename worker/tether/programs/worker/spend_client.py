@@ -33,8 +33,8 @@ class RestateSpendGate:
         self.secret = secret
         self._path = f"/{restate_services(agent).spend}/{SPEND_KEY}"
 
-    async def reserve(self, hold: str, ask: Spend) -> Refusal | None:
-        response = await self._send("reserve", hold, ask)
+    async def reserve(self, hold: str, ask: Spend, model: str) -> Refusal | None:
+        response = await self._send("reserve", hold, ask, model)
         if response is not None and response.status_code == 200:
             try:
                 answer = response.json()
@@ -53,13 +53,15 @@ class RestateSpendGate:
         response = await self._send("settle", hold, actual)
         if response is None or response.status_code != 200:
             log.warning(
-                "the spend caps: settling a call gave %s; its hold lapses in time, and what it "
-                "spent (%s) is not counted",
+                "the spend caps: settling a call gave %s; what it spent (%s) is not counted, "
+                "and its hold counts as spent, at its worst case, once it lapses",
                 answer_of(response),
                 actual.to_json(),
             )
 
-    async def _send(self, op: str, hold: str, amount: Spend) -> httpx2.Response | None:
-        request = spend_request(op, hold, amount, self.caps, round(time.time(), 3))
+    async def _send(
+        self, op: str, hold: str, amount: Spend, model: str = ""
+    ) -> httpx2.Response | None:
+        request = spend_request(op, hold, amount, self.caps, round(time.time(), 3), model)
         request["sig"] = spend_signature(self.secret, request)
         return await self.ingress.post(f"{self._path}/{op}", request, f"the spend caps ({op})")
