@@ -550,20 +550,21 @@ async def converge(
     meta = body["metadata"]
     sidecar_pods = next((d for d in deployments if d.hash == SIDECAR_VERSION), None)
     deployments = [d for d in deployments if d.hash != SIDECAR_VERSION]
+    previous = base_status(body, mem)
     try:
         agent = parse(body)
     except SpecError as error:
         invalid = Verdict(READY, False, "InvalidSpec", str(error))
-        status = base_status(body, mem).model_copy(
+        status = previous.model_copy(
             update={
                 "phase": "Degraded",
-                "conditions": merge(base_status(body, mem).conditions, [invalid], None),
+                "conditions": merge(previous.conditions, [invalid], None),
             }
         )
         await write_status(op, body, mem, status)
         return
     desired = render.version_hash(agent, meta["namespace"], op.settings)
-    versions: Versions = {v.hash: v for v in base_status(body, mem).versions}
+    versions: Versions = {v.hash: v for v in previous.versions}
     available = {d.hash: d.available for d in deployments}
     _adopt_deployments(versions, deployments, desired)
     if not mem.synced:
@@ -578,7 +579,7 @@ async def converge(
     # A version's runs send to the sidecar's index: no version is registered before it.
     if desired in versions and sidecar is not None and sidecar.restate_deployment_id:
         await register_desired(op, body, mem, versions, desired, available)
-    kept, ran_now = base_status(body, mem).schedules, base_status(body, mem).run_now
+    kept, ran_now = previous.schedules, previous.run_now
     # A schedule's runs go to the agent's object, and it is served by the index: both first.
     if any(v.state == "Active" and v.restate_deployment_id for v in versions.values()):
         kept = await schedules.observed(op, agent, await schedules.keep(op, body, mem, agent, kept))
@@ -595,7 +596,7 @@ async def converge(
     status = await assemble_status(
         op, body, mem, versions, desired, available, agent.spec.drain.timeout, sidecar
     )
-    counted = await spend.observed(op, agent, base_status(body, mem).spend)
+    counted = await spend.observed(op, agent, previous.spend)
     status = status.model_copy(update={"schedules": kept, "spend": counted, "run_now": ran_now})
     # The gauges first: whoever reads the status then finds them as it says.
     metrics.report(meta["namespace"], meta["name"], status.versions, mem.gauges)
