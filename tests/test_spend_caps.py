@@ -387,6 +387,19 @@ def test_the_spec_refuses_a_models_cap_that_cannot_work(cap: dict[str, Any], say
     assert says in str(refused.value)
 
 
+def test_a_models_cap_names_one_model_when_two_providers_share_its_name() -> None:
+    document = fallback_agent({"per": "day", "maxTokens": 5_000, "model": "big"})
+    model = document["spec"]["model"]
+    model["fallbacks"].append({**model["fallbacks"][0], "provider": "openai", "name": "big"})
+    model["fallbacks"][1]["apiKeySecretRef"] = {"name": "openai", "key": "key"}
+    model["fallbacks"][1].pop("script")
+    with pytest.raises(SpecError, match="'big' is more than one of the spec's models"):
+        parse_agent(document)
+    document["spec"]["limits"]["spendCaps"][0]["model"] = "openai/big"
+    [cap] = spend_caps_of(parse_agent(document).spec)
+    assert cap.model == "openai/big"
+
+
 def test_the_spec_takes_one_cap_per_period_and_model() -> None:
     day = {"per": "day", "maxTokens": 5_000}
     caps = [day, day | {"model": "big"}, day | {"model": "scripted/small"}]

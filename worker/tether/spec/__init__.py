@@ -1209,12 +1209,16 @@ class DurableAgentSpec(_Model):
     @model_validator(mode="after")
     def _spend_caps_can_count(self) -> DurableAgentSpec:
         caps = self.limits.spend_caps or []
+        labels = [choice.label for _, choice in self.model.choices()]
         for cap in caps:
-            if cap.model is not None and self.model.label_of(cap.model) is None:
-                names = [choice.label for _, choice in self.model.choices()]
+            if cap.model is None:
+                continue
+            named = {label for label in labels if cap.model in (label, label.split("/", 1)[1])}
+            if len(named) != 1:
                 raise ValueError(
-                    f"limits.spendCaps ({cap.per}): model {cap.model!r} is none of the spec's "
-                    f"models ({', '.join(names)})"
+                    f"limits.spendCaps ({cap.per}): model {cap.model!r} is "
+                    f"{'more than one' if named else 'none'} of the spec's models "
+                    f"({', '.join(labels)}): name one by its provider/name"
                 )
         periods = [(cap.per, cap.model and self.model.label_of(cap.model)) for cap in caps]
         if len(set(periods)) != len(periods):
