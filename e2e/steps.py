@@ -615,17 +615,23 @@ def fan_out(p: Platform) -> None:
 
 
 def spend_counted(p: Platform) -> None:
-    """The agent's spend cap: its pods' calls held and settled in the index's `<agent>-spend`
-    through the ingress, the operator's status and gauge show the month's share."""
+    """The agent's spend caps: its pods' calls held and settled in the index's `<agent>-spend`
+    through the ingress, the operator's status and gauges show the month's share of the agent's
+    cap and the day's of its model's own (one model: the same calls, counted twice)."""
 
     def counted() -> list[dict[str, Any]]:
-        return [s for s in p.agent_status(FANOUT).get("spend", []) if s["costUsd"] > 0]
+        spend = p.agent_status(FANOUT).get("spend", [])
+        return spend if len(spend) == 2 and all(s["costUsd"] > 0 for s in spend) else []
 
-    [month] = wait_for("the month's spend in the status", counted, 60, 1)
-    if month["per"] != "month" or not 0 < month["used"] < 1:
-        raise StepFailed(f"the spend cap's status is not the month's share: {month}")
-    used = f'tether_spend_cap_used_ratio{{agent="{FANOUT}",period="month"}}'
-    wait_for("the spend cap's share in Prometheus", lambda: p.series(used), 60, 2)
+    month, day = wait_for("the month's and the day's spend in the status", counted, 60, 1)
+    if month["per"] != "month" or "model" in month or not 0 < month["used"] < 1:
+        raise StepFailed(f"the agent's spend cap's status is not the month's share: {month}")
+    if day.get("model") != "scripted/scripted" or day["costUsd"] != month["costUsd"]:
+        raise StepFailed(f"the model's spend cap's status is not its day's: {day} ({month})")
+    agents = f'tether_spend_cap_used_ratio{{agent="{FANOUT}",period="month",model=""}}'
+    models = f'tether_spend_cap_used_ratio{{agent="{FANOUT}",model="scripted/scripted"}}'
+    for query in (agents, models):
+        wait_for(f"{query} in Prometheus", lambda q=query: p.series(q), 60, 2)
     p.report.fact("USD the fan-out's calls spent under its monthly cap", month["costUsd"])
 
 
