@@ -257,6 +257,10 @@ class ModelChoice(_Model):
     def label(self) -> str:
         return f"{self.provider}/{self.name}"
 
+    def is_named(self, name: str) -> bool:
+        """Whether `name` names this model: its name, or its `provider/name`."""
+        return name in (self.name, self.label)
+
 
 MAX_FALLBACKS = 4
 
@@ -307,7 +311,7 @@ class ModelSpec(ModelChoice):
     def index_of(self, name: str) -> int | None:
         """The place in `choices` of the model named `name` (or `provider/name`), if any."""
         for index, (_, choice) in enumerate(self.choices()):
-            if name in (choice.name, choice.label):
+            if choice.is_named(name):
                 return index
         return None
 
@@ -1154,7 +1158,7 @@ class DurableAgentSpec(_Model):
         agent's spend caps (`only` a model's): a limit below one call's output lets no call
         start, which is a mistake to say now rather than a run that stops at once."""
         for at, model in self.model.choices():
-            if only is not None and only not in (model.name, model.label):
+            if only is not None and not model.is_named(only):
                 continue
             field = at.removeprefix("spec.")
             output = model.max_tokens + (self.behavior.thinking_budget or 0)
@@ -1209,12 +1213,13 @@ class DurableAgentSpec(_Model):
     @model_validator(mode="after")
     def _spend_caps_can_count(self) -> DurableAgentSpec:
         caps = self.limits.spend_caps or []
-        labels = [choice.label for _, choice in self.model.choices()]
+        choices = [choice for _, choice in self.model.choices()]
         for cap in caps:
             if cap.model is None:
                 continue
-            named = {label for label in labels if cap.model in (label, label.split("/", 1)[1])}
+            named = {choice.label for choice in choices if choice.is_named(cap.model)}
             if len(named) != 1:
+                labels = [choice.label for choice in choices]
                 raise ValueError(
                     f"limits.spendCaps ({cap.per}): model {cap.model!r} is "
                     f"{'more than one' if named else 'none'} of the spec's models "
@@ -1232,7 +1237,7 @@ class DurableAgentSpec(_Model):
             )
         for cap in caps:
             for where, model in self.model.choices():
-                counted = cap.model is None or cap.model in (model.name, model.label)
+                counted = cap.model is None or model.is_named(cap.model)
                 if counted and cap.max_cost_usd is not None and model.pricing is None:
                     raise ValueError(
                         f"limits.spendCaps ({cap.per}): maxCostUsd needs "
