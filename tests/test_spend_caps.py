@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from tests.helpers import FlakyProvider, RecordingProvider
@@ -17,6 +18,7 @@ from tests.test_events import collect
 from tether import create_agent
 from tether.budget import Limits, Spend
 from tether.durable import sqlite_runtime
+from tether.programs.worker.spend_client import RestateSpendGate
 from tether.providers import (
     Limited,
     LocalSpendGate,
@@ -413,3 +415,61 @@ def test_the_spec_takes_one_cap_per_period_and_model() -> None:
     document["spec"]["limits"]["spendCaps"] = [*caps, day | {"model": "scripted/big"}]
     with pytest.raises(SpecError, match=r"one cap per period \(hour, day, month\), and per model"):
         parse_agent(document)
+
+
+def test_of_caps_that_stop_the_one_whose_period_ends_last_refuses() -> None:
+    """Its reset is when the call may fit again: not the hour's, while the month is spent."""
+    hour, month = SpendCap("hour", Limits(tokens=1_000)), SpendCap("month", Limits(tokens=1_000))
+    windows = SpendWindows()
+    assert windows.reserve([hour, month], "a", Spend(0, 900), NOON) is None
+    refusal = windows.reserve([hour, month], "b", Spend(0, 200), NOON + 1)
+    assert refusal is not None and refusal.cap == month
+
+
+def test_a_settle_before_its_reserve_leaves_the_reserve_nothing_to_hold() -> None:
+    """A worker whose reserve got no answer gives it back; the reserve, come later, holds
+    nothing (it is granted: its call was given up), and the settle counted nothing."""
+    windows = SpendWindows()
+    windows.settle("lost", Spend(), NOON)
+    windows = SpendWindows.of(windows.to_json())
+    assert windows.reserve([DAY], "lost", Spend(0, 900), NOON + 1) is None
+    assert windows.held == {} and windows.spent == {}
+    assert windows.reserve([DAY], "next", Spend(0, 900), NOON + 2) is None  # all the room
+
+
+async def test_a_restate_reserve_whose_answer_is_lost_is_given_back() -> None:
+    """The object made the hold, its answer never came: the worker settles it at nothing before
+    its call is retried under a hold of its own (a stand-in ingress over real windows)."""
+    windows, now = SpendWindows(), time.time()
+
+    class LosesReserveAnswers:
+        async def post(self, path: str, body: dict[str, Any], what: str) -> Any:
+            amount = Spend.of(body["amount"])
+            if body["op"] == "reserve":
+                windows.reserve(caps, body["hold"], amount, now, body.get("model") or "")
+                return None  # the answer is lost
+            windows.settle(body["hold"], amount, now)
+            return httpx2.Response(200, json=None)
+
+    caps = [DAY]
+    gate = RestateSpendGate("capped", caps, LosesReserveAnswers(), b"k")  # type: ignore[arg-type]
+    with pytest.raises(ProviderError, match="could not hold the call"):
+        await gate.reserve("h1", Spend(0, 900), "scripted/s")
+    assert windows.held == {} and "h1" in windows.settled
+
+
+async def test_a_call_the_agents_cap_refuses_goes_to_a_fallback_whose_call_fits() -> None:
+    """The agent's cap refuses the large call; the fallback's smaller one fits in what is left."""
+    document = fallback_agent({"per": "day", "maxTokens": 1_500})
+    document["spec"]["model"]["maxTokens"] = 1_000
+    spec = parse_agent(document).spec
+    gate = LocalSpendGate(spend_caps_of(spec))
+    gate.windows.reserve(gate.caps, "earlier", Spend(0, 500), time.time())
+    gate.windows.settle("earlier", Spend(0, 500))
+    agent = create_agent(
+        provider=provider_from_spec(spec, "", spend=gate),
+        fallbacks=fallbacks_from_spec(spec, {}, spend=gate),
+        behavior={"max_output_tokens": 1_000},
+    )
+    stats = await agent.run("go")  # big holds ~1,050 of the 1,000 left; small ~150
+    assert stats.status == "completed" and stats.text == "from small"

@@ -46,7 +46,7 @@ def cron_problem(expression: str, zone: str) -> str | None:
     """Why `expression` in `zone` names no times, or None."""
     try:
         ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a path
         return f"unknown time zone {zone!r}: expected an IANA name such as UTC or Europe/Paris"
     if not croniter.is_valid(expression, second_at_beginning=_has_seconds(expression)):
         return f"not a cron expression: {expression!r}; expected {EXPRESSION_HELP}"

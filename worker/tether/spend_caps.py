@@ -165,10 +165,10 @@ class SpendWindows:
         self, caps: Iterable[SpendCap], hold: str, ask: Spend, now: float, model: str = ""
     ) -> Refusal | None:
         """Hold `ask` for the call `hold` to `model` if it fits every cap of the agent and of
-        the model at `now`; why not otherwise: the agent's caps first (no other model helps
-        then), and of those that refuse, one that stops, else the waiting cap whose period ends
-        last (the others' end before). A hold already made or settled is granted again without
-        a new one."""
+        the model at `now`; why not otherwise: the agent's caps first, and of those that
+        refuse, one that stops, else one that waits, each the one whose period ends last (the
+        others' end before). A hold already made or settled is granted again without a new
+        one."""
         self._prune(now)
         if hold in self.held or hold in self.settled:
             return None
@@ -186,15 +186,19 @@ class SpendWindows:
         if refusals:
             refusals = [r for r in refusals if r.cap.model is None] or refusals
             stops = [r for r in refusals if not r.waits]
-            return stops[0] if stops else max(refusals, key=lambda r: r.window.end)
+            return max(stops or refusals, key=lambda r: r.window.end)
         self.held[hold] = _Hold(ask, now, model)
         return None
 
-    def settle(self, hold: str, actual: Spend) -> None:
-        """The call `hold` spent `actual`: counted in the windows it started in, once."""
+    def settle(self, hold: str, actual: Spend, now: float | None = None) -> None:
+        """The call `hold` spent `actual`: counted in the windows it started in, once. One not
+        held (its reserve lost on its way, or not yet come) is remembered at `now`, so that its
+        reserve, if it comes after all, holds nothing."""
         made = self.held.pop(hold, None)
-        if made is None:
-            return  # settled before, or counted at its worst case already
+        if made is None:  # settled before, or counted at its worst case already
+            if now is not None and hold not in self.settled:
+                self.settled[hold] = math.ceil(now + REPLAYABLE_SECONDS)
+            return
         self.settled[hold] = math.ceil(made.at + REPLAYABLE_SECONDS)
         self._count(made, actual)
 

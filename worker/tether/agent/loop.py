@@ -516,10 +516,9 @@ class AgentRun:
                     cooldown.failed(model)
                 # Journaled like a success: a replay takes the same retry (or stop) decision.
                 # Any failure moves on to a fallback: another model may answer what this one
-                # refused (a key, a quota, a context window, its own spend cap; not the agent's
-                # cap, which every model's calls count for); the last one's decides the retry.
-                every_model = isinstance(error, SpendCapReached) and error.refusal.cap.model is None
-                fallback = model < fallbacks and not every_model
+                # refused (a key, a quota, a context window, a spend cap: its own, or the
+                # agent's, which a cheaper call may fit); the last one's decides the retry.
+                fallback = model < fallbacks
                 failed: dict[str, Any] = {
                     "error": f"{error.provider}: {error}",
                     # A cap that waits is asked again however often it refused.

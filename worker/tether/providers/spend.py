@@ -71,7 +71,7 @@ class LocalSpendGate:
         return self.windows.reserve(self.caps, hold, ask, self._clock(), model)
 
     async def settle(self, hold: str, actual: Spend) -> None:
-        self.windows.settle(hold, actual)
+        self.windows.settle(hold, actual, self._clock())
 
 
 class SqliteSpendGate:
@@ -97,7 +97,7 @@ class SqliteSpendGate:
         )
 
     async def settle(self, hold: str, actual: Spend) -> None:
-        self._changed(lambda windows: windows.settle(hold, actual))
+        self._changed(lambda windows: windows.settle(hold, actual, self._clock()))
 
     def _changed(self, change: Callable[[SpendWindows], T]) -> T:
         """`change` made to the agent's windows in one transaction of the file."""

@@ -42,6 +42,7 @@ from ...session.events import Cursor
 from ...spec import WATCHERS_KEY, restate_services
 from ..webhooks import live_signature, live_signed, watch_tags
 from .ingress import IngressPoster
+from .untrusted import parsed
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def live_object(
         started: list[str] = meta["started"]
         numbered: list[JSON] = []
         for item in events:
-            after, event = int(item["after"]), dict(item["event"])
+            after, event = parsed("a batch of live events", functools.partial(_item, item))
             kind = RESTARTS.get(str(event.get("type")))
             if kind is not None:
                 key = f"{event.get('run')}/{event.get(kind[0])}"
@@ -298,3 +299,7 @@ class LivePublisher:
                 await self._task
         if self.ingress is not None:
             await self.ingress.close()
+
+
+def _item(item: Any) -> tuple[int, dict[str, Any]]:
+    return int(item["after"]), dict(item["event"])

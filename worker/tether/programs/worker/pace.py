@@ -18,6 +18,7 @@ from restate.exceptions import TerminalError
 from ...rate import Pace, Rate
 from ...spec import restate_services
 from ..webhooks import pace_signature, signatures_equal
+from .untrusted import parsed
 
 SLOTS_STATE = "slots"
 FRESH_SECONDS = 60
@@ -60,16 +61,16 @@ def pace_ask(pace: Pace, tokens: int, stamp: float) -> dict[str, Any]:
 
 def _checked(secrets: Sequence[bytes], model: str, ask: Any) -> tuple[Pace, int, float]:
     """The pace, input tokens and stamp of an ask that one of `secrets` signed."""
-    try:
-        given = ask["sig"]
+
+    def parse() -> tuple[Any, Pace, int, float]:
         per_minute, tokens_per_minute = ask["perMinute"], ask["tokensPerMinute"]
         pace = Pace(
             requests=None if per_minute is None else Rate(per_minute, ask["burst"]),
             input_tokens=None if tokens_per_minute is None else Rate(tokens_per_minute),
         )
-        tokens, stamp = int(ask["tokens"]), float(ask["stamp"])
-    except (KeyError, TypeError, ValueError):
-        raise TerminalError("expected a signed ask for a slot (`pace_ask`)", 400) from None
+        return ask["sig"], pace, int(ask["tokens"]), float(ask["stamp"])
+
+    given, pace, tokens, stamp = parsed("a signed ask for a slot (`pace_ask`)", parse)
     if not isinstance(given, str) or not any(
         signatures_equal(pace_signature(s, model, ask), given) for s in secrets
     ):

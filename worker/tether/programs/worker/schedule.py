@@ -32,6 +32,7 @@ from restate.exceptions import TerminalError
 from ...cron import Cron
 from ...spec import ScheduleSpec, restate_services
 from ..webhooks import schedule_run_signature, schedule_signature, signatures_equal
+from .untrusted import parsed
 
 log = logging.getLogger(__name__)
 
@@ -192,13 +193,14 @@ async def _checked(
 ) -> tuple[ScheduleSpec | None, str, int]:
     """The schedule (None: stop it), owner and generation of an order one of `secrets` signed,
     made within `FRESH_SECONDS`."""
-    try:
-        given, owner = order["sig"], str(order["owner"])
-        generation, stamp = int(order["generation"]), float(order["stamp"])
+
+    def parse() -> tuple[Any, str, int, float, ScheduleSpec | None]:
         raw = order["schedule"]
         schedule = None if raw is None else ScheduleSpec.model_validate(raw)
-    except (KeyError, TypeError, ValueError) as error:
-        raise TerminalError(f"expected a signed order for a schedule: {error}", 400) from None
+        owner, generation = str(order["owner"]), int(order["generation"])
+        return order["sig"], owner, generation, float(order["stamp"]), schedule
+
+    given, owner, generation, stamp, schedule = parsed("a signed order for a schedule", parse)
     await _verify(ctx, secrets, order, given, stamp, schedule_signature)
     if schedule is not None and schedule.name != ctx.key():
         raise TerminalError(f"the schedule is named {schedule.name!r}, not {ctx.key()!r}", 400)
@@ -210,11 +212,10 @@ async def _checked_run(
 ) -> tuple[str, str]:
     """The request id and owner of an order to run now, signed with one of `secrets` and made
     within `FRESH_SECONDS`."""
-    try:
-        given, request = order["sig"], str(order["request"])
-        owner, stamp = str(order["owner"]), float(order["stamp"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise TerminalError(f"expected a signed order to run now: {error}", 400) from None
+    given, request, owner, stamp = parsed(
+        "a signed order to run now",
+        lambda: (order["sig"], str(order["request"]), str(order["owner"]), float(order["stamp"])),
+    )
     await _verify(ctx, secrets, order, given, stamp, schedule_run_signature)
     return request, owner
 

@@ -21,6 +21,7 @@ from ...spec import restate_services
 from ...spend_caps import SpendCap, SpendWindows
 from ..webhooks import signatures_equal, spend_signature
 from .pace import FRESH_SECONDS
+from .untrusted import parsed
 
 STATE_KEY = "windows"
 
@@ -49,9 +50,9 @@ def spend_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
 
     @obj.handler()
     async def settle(ctx: restate.ObjectContext, request: dict[str, Any]) -> None:
-        asked, _ = await checked(ctx, request, "settle")
+        asked, now = await checked(ctx, request, "settle")
         windows = SpendWindows.of(await ctx.get(STATE_KEY))
-        windows.settle(asked.hold, asked.amount)
+        windows.settle(asked.hold, asked.amount, now)
         ctx.set(STATE_KEY, windows.to_json())
 
     @obj.handler(kind="shared")
@@ -88,25 +89,19 @@ class _Asked(NamedTuple):
 
 def _checked(secrets: Sequence[bytes], request: Any, op: str) -> _Asked:
     """What a request for `op` that one of `secrets` signed asks."""
-    try:
-        given, hold = request["sig"], request["hold"]
-        asked = _Asked(
-            [SpendCap.of(cap) for cap in request["caps"]],
-            hold,
-            Spend.of(request["amount"]),
-            float(request["stamp"]),
-            request.get("model") or "",
-        )
-        valid = (
-            request["op"] == op
-            and isinstance(hold, str)
-            and 0 < len(hold) <= 64
-            and isinstance(asked.model, str)
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
-        valid = False
-    if not valid:
-        raise TerminalError(f"expected a signed request to {op} (`spend_request`)", 400)
+    what = f"a signed request to {op} (`spend_request`)"
+
+    def parse() -> tuple[Any, _Asked]:
+        hold, model = request["hold"], request.get("model") or ""
+        if request["op"] != op or not isinstance(hold, str) or not 0 < len(hold) <= 64:
+            raise ValueError("another op, or no hold")
+        if not isinstance(model, str):
+            raise TypeError("a model is a name")
+        caps = [SpendCap.of(cap) for cap in request["caps"]]
+        amount, stamp = Spend.of(request["amount"]), float(request["stamp"])
+        return request["sig"], _Asked(caps, hold, amount, stamp, model)
+
+    given, asked = parsed(what, parse)
     if not isinstance(given, str) or not any(
         signatures_equal(spend_signature(s, request), given) for s in secrets
     ):

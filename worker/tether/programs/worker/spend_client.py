@@ -41,6 +41,10 @@ class RestateSpendGate:
                 return None if answer.get("granted") else Refusal.of(answer["refusal"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 pass
+        # Restate may have made the hold without its answer coming back: give it back (a reserve
+        # still on its way then holds nothing), or the call, retried under a hold of its own,
+        # would be held twice, and the lost hold counted as spent once it lapses.
+        await self.settle(hold, Spend())
         raise ProviderError(
             f"the agent's spend caps could not hold the call ({answer_of(response)} from "
             "Restate): it is "

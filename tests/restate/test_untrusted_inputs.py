@@ -1,0 +1,94 @@
+"""What anything that reaches Restate's ingress (the agent's own tools among them) may send to
+the agent's signed objects: a body that breaks their parsing in a way no schema names (a number
+past a float's range, a time zone too long for a file name) is refused at once with a 400, and
+the object's key is not left locked behind an invocation that Restate retries. A real
+restate-server and `tether worker`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.restate.support import http, worker_process
+from tests.restate.test_worker import manifest
+from tether.budget import Spend
+from tether.programs.restate_server import RestateServer
+from tether.programs.webhooks import pace_signature, schedule_order, spend_signature
+from tether.programs.worker.pace import pace_ask
+from tether.programs.worker.spend import spend_request
+from tether.rate import Pace, Rate
+from tether.spend_caps import SpendCap
+from tether.testing import HypercornWorker
+
+AGENT = "guarded"
+SECRET = b"s3cret"
+HUGE = "1" + "0" * 400  # an integer no float holds
+SCHEDULE = {"name": "daily", "cron": "0 9 * * *", "timeZone": "UTC", "prompt": "go"}
+
+
+@pytest.fixture
+def worker(restate_server: RestateServer, tmp_path: Path) -> Iterator[HypercornWorker]:
+    document = manifest(AGENT, [{"text": "ok"}], webhook={"secretRef": {"name": "h", "key": "k"}})
+    process = worker_process(
+        restate_server, tmp_path, document, TETHER_WEBHOOK_SECRET=SECRET.decode()
+    )
+    with process as served:
+        restate_server.register(served.url)
+        yield served
+
+
+def raw_post(server: RestateServer, path: str, body: str) -> int:
+    """POST `body` as it is (JSON Python would not write), answered within 10 s."""
+    url = f"{server.ingress_url}/{AGENT}-{path}"
+    return http("POST", url, raw=body.encode(), timeout=10).status
+
+
+def post(server: RestateServer, path: str, body: dict[str, Any]) -> Any:
+    return http("POST", f"{server.ingress_url}/{AGENT}-{path}", body, timeout=10)
+
+
+def test_a_body_that_breaks_the_parsing_is_refused_and_locks_nothing(
+    restate_server: RestateServer, worker: HypercornWorker
+) -> None:
+    long_zone = {**SCHEDULE, "timeZone": "Europe/" + "x" * 5000}
+    poisoned = {
+        "schedule/daily/set": [
+            '{"sig": "x", "owner": "o", "generation": 1e999, "stamp": 1, "schedule": null}',
+            f'{{"sig": "x", "owner": "o", "generation": 1, "stamp": {HUGE}, "schedule": null}}',
+            json.dumps(
+                {"sig": "x", "owner": "o", "generation": 1, "stamp": 1, "schedule": long_zone}
+            ),
+        ],
+        "schedule/daily/run_now": [
+            f'{{"sig": "x", "request": "r", "owner": "o", "stamp": {HUGE}}}',
+        ],
+        "spend/all/reserve": [
+            '{"op": "reserve", "hold": "h", "sig": "x", "caps": [], "stamp": 1, '
+            '"amount": {"tokens": 1e999}}',
+            '{"op": "reserve", "hold": "h", "sig": "x", "caps": [{"per": "day", '
+            f'"tokens": 1e999}}], "stamp": {HUGE}, "amount": {{}}}}',
+        ],
+        "pace/scripted%2Fs/admit": [
+            '{"sig": "x", "perMinute": 60, "burst": 1, "tokensPerMinute": null, '
+            '"tokens": 1e999, "stamp": 1}',
+        ],
+    }
+    for path, bodies in poisoned.items():
+        for body in bodies:
+            assert raw_post(restate_server, path, body) == 400, (path, body)
+
+    # Each object answers a signed request at once: no invocation of its key is left retrying.
+    order = schedule_order(SECRET, "daily", SCHEDULE, owner="o", generation=1, stamp=time.time())
+    assert post(restate_server, "schedule/daily/set", order).status == 200
+    caps = [SpendCap.of({"per": "day", "tokens": 1_000})]
+    reserve = spend_request("reserve", "h1", Spend(0, 10), caps, time.time())
+    reserve["sig"] = spend_signature(SECRET, reserve)
+    assert post(restate_server, "spend/all/reserve", reserve).json() == {"granted": True}
+    ask = pace_ask(Pace(requests=Rate(60, 1)), 10, time.time())
+    ask["sig"] = pace_signature(SECRET, "scripted/s", ask)
+    assert post(restate_server, "pace/scripted%2Fs/admit", ask).status == 200
