@@ -7,6 +7,7 @@ from __future__ import annotations
 import calendar
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -241,8 +242,59 @@ def test_a_signed_order_runs_a_schedule_now_once_and_leaves_its_times_as_they_ar
     assert run_invocations(restate_server) == before + 1
     described = describe(restate_server, "yearly")  # its last run; its next time as it was
     assert described["next"] == due and sent - 1 < described["last"] < time.time()
-    assert described["session"] == described["manual"]["session"] == started
-    # Another request: another run.
+    assert described["session"] == described["manual"][-1]["session"] == started
+    # Another request: another run; the first one put back (a revert) starts nothing again.
     second = run_now(restate_server, "yearly", run_order("yearly", "r2")).json()["session"]
     wait_until(lambda: session(restate_server, second)["status"] == "completed", timeout=30)
     assert second != started and run_invocations(restate_server) == before + 2
+    assert run_now(restate_server, "yearly", run_order("yearly", "r1")).json() == first.json()
+    assert run_invocations(restate_server) == before + 2
+
+
+def test_an_agent_made_again_under_its_name_gets_its_schedule_afresh(
+    restate_server: RestateServer, worker: HypercornWorker
+) -> None:
+    """Deleting an agent kills its waiting ticks (the operator, through the admin API), and
+    Restate keeps the object's state: the new agent (another uid) of the same spec gets a tick
+    of its own, and none of the deleted agent's runs now is its."""
+    morning = {"name": "morning", "cron": "0 9 * * *", "prompt": "report"}
+    assert set_schedule(restate_server, "morning", order("morning", morning)).status == 200
+    assert run_now(restate_server, "morning", run_order("morning", "r1")).status == 200
+    [tick] = restate_server.query(
+        "SELECT id FROM sys_invocation WHERE status = 'scheduled' "
+        f"AND target_service_name = '{AGENT}-schedule' AND target_service_key = 'morning'"
+    )
+    killed = http("PATCH", f"{restate_server.admin_url}/invocations/{tick['id']}/kill")
+    assert killed.status in (200, 202), killed.text
+    wait_until(lambda: ticks_waiting(restate_server, "morning") == 0, timeout=10)
+
+    again = set_schedule(restate_server, "morning", order("morning", morning, owner="uid-2"))
+    assert again.status == 200 and again.json()["next"] is not None
+    wait_until(lambda: ticks_waiting(restate_server, "morning") == 1, timeout=10)
+    described = describe(restate_server, "morning")
+    assert described["last"] is None and described["manual"] is None
+    before = run_invocations(restate_server)
+    ran = run_now(restate_server, "morning", run_order("morning", "r1", owner="uid-2"))
+    assert ran.status == 200 and run_invocations(restate_server) == before + 1
+
+
+def test_a_schedules_run_keys_are_not_for_others_to_take(
+    restate_server: RestateServer, worker: HypercornWorker
+) -> None:
+    """A caller of the agent's `run` (one of its tools) that sends a run ahead of a tick, with
+    the key a tick of that time would have had before, does not stand in for the tick's run."""
+    every = {"name": "keyed", "cron": EVERY_2S, "prompt": "the real prompt"}
+    due = set_schedule(restate_server, "keyed", order("keyed", every)).json()["next"]
+    target = f"keyed-{datetime.fromtimestamp(due, UTC).strftime('%Y%m%dt%H%M%Sz')}"
+    forged = http(
+        "POST",
+        f"{restate_server.ingress_url}/{AGENT}/{target}/run/send",
+        {"prompt": "the tool's prompt"},
+        headers={"idempotency-key": f"schedule/keyed/{int(due)}"},
+    )
+    assert forged.status in (200, 202), forged.text
+    wait_until(
+        lambda: "the real prompt" in said(session(restate_server, target), "user"), timeout=30
+    )
+    stop = order("keyed", None, generation=2)
+    assert set_schedule(restate_server, "keyed", stop).status == 200

@@ -6,16 +6,20 @@ has or whose agent is deleted, with orders signed with the webhook secret: the a
 reach the ingress too, and must not start its runs at times (or with prompts) of their own. An
 order carries the DurableAgent's uid and `metadata.generation`, and one of the same agent older
 than the schedule's is refused, so a slow operator replica cannot put back what a newer spec
-changed (an agent deleted and made again under its name has another uid).
+changed (an agent deleted and made again under its name has another uid, and its schedule
+starts afresh: the deleted agent's tick was killed, and its runs are not the new one's).
 
 The object sends itself a `tick` for the next time due, delayed until then, and keeps that
 invocation's id to cancel it when the schedule changes; a tick that is no longer the one
 expected (a cancel that came too late) does nothing. A tick sends the run with an idempotency
-key of the schedule and the time, so a time's run starts once. A tick that comes late (Restate
+key of the schedule, the time and a tag only the webhook secret makes, so a time's run starts
+once, and a caller of the agent's `run` cannot take that key first (and have its own run stand
+for the schedule's). A tick that comes late (Restate
 was down) runs the latest time due and skips those before it; a run of a schedule's own session
 waits behind the session's runs, and one still waiting at the next time is skipped
 (`RunRequest.start_by`). `run_now` starts a run at once, as a person asked through the
-operator (`tether.dev/run-now`), once per request. Served with the index (`served`).
+operator (`tether.dev/run-now`), once per request (the last `RUN_NOW_KEPT` are remembered).
+Served with the index (`served`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from restate.exceptions import TerminalError
 
 from ...cron import Cron
 from ...spec import ScheduleSpec, restate_services
-from ..webhooks import schedule_run_signature, schedule_signature, signatures_equal
+from ..webhooks import hmac_hex, schedule_run_signature, schedule_signature, signatures_equal
 from .untrusted import parsed
 
 log = logging.getLogger(__name__)
@@ -39,6 +43,9 @@ log = logging.getLogger(__name__)
 STATE = "schedule"
 FRESH_SECONDS = 60
 """How far an order's stamp may be from the object's clock."""
+RUN_NOW_KEPT = 16
+"""How many of the last requests to run a schedule now it remembers: an annotation put back to
+an earlier value (a revert) starts nothing again."""
 
 
 def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObject:
@@ -48,6 +55,12 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
     obj = restate.VirtualObject(
         services.schedule, description=f"The schedules that start runs of the {agent} agent."
     )
+
+    def run_key(*parts: object) -> str:
+        """An idempotency key for a schedule's run that only the secret's holder makes."""
+        key = "/".join(["schedule", *map(str, parts)])
+        tag = hmac_hex(secrets[0] if secrets else b"", key.encode())[:16]
+        return f"{key}/{tag}"
 
     @obj.handler()
     async def set(ctx: restate.ObjectContext, order: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +74,10 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
                 f"{generation}",
                 status_code=409,
             )
+        if kept and owner != kept.get("owner"):  # another DurableAgent of the name: afresh
+            _cancel_tick(ctx, kept)
+            ctx.clear_all()
+            kept = {}
         if schedule is None:
             _cancel_tick(ctx, kept)
             ctx.clear_all()
@@ -87,9 +104,12 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
             raise TerminalError(f"no schedule {ctx.key()!r} is set", status_code=404)
         if owner != kept["owner"]:
             raise TerminalError("the schedule is another DurableAgent's", status_code=409)
-        manual = kept.get("manual") or {}
-        if manual.get("request") == request:  # the same order again: its run has started
-            return {"session": manual["session"]}
+        manual: list[dict[str, str]] = kept.get("manual") or []
+        if isinstance(manual, dict):  # kept by a worker that remembered only the last one
+            manual = [manual]
+        for earlier in manual:
+            if earlier["request"] == request:  # the same order again: its run has started
+                return {"session": earlier["session"]}
         schedule = ScheduleSpec.model_validate(kept["config"])
         now = await ctx.time()
         # Its own session unless the schedule has one: not a tick's, nor another request's.
@@ -99,9 +119,9 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
             "run",
             json.dumps({"prompt": schedule.prompt}).encode(),
             key=session,
-            idempotency_key=f"schedule/{schedule.name}/now/{request}",
+            idempotency_key=run_key(schedule.name, "now", owner, request),
         )
-        manual = {"request": request, "session": session}
+        manual = [*manual, {"request": request, "session": session}][-RUN_NOW_KEPT:]
         ctx.set(STATE, {**kept, "last": now, "session": session, "manual": manual})
         return {"session": session}
 
@@ -126,7 +146,7 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
             "run",
             json.dumps(request).encode(),
             key=session,
-            idempotency_key=f"schedule/{schedule.name}/{int(at)}",
+            idempotency_key=run_key(schedule.name, int(at)),
         )
         late = kept.get("late", 0)
         if at > due:
@@ -146,7 +166,7 @@ def schedule_object(agent: str, secrets: Sequence[bytes]) -> restate.VirtualObje
         """The schedule as kept: its cron, time zone, session and suspension, the agent's
         generation that set it, its next time due, its last run's time and session, and how
         many of its ticks came late, skipping earlier times for the latest, and the last
-        request to run it now (`manual`); not its prompt;
+        requests to run it now (`manual`, the newest last); not its prompt;
         `{"schedule": None}` when none is set."""
         kept: dict[str, Any] | None = await ctx.get(STATE)
         if not kept:
