@@ -161,15 +161,49 @@ async def test_a_provider_holds_each_call_and_counts_what_it_spent() -> None:
     assert gate.windows.held == {}
 
 
-async def test_a_failed_call_gives_its_hold_back() -> None:
-    failing = FlakyProvider([{"text": "ok"}], failures=1, error=ProviderError("down", provider="p"))
+@pytest.mark.parametrize(
+    ("error", "counts"),
+    [
+        (ProviderError("overloaded", provider="p", status=529, retryable=True), False),
+        (ProviderError("refused", provider="p", status=400), False),
+        (ProviderError("unreachable", provider="p", code="connection_error"), False),
+        (ProviderError("timed out", provider="p", code="timeout", retryable=True), True),
+        (ProviderError("cut", provider="p", code="stream_incomplete", retryable=True), True),
+        (ProviderError("overloaded mid-stream", provider="p", status=200), True),
+    ],
+    ids=["5xx", "4xx", "unreachable", "timeout", "stream-cut", "error-in-stream"],
+)
+async def test_a_failed_call_counts_its_worst_case_only_if_the_provider_may_have_charged_it(
+    error: ProviderError, counts: bool
+) -> None:
+    """Refused with an error status or never reached: nothing. Timed out, cut off, or failed
+    while it answered: the provider may have charged what it generated, so its worst case."""
     gate = LocalSpendGate([DAY])
     with pytest.raises(ProviderError):
-        await Limited(failing, spend=gate).complete(request())
-    assert (
-        gate.windows.held == {}
-        and gate.windows.spent[Window.of("day", gate._clock()).id] == Spend()
-    )
+        await Limited(FlakyProvider([{"text": "ok"}], 1, error), spend=gate).complete(request())
+    spent = gate.windows.spent[Window.of("day", gate._clock()).id]
+    assert gate.windows.held == {} and (spent.tokens > 100 if counts else spent == Spend())
+
+
+async def test_a_call_aborted_counts_its_worst_case_once_sent_and_nothing_while_it_waits() -> None:
+    class Hangs(RecordingProvider):
+        async def complete(self, request: ModelRequest, on_text: Any = None) -> Any:
+            await asyncio.Event().wait()
+
+    gate = LocalSpendGate([DAY])
+    day = Window.of("day", gate._clock()).id
+    capped = Limited(Hangs([]), max_calls=1, spend=gate)
+    answering = asyncio.create_task(capped.complete(request()))
+    waiting = asyncio.create_task(capped.complete(request()))  # for the one slot
+    await asyncio.sleep(0.05)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert gate.windows.spent.get(day, Spend()) == Spend()
+    answering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await answering
+    assert gate.windows.held == {} and gate.windows.spent[day].tokens > 100
 
 
 async def test_a_run_whose_call_passes_the_agents_cap_ends_with_budget_exceeded() -> None:

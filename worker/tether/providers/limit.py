@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from ..messages import estimate_tokens
 from .base import ModelRequest, ModelResponse, Provider, TextCallback
 from .pace import Pacer
-from .spend import SpendGate, hold_spend, spent
+from .spend import SpendGate, failed_spend, hold_spend, spent
 
 
 class Limited:
@@ -52,15 +52,19 @@ class Limited:
         gate = self.spend
         if gate is None:
             return await self._limited(request, on_text)
-        hold = await hold_spend(gate, request, self.pricing, self.name, self.spend_as)
-        response: ModelResponse | None = None
+        held = await hold_spend(gate, request, self.pricing, self.name, self.spend_as)
+        sent: list[bool] = []  # once the provider has the call
         try:
-            response = await self._limited(request, on_text)
-            return response
-        finally:  # failed, aborted or answered: its hold goes, and what it spent counts
-            await gate.settle(hold, spent(response, self.pricing))
+            response = await self._limited(request, on_text, sent)
+        except BaseException as error:  # failed or aborted: what it may have cost counts
+            await gate.settle(held.id, failed_spend(held, bool(sent), error))
+            raise
+        await gate.settle(held.id, spent(response, self.pricing))
+        return response
 
-    async def _limited(self, request: ModelRequest, on_text: TextCallback | None) -> ModelResponse:
+    async def _limited(
+        self, request: ModelRequest, on_text: TextCallback | None, sent: list[bool] | None = None
+    ) -> ModelResponse:
         slots = self._slots
         if slots is not None:
             if slots.locked():
@@ -69,6 +73,8 @@ class Limited:
                 await slots.acquire()
         try:
             await self._paced(request)  # in flight: a slot it holds goes to it meanwhile
+            if sent is not None:
+                sent.append(True)
             return await self.provider.complete(request, on_text)
         finally:
             if slots is not None:

@@ -9,6 +9,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -120,24 +121,49 @@ class SqliteSpendGate:
         return self._db.exclusive(work)
 
 
+@dataclass(frozen=True)
+class Held:
+    """A call's hold in the caps: its id and the worst case it holds."""
+
+    id: str
+    worst: Spend
+
+
 async def hold_spend(
     gate: SpendGate, request: ModelRequest, pricing: Pricing | None, name: str, model: str
-) -> str:
+) -> Held:
     """Hold the worst case of `request` to `model` (`provider/name`; its bytes bound its input
-    tokens) in `gate`: the hold's id, or `SpendCapReached`."""
+    tokens) in `gate`: the hold, or `SpendCapReached`."""
     tools = [(t.name, t.description, t.input_schema) for t in request.tools]
     input_tokens = len(jsoncodec.dumps([request.system, request.messages, tools]))
     output_tokens = request.max_output_tokens + (request.thinking_budget or 0)
-    hold = uuid.uuid4().hex[:16]  # short: the settled ones are kept in one state value a while
-    refusal = await gate.reserve(hold, worst_case(input_tokens, output_tokens, pricing), model)
+    # short: the settled ones are kept in one state value a while
+    held = Held(uuid.uuid4().hex[:16], worst_case(input_tokens, output_tokens, pricing))
+    refusal = await gate.reserve(held.id, held.worst, model)
     if refusal is not None:
         raise SpendCapReached(refusal, name)
-    return hold
+    return held
 
 
-def spent(response: ModelResponse | None, pricing: Pricing | None) -> Spend:
-    """What a call cost (nothing, when it failed)."""
-    if response is None:
-        return Spend()
+def spent(response: ModelResponse, pricing: Pricing | None) -> Spend:
+    """What a call that answered cost."""
     cost = pricing.cost(response.usage) if pricing is not None else 0.0
     return Spend(cost, usage_tokens(dict(response.usage)))
+
+
+NOT_STARTED_CODES = frozenset({"connection_error", "missing_api_key"})
+"""Failures before the provider had the request: nothing it could charge."""
+
+
+def failed_spend(held: Held, sent: bool, error: BaseException | None) -> Spend:
+    """What a call that did not answer may have cost: nothing when it was not sent, or the
+    provider refused it with an error status or was not reached; else (it timed out, its
+    stream broke or carried an error, it was cancelled while the provider answered) its worst
+    case, as the provider may have charged for what it generated."""
+    if not sent:
+        return Spend()
+    if isinstance(error, ProviderError) and (
+        error.status not in (None, 200) or error.code in NOT_STARTED_CODES
+    ):
+        return Spend()
+    return held.worst
