@@ -2,12 +2,13 @@
 
 A run's budget (`tether.budget`) bounds one run and its sub-agents; a cap bounds the agent: every
 model call of every run, on every worker and version, first holds its worst case in the agent's
-`SpendWindows`, and one that does not fit a cap does not start: `SpendCapReached` ends its run
-with `budget_exceeded`, or, under a cap that waits, has its run wait for the period to reset.
+`SpendWindows`, and one that does not fit a cap does not start: `SpendCapReached` sends its run
+to its next fallback model (whose call may fit), and from the last one ends the run with
+`budget_exceeded`, or, under a cap that waits, has the run wait for the period to reset.
 What a call spent counts in the hour, the day and the month it started in, whichever caps are
 set, so versions with other caps share one count; a call also counts for its model, which a
-cap of that model alone (`SpendCap.model`) is held to: a model's cap refuses only its calls,
-and their runs go on with a fallback model where they have one. A hold that is never settled
+cap of that model alone (`SpendCap.model`) is held to: a model's cap refuses only its calls.
+A hold that is never settled
 (its worker died mid-call, after the provider may have charged it) counts as spent, at its
 worst case, after `HOLD_SECONDS`; a settle of a hold that is not held counts nothing, and a
 settled hold is remembered while its reserve could be sent again.
@@ -41,9 +42,9 @@ OnReached = Literal["stop", "wait"]
 @dataclass(frozen=True)
 class SpendCap:
     """At most `limits` spent by the agent's calls in each calendar `per` (UTC), or by those of
-    one `model` (`provider/name`). A call that does not fit ends its run (`on_reached` stop), or
-    its run waits for the next period; a call refused by its model's cap goes to the run's
-    next fallback model first, where there is one."""
+    one `model` (`provider/name`). A call that does not fit goes to the run's next fallback
+    model, where there is one; from the last, it ends its run (`on_reached` stop), or the run
+    waits for the next period."""
 
     per: Per
     limits: Limits
