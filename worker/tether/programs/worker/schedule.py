@@ -14,9 +14,9 @@ invocation's id to cancel it when the schedule changes; a tick that is no longer
 expected (a cancel that came too late) does nothing. A tick sends the run with an idempotency
 key of the schedule, the time and a tag only the webhook secret makes, so a time's run starts
 once, and a caller of the agent's `run` cannot take that key first (and have its own run stand
-for the schedule's). A tick that comes late (Restate
-was down) runs the latest time due and skips those before it; a run of a schedule's own session
-waits behind the session's runs, and one still waiting at the next time is skipped
+for the schedule's). A tick that comes late (Restate was down) runs the latest time due and
+skips those before it; a run of a schedule's own session waits behind the session's runs, and
+one still waiting at the next time is skipped
 (`RunRequest.start_by`). `run_now` starts a run at once, as a person asked through the
 operator (`tether.dev/run-now`), once per request (the last `RUN_NOW_KEPT` are remembered).
 Served with the index (`served`).
