@@ -19,6 +19,7 @@ from tests.restate.test_worker import manifest
 from tether.budget import Spend
 from tether.programs.restate_server import RestateServer
 from tether.programs.webhooks import pace_signature, schedule_order, spend_signature
+from tether.programs.worker.inbox import MAX_WAITING
 from tether.programs.worker.pace import pace_ask
 from tether.programs.worker.spend import spend_request
 from tether.rate import Pace, Rate
@@ -92,3 +93,28 @@ def test_a_body_that_breaks_the_parsing_is_refused_and_locks_nothing(
     ask = pace_ask(Pace(requests=Rate(60, 1)), 10, time.time())
     ask["sig"] = pace_signature(SECRET, "scripted/s", ask)
     assert post(restate_server, "pace/scripted%2Fs/admit", ask).status == 200
+
+
+def test_what_a_tool_may_send_a_session_is_refused_before_it_can_wedge_the_session(
+    restate_server: RestateServer, worker: HypercornWorker
+) -> None:
+    """A message no run could store (a lone surrogate), a run of a new session without a
+    prompt, and more messages than a run takes are refused at once; the session's runs go on."""
+    ingress = restate_server.ingress_url
+    lone = '{"text": "hi \\ud800"}'  # valid JSON, not valid Unicode
+    assert (
+        http("POST", f"{ingress}/{AGENT}-inbox/s1/post", raw=lone.encode(), timeout=10).status
+        == 400
+    )
+    assert http("POST", f"{ingress}/{AGENT}/s1/run", {}, timeout=10).status == 400
+    ran = http("POST", f"{ingress}/{AGENT}/s1/run", {"prompt": "go"}, timeout=30)
+    assert ran.status == 200 and ran.json()["status"] == "completed", ran.text
+    for _ in range(MAX_WAITING):
+        assert http("POST", f"{ingress}/{AGENT}-inbox/s2/post", {"text": "hi"}).status == 200
+    assert http("POST", f"{ingress}/{AGENT}-inbox/s2/post", {"text": "hi"}).status == 429
+    # Reads and pushes of any shape answer at once (the shared ones too: no retried invocation).
+    assert http("POST", f"{ingress}/{AGENT}/s1/events", 5, timeout=10).status == 200
+    assert raw_post(restate_server, "live/s1/push", "[]") == 200
+    assert raw_post(restate_server, "live/s1/read", "[1]") == 200
+    answer = '{"awakeable_id": "\\ud800", "value": 1, "proof": "x"}'
+    assert raw_post(restate_server, "parked/all/answer", answer) == 400

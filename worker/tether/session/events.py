@@ -41,7 +41,7 @@ class Cursor(NamedTuple):
     @classmethod
     def parse(cls, text: str | None) -> Cursor:
         """The cursor written `text` (`"7"`, `"7.3"`); the start for None or nonsense."""
-        if not text:
+        if not isinstance(text, str) or not text:  # from anyone: anything
             return cls(0)
         durable, _, live = text.partition(".")
         try:

@@ -28,6 +28,9 @@ from .retries import RETRY_AFTER_WORKER_LOSS
 MESSAGES_STATE_KEY = "messages"
 DOORBELL_STATE_KEY = "doorbell"
 MAX_MESSAGE_CHARS = 20_000
+MAX_WAITING = 100
+"""Messages an inbox holds until its session's run takes them: more are refused (429), as
+anything that reaches the ingress may post."""
 POST_IDEMPOTENCY_RETENTION = timedelta(days=1)
 """How long Restate keeps the idempotency key of a post: the sidecar posts a signed message
 under a key derived from its signature, so a replay (accepted for 10 minutes around its
@@ -71,7 +74,14 @@ def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
             raise TerminalError(
                 f'expected {{"text": "<1-{MAX_MESSAGE_CHARS} characters>"}}', status_code=400
             )
+        if not _encodable(text):  # a lone surrogate: the run that takes it could not store it
+            raise TerminalError("the text is not valid Unicode", status_code=400)
         messages: list[str] = await ctx.get(MESSAGES_STATE_KEY) or []
+        if len(messages) >= MAX_WAITING:
+            raise TerminalError(
+                f"the session's inbox holds {MAX_WAITING} messages no run has taken yet",
+                status_code=429,
+            )
         messages.append(text)
         ctx.set(MESSAGES_STATE_KEY, messages)
         doorbell: str | None = await ctx.get(DOORBELL_STATE_KEY)
@@ -96,3 +106,11 @@ def inbox_object(agent: str) -> tuple[restate.VirtualObject, Any]:
         return messages
 
     return obj, take
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

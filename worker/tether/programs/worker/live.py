@@ -86,10 +86,13 @@ def live_object(
 
     @obj.handler()
     async def push(ctx: restate.ObjectContext, batch: dict[str, Any]) -> None:
-        events = batch.get("events")
+        events = batch.get("events") if isinstance(batch, dict) else None
         if not isinstance(events, list):
             return
-        if secrets and not live_signed(secrets, ctx.key(), events, str(batch.get("sig") or "")):
+        sig = str(batch.get("sig") or "")
+        if secrets and not parsed(
+            "a signed batch of live events", lambda: live_signed(secrets, ctx.key(), events, sig)
+        ):
             log.warning("a live batch for a session was not signed by the worker: dropped")
             return
         meta: dict[str, Any] = await ctx.get(META_KEY) or {"count": 0, "batch": 0, "started": []}

@@ -69,6 +69,8 @@ class ParkedIndex:
                 verified_by_any(secrets, verify, *args)
             except SignatureError as error:
                 raise _refused(error) from None
+            except Exception as error:  # what the caller's input made it raise: terminal
+                raise TerminalError(f"expected a signed request ({error})"[:300], 400) from None
 
         # One key holds every parked call of the agent. Only `calls` reads them all: the other
         # handlers load state lazily, or each of them would receive the whole index (with 1,000

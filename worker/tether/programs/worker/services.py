@@ -413,6 +413,9 @@ def agent_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
             session = await load_session(store, ctx.key(), enough=seen)
             if request.fork is not None:
                 session = await fork_into(ctx, manifest.metadata.name, store, request.fork, session)
+            if request.prompt is None and (session is None or not session.turn_count):
+                # Terminal: retried, it would hold the session's key for every later run.
+                raise TerminalError("a run of a session with no turns needs a prompt", 400)
             session = session or await create_session(id=ctx.key(), store=store)
             wait = restate_wait(ctx, park_settings)
             agent = create_agent(
