@@ -8,10 +8,9 @@ to its next fallback model (whose call may fit), and from the last one ends the 
 What a call spent counts in the hour, the day and the month it started in, whichever caps are
 set, so versions with other caps share one count; a call also counts for its model, which a
 cap of that model alone (`SpendCap.model`) is held to: a model's cap refuses only its calls.
-A hold that is never settled
-(its worker died mid-call, after the provider may have charged it) counts as spent, at its
-worst case, after `HOLD_SECONDS`; a settle of a hold that is not held counts nothing, and a
-settled hold is remembered while its reserve could be sent again.
+A hold that is never settled (its worker died mid-call, after the provider may have charged
+it) counts as spent, at its worst case, after `HOLD_SECONDS`; a settle of a hold that is not
+held counts nothing, and a settled hold is remembered while its reserve could be sent again.
 
 Kept where an agent's calls meet: the index's `<agent>-spend` on Restate
 (`tether.programs.worker.spend`), or a process's memory (`tether.providers.spend`).

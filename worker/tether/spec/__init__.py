@@ -549,12 +549,13 @@ class SpendCapSpec(_Model):
     max_cost_usd: float | None = Field(
         default=None,
         gt=0,
-        description="USD a period (needs the pricing of every model of the spec).",
+        description="USD a period (needs the pricing of every model the cap counts).",
     )
     max_tokens: int | None = Field(default=None, gt=0, description="Tokens a period.")
     on_reached: Literal["stop", "wait"] | None = Field(
         default=None,
-        description="When a model call does not fit: stop (the default) ends its run "
+        description="When a model call does not fit, and the run has no fallback model left "
+        "to ask (a refused call goes to the next one first): stop (the default) ends the run "
         "(budget_exceeded); wait has the run wait, durably, for the period to reset (a "
         "throttle), unless the call alone is larger than the cap.",
     )
@@ -605,8 +606,8 @@ class Limits(_Model):
         "hour, day or month (UTC), one per period (and per model, for a model's own): every "
         "model call holds its worst case first, on Restate across all workers and versions "
         "(needs spec.webhook, whose key signs the holds), and one that does not fit does not "
-        "start: its run ends with budget_exceeded, saying when the period resets, or waits for "
-        "it (onReached: wait), or goes to a fallback model (a model's cap).",
+        "start: its run goes to its next fallback model, and from the last one ends with "
+        "budget_exceeded, saying when the period resets, or waits for it (onReached: wait).",
     )
 
     @model_validator(mode="after")
@@ -1214,18 +1215,20 @@ class DurableAgentSpec(_Model):
     def _spend_caps_can_count(self) -> DurableAgentSpec:
         caps = self.limits.spend_caps or []
         choices = [choice for _, choice in self.model.choices()]
+        periods: list[tuple[str, str | None]] = []  # each cap's period and model's label
         for cap in caps:
-            if cap.model is None:
-                continue
-            named = {choice.label for choice in choices if choice.is_named(cap.model)}
-            if len(named) != 1:
-                labels = [choice.label for choice in choices]
-                raise ValueError(
-                    f"limits.spendCaps ({cap.per}): model {cap.model!r} is "
-                    f"{'more than one' if named else 'none'} of the spec's models "
-                    f"({', '.join(labels)}): name one by its provider/name"
-                )
-        periods = [(cap.per, cap.model and self.model.label_of(cap.model)) for cap in caps]
+            label = None
+            if cap.model is not None:
+                named = {choice.label for choice in choices if choice.is_named(cap.model)}
+                if len(named) != 1:
+                    labels = [choice.label for choice in choices]
+                    raise ValueError(
+                        f"limits.spendCaps ({cap.per}): model {cap.model!r} is "
+                        f"{'more than one' if named else 'none'} of the spec's models "
+                        f"({', '.join(labels)}): name one by its provider/name"
+                    )
+                [label] = named
+            periods.append((cap.per, label))
         if len(set(periods)) != len(periods):
             raise ValueError(
                 "limits.spendCaps: one cap per period (hour, day, month), and per model"

@@ -38,6 +38,7 @@ from ..webhooks import (
     verify_listing_token,
 )
 from .retries import RETRY_AFTER_WORKER_LOSS
+from .untrusted import parsed
 
 ANSWER_IDEMPOTENCY_RETENTION = timedelta(days=7)
 """How long Restate keeps the key of an answer after it ran: once the run took the answer the
@@ -65,12 +66,13 @@ class ParkedIndex:
         )
 
         def check(verify: Any, *args: Any) -> None:
-            try:
-                verified_by_any(secrets, verify, *args)
-            except SignatureError as error:
-                raise _refused(error) from None
-            except Exception as error:  # what the caller's input made it raise: terminal
-                raise TerminalError(f"expected a signed request ({error})"[:300], 400) from None
+            def verified() -> None:
+                try:
+                    verified_by_any(secrets, verify, *args)
+                except SignatureError as error:
+                    raise _refused(error) from None
+
+            parsed("a signed request", verified)  # anything else its input made it raise: 400
 
         # One key holds every parked call of the agent. Only `calls` reads them all: the other
         # handlers load state lazily, or each of them would receive the whole index (with 1,000
