@@ -38,7 +38,7 @@ import yaml
 
 from tether.jsoncodec import loads
 from tether.programs.local_http import request_json as http
-from tether.programs.webhooks import watch_tag
+from tether.programs.webhooks import watch_request, watch_tag
 from tether.testing import AgentHarness, wait_until
 
 AGENT = "bench-long"
@@ -138,7 +138,9 @@ def watch(agent: AgentHarness, session: str) -> None:
     """Register `session` as watched, as the sidecar does for a client streaming it: the
     worker sends the live events (the `model_started` timed here) of watched sessions only."""
     url = f"{agent.ingress_url}/{AGENT}-watchers/all/watch"
-    response = http("POST", url, [watch_tag(agent.secret.encode(), session)])
+    secret = agent.secret.encode()
+    registration = watch_request(secret, [watch_tag(secret, session)], time.time_ns() // 10**6)
+    response = http("POST", url, registration)
     if response.status != 200:
         raise RuntimeError(f"watch {session}: HTTP {response.status}")
 

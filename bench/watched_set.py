@@ -26,12 +26,14 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from many_runs import AGENT, group_cpu_seconds, process_cpu_seconds, worker_spec
 
 from tether.programs.local_http import request_json as http
 from tether.programs.restate_server import RestateServer, free_port
+from tether.programs.webhooks import watch_request
 from tether.programs.worker.live import LivePublisher
 from tether.testing import HypercornWorker
 
@@ -41,6 +43,11 @@ SECRET = b"b" * 32
 
 def tags(n: int) -> list[str]:
     return [secrets.token_hex(16) for _ in range(n)]
+
+
+def registration(n: int) -> dict[str, Any]:
+    """`n` new tags, signed as a sidecar registers them (the index's secret: `worker_spec`)."""
+    return watch_request(b"bench", tags(n), time.time_ns() // 10**6)
 
 
 def questions(sizes: list[int], count: int) -> None:
@@ -63,7 +70,9 @@ def questions(sizes: list[int], count: int) -> None:
             for size in sizes:
                 while registered < size:
                     batch = min(1_000, size - registered)
-                    assert http("POST", f"{base}/watch", tags(batch), timeout=60).status == 200
+                    assert (
+                        http("POST", f"{base}/watch", registration(batch), timeout=60).status == 200
+                    )
                     registered += batch
                 asked = [tags(TAGS_PER_QUESTION) for _ in range(count)]
 
@@ -83,7 +92,7 @@ def questions(sizes: list[int], count: int) -> None:
                 index_cpu = group_cpu_seconds(index.pid) - index_before
                 server_cpu = process_cpu_seconds(server.pid) - server_before
                 started = time.perf_counter()
-                assert http("POST", f"{base}/watch", tags(1), timeout=60).status == 200
+                assert http("POST", f"{base}/watch", registration(1), timeout=60).status == 200
                 registering = time.perf_counter() - started
                 registered += 1
                 print(

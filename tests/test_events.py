@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import RecordingProvider
 from tether import create_agent, jsoncodec, tool
 from tether.durable import sqlite_runtime
-from tether.programs.webhooks import watch_tag
+from tether.programs.webhooks import watch_request, watch_tag
 from tether.programs.worker import services, watchers
 from tether.programs.worker.served import index_services
 from tether.programs.worker.settings import WorkerSettings
@@ -134,7 +134,12 @@ class ObjectState:
         return list(self.state)
 
 
-def worker_settings(tmp_path: Path, events: dict[str, Any] | None) -> WorkerSettings:
+SECRET = b"secret"
+
+
+def worker_settings(
+    tmp_path: Path, events: dict[str, Any] | None, secret: bytes | None = None
+) -> WorkerSettings:
     model = {"provider": "scripted", "name": "s", "script": [{"text": "hi"}]}
     spec: dict[str, Any] = {"model": model}
     if events is not None:
@@ -146,7 +151,7 @@ def worker_settings(tmp_path: Path, events: dict[str, Any] | None) -> WorkerSett
     return WorkerSettings(
         manifest=manifest,
         spec_path=tmp_path / "agent.yaml",
-        webhook_secret=None,
+        webhook_secret=secret,
         webhook_base_url=None,
         workspace=tmp_path,
         env={},
@@ -220,17 +225,20 @@ class ClockedState(ObjectState):
 async def test_the_watched_sessions_are_kept_by_tag_until_they_expire(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = worker_settings(tmp_path, None)
+    settings = worker_settings(tmp_path, None, SECRET)
     registry_object = next(o for o in index_services(settings) if o.name == "kept-watchers")
     handlers = registry_object.handlers
-    watch, watched = handlers["watch"].fn, handlers["watched"].fn
+    watched = handlers["watched"].fn
     registry = ClockedState("all")
 
     def kept() -> dict[str, float]:
         return jsoncodec.loads(registry.state["watched"])
 
-    tag = watch_tag(b"secret", "s1")
-    other = watch_tag(b"secret", "s2")
+    def watch(registry: ClockedState, tags: list[Any]) -> Any:
+        return handlers["watch"].fn(registry, watch_request(SECRET, tags, round(registry.now)))
+
+    tag = watch_tag(SECRET, "s1")
+    other = watch_tag(SECRET, "s2")
     await watch(registry, [tag, "not-a-tag", "S1", 7, "0" * 33])  # only a tag is kept
     assert kept() == {tag: registry.now + WATCH_SECONDS * 1000}
     assert await watched(registry, [tag, other]) == {tag: registry.now + WATCH_SECONDS * 1000}
@@ -241,7 +249,7 @@ async def test_the_watched_sessions_are_kept_by_tag_until_they_expire(
     assert list(kept()) == [other]
 
     monkeypatch.setattr(watchers, "MAX_WATCHED", 2)  # the latest to expire are kept
-    tags = [watch_tag(b"secret", f"t{n}") for n in range(4)]
+    tags = [watch_tag(SECRET, f"t{n}") for n in range(4)]
     for one in tags:
         registry.now += 1
         await watch(registry, [one])

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from tether.programs.sidecar import watching
 from tether.programs.sidecar.watching import Watching
-from tether.programs.webhooks import watch_tag
+from tether.programs.webhooks import watch_signature, watch_tag
 
 SECRETS = (b"current" * 4, b"previous" * 4)
 
@@ -23,8 +24,11 @@ class Registry:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    async def watch(self, agent: str, tags: list[str]) -> None:
+    async def watch(self, agent: str, request: dict[str, Any]) -> None:
         assert agent == "clerk"
+        tags, stamp = request["tags"], request["stamp"]
+        assert request["sig"] == watch_signature(SECRETS[0], stamp, tags)  # the current key's
+        assert abs(stamp - time.time() * 1000) < 5_000
         self.calls.append(tags)
 
 
@@ -80,8 +84,8 @@ async def test_a_renewal_is_split_into_calls_of_at_most_tags_per_call(
 
 async def test_a_stream_gone_before_its_registration_answered_leaves_nothing() -> None:
     class Stuck(Registry):
-        async def watch(self, agent: str, tags: list[str]) -> None:
-            await super().watch(agent, tags)
+        async def watch(self, agent: str, request: dict[str, Any]) -> None:
+            await super().watch(agent, request)
             await asyncio.Event().wait()  # Restate does not answer; the client leaves
 
     watched = Watching(Stuck(), "clerk", SECRETS)  # type: ignore[arg-type]

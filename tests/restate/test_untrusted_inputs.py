@@ -18,10 +18,17 @@ from tests.restate.support import http, worker_process
 from tests.restate.test_worker import manifest
 from tether.budget import Spend
 from tether.programs.restate_server import RestateServer
-from tether.programs.webhooks import pace_signature, schedule_order, spend_signature
+from tether.programs.webhooks import (
+    pace_signature,
+    schedule_order,
+    spend_signature,
+    watch_request,
+    watch_tag,
+)
 from tether.programs.worker.inbox import MAX_WAITING
 from tether.programs.worker.pace import pace_ask
 from tether.programs.worker.spend import spend_request
+from tether.programs.worker.watchers import MAX_WATCHED, TAGS_PER_WATCH
 from tether.rate import Pace, Rate
 from tether.spend_caps import SpendCap
 from tether.testing import HypercornWorker
@@ -118,3 +125,31 @@ def test_what_a_tool_may_send_a_session_is_refused_before_it_can_wedge_the_sessi
     assert raw_post(restate_server, "live/s1/read", "[1]") == 200
     answer = '{"awakeable_id": "\\ud800", "value": 1, "proof": "x"}'
     assert raw_post(restate_server, "parked/all/answer", answer) == 400
+
+
+def test_only_a_sidecar_registers_the_sessions_clients_stream(
+    restate_server: RestateServer, worker: HypercornWorker
+) -> None:
+    """A tool that floods the watched set with tags of its own (the set keeps the latest
+    10,000) would push out the real ones, and the workers would drop those sessions' live
+    events: a registration must be signed, fresh, and by this agent's secret."""
+    real = watch_tag(SECRET, "streamed")
+    now_ms = round(time.time() * 1000)
+    assert (
+        post(restate_server, "watchers/all/watch", watch_request(SECRET, [real], now_ms)).status
+        == 200
+    )
+
+    flood = [f"{n:032x}" for n in range(TAGS_PER_WATCH)]
+    for forged in (
+        flood,  # the unsigned list of tags of a sidecar before
+        {"tags": flood, "stamp": now_ms, "sig": "0" * 64},
+        watch_request(b"another agent's secret", flood, now_ms),
+        watch_request(SECRET, flood, now_ms - 3_600_000),  # a registration seen an hour ago
+    ):
+        for _ in range(MAX_WATCHED // TAGS_PER_WATCH + 1):
+            assert post(restate_server, "watchers/all/watch", forged).status in (400, 401)
+    raw = '{"tags": [], "stamp": 1e999, "sig": "x"}'
+    assert raw_post(restate_server, "watchers/all/watch", raw) == 400
+    kept = post(restate_server, "watchers/all/watched", [real, *flood[:3]]).json()
+    assert list(kept) == [real], kept

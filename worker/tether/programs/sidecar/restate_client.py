@@ -189,14 +189,14 @@ class RestateClient:
             raise Rejection(502, "restate_error", "the parked calls came back malformed")
         return [record for record in answer if isinstance(record, dict)]
 
-    async def watch(self, agent: str, tags: list[str]) -> None:
-        """Register a session a client streams, by its tags (`webhooks.watch_tag`), in
-        `{agent}-watchers/all`, so the workers send its live events
-        (`tether.programs.worker.live`). Answered once registered; best effort: a failure is
-        logged, and the client still gets the durable events."""
+    async def watch(self, agent: str, request: dict[str, Any]) -> None:
+        """Register the sessions clients stream, by their tags in a signed request
+        (`webhooks.watch_request`), in `{agent}-watchers/all`, so the workers send their live
+        events (`tether.programs.worker.live`). Answered once registered; best effort: a failure
+        is logged, and the clients still get the durable events."""
         path = f"/{restate_services(agent).watchers}/{WATCHERS_KEY}/watch"
         try:
-            body = json.dumps(tags).encode()
+            body = json.dumps(request).encode()
             status, raw = await self._post(path, body, JSON, "watch", limit=LIST_TIMEOUT)
         except Rejection:
             return  # logged: Restate did not answer

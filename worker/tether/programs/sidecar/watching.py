@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Sequence
 
-from ..webhooks import watch_tags
+from ..webhooks import watch_request, watch_tags
 from .restate_client import RestateClient
 
 WATCH_RENEW_SECONDS = 10.0
@@ -37,10 +38,14 @@ class Watching:
     def _tags(self, sessions: list[str]) -> list[str]:
         return [tag for session in sessions for tag in watch_tags(self.secrets, session)]
 
+    async def _register(self, tags: list[str]) -> None:
+        stamp = time.time_ns() // 1_000_000
+        await self.restate.watch(self.agent, watch_request(self.secrets[0], tags, stamp))
+
     async def start(self, session: str) -> None:
         """A stream of `session` opens: registered before this returns (best effort). Counted
         only once registered: a stream gone meanwhile (its `stop` never comes) leaves nothing."""
-        await self.restate.watch(self.agent, self._tags([session]))
+        await self._register(self._tags([session]))
         self._open[session] += 1
         if self._renewing is None or self._renewing.done():
             self._renewing = asyncio.get_running_loop().create_task(self._renew())
@@ -56,7 +61,7 @@ class Watching:
             await asyncio.sleep(WATCH_RENEW_SECONDS)
             tags = self._tags(list(self._open))
             for first in range(0, len(tags), TAGS_PER_CALL):
-                await self.restate.watch(self.agent, tags[first : first + TAGS_PER_CALL])
+                await self._register(tags[first : first + TAGS_PER_CALL])
 
     async def close(self) -> None:
         if self._renewing is not None:

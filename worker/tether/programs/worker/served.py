@@ -41,14 +41,14 @@ def shares_a_budget(spec: DurableAgentSpec) -> bool:
 
 def index_services(settings: WorkerSettings) -> list[restate.VirtualObject]:
     """`<agent>-parked`, `<agent>-live`, `<agent>-handoff`, `<agent>-pace`, `<agent>-schedule`
-    and `<agent>-spend` (checked with the webhook secrets), `<agent>-watchers`, `<agent>-inbox`,
+    `<agent>-spend` and `<agent>-watchers` (checked with the webhook secrets), `<agent>-inbox`,
     and `<agent>-budget` when the runs share a budget."""
     agent, secrets, spec = settings.agent_name, settings.webhook_secrets, settings.manifest.spec
     kept = spec.events or EventsSpec()
     served = [
         ParkedIndex(agent, secrets).object,
         live_object(agent, secrets, kept.live_batches),
-        watchers_object(agent),
+        watchers_object(agent, secrets),
         inbox_object(agent)[0],
         handoff_object(agent, secrets),
         pace_object(agent, secrets),
