@@ -29,6 +29,7 @@ from tests.restate.support import approval_manifest, wait_until
 from tether.programs.dev import DevStack, Process, wait_for
 from tether.programs.restate_server import free_port
 from tether.programs.webhooks import sign_request
+from tether.programs.worker.inbox import MAX_WAITING
 
 AGENT = "replicated"
 PROMPT = {"prompt": "write it"}
@@ -301,3 +302,25 @@ def test_a_restarted_replica_acts_on_nothing_it_did_before(replicas: Replicas) -
     assert [b["text"] for b in blocks(turns, "text") if b["text"] == text] == [text]
     [result] = blocks(turns, "tool_result")
     assert not result.get("is_error"), result  # the run went on with the one approval
+
+
+def test_a_message_the_inbox_refuses_is_answered_with_the_inboxs_reason(
+    replicas: Replicas,
+) -> None:
+    """A full inbox is the caller's to wait for (429), a text no run could store the caller's to
+    mend (400): each said as such, not as Restate's fault (502)."""
+    one, _ = replicas.urls
+    inbox = f"{replicas.stack.server.ingress_url}/{AGENT}-inbox/crowded/post"
+    for _ in range(MAX_WAITING - 1):
+        assert httpx2.post(inbox, json={"text": "hi"}, timeout=10).status_code == 200
+    last = replicas.send(one, replicas.sign("/v1/sessions/crowded/messages", {"text": "last"}))
+    assert last.status_code == 202 and last.json()["waiting"] == MAX_WAITING, last.text
+
+    full = replicas.send(one, replicas.sign("/v1/sessions/crowded/messages", {"text": "more"}))
+    assert full.status_code == 429, full.text
+    assert full.json()["outcome"] == "too_many"
+    assert f"holds {MAX_WAITING} messages" in full.json()["error"]
+
+    lone = replicas.sign("/v1/sessions/talk/messages", {"text": "hi \ud800"})
+    refused = replicas.send(one, lone)
+    assert refused.status_code == 400 and refused.json()["outcome"] == "bad_body", refused.text

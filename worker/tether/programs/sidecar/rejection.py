@@ -26,6 +26,7 @@ Outcome = Literal[
     "bad_token",
     "replayed",
     "too_large",
+    "too_many",
     "unsupported_media_type",
     "bad_id",
     "bad_body",

@@ -21,6 +21,7 @@ machines an aiohttp request costs a fraction of the CPU of an httpx2 one (measur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -33,7 +34,7 @@ from ...parked import INDEX_KEY
 from ...spec import WATCHERS_KEY, restate_services
 from ..renewable_session import NO_ANSWER, RenewableSession
 from ..restate_endpoints import Endpoints
-from .rejection import Rejection
+from .rejection import Outcome, Rejection
 
 log = logging.getLogger("tether.programs.sidecar")
 TIMEOUT = aiohttp.ClientTimeout(total=6.0, sock_connect=2.0)
@@ -53,6 +54,21 @@ def _key(text: str) -> str:
 
 class _Unhealthy(TetherError):
     """A node's ingress answered its health check with an error."""
+
+
+REFUSALS: dict[int, Outcome] = {400: "bad_body", 429: "too_many"}
+"""The statuses of the terminal errors with which a handler the sidecar calls refuses what the
+caller sent (a text no run could store; a session's inbox already full), passed on as they are:
+the caller's to mend, not Restate's fault."""
+
+
+def _message_of(answer: bytes) -> str:
+    """The message of a terminal error as Restate's ingress answers it (`{"message": ...}`)."""
+    with contextlib.suppress(ValueError, AttributeError):
+        message = json.loads(answer).get("message")
+        if isinstance(message, str):
+            return message[:300]
+    return "the request was refused"
 
 
 class RestateClient:
@@ -163,11 +179,14 @@ class RestateClient:
         return await self._send(target, body, idempotency_key, "claim of a delivery id")
 
     async def output(self, invocation_id: str) -> Any:
-        """The output of an invocation, once it has one (`GET .../restate/invocation/{id}/attach`);
-        a 502 `Rejection` if it failed."""
+        """The output of an invocation, once it has one (`GET .../restate/invocation/{id}/attach`).
+        If it failed: a `Rejection` of the same status and message when the handler refused
+        the caller's request (`REFUSALS`), else a 502."""
         path = f"/restate/invocation/{_key(invocation_id)}/attach"
         what = f"output of {invocation_id}"
         status, answer = await self._request("GET", path, what, headers={"accept": JSON})
+        if status in REFUSALS:
+            raise Rejection(status, REFUSALS[status], _message_of(answer))
         if status != 200:
             log.warning("%s: Restate answered HTTP %s: %s", what, status, answer[:300])
             raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")
