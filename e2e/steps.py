@@ -406,6 +406,13 @@ def approve(p: Platform, run: ClerkRun) -> None:
     results = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
     if len(results) != 1 or results[0].get("is_error"):
         raise StepFailed(f"expected exactly one successful tool result, got {results}")
+    # The shell's sandbox (Landlock, in the pod's kernel): the worker's port and process are
+    # out of the command's reach.
+    output = json.dumps(results[0]["content"])
+    refusals = ("shipped", "PermissionError: [Errno 13]", "kill: Operation not permitted")
+    if not all(refusal in output for refusal in refusals):
+        raise StepFailed(f"expected the shell's sandbox to refuse {refusals[1:]}: {output}")
+    p.report.fact("the shell's sandbox", "the worker's port and process refused to a command")
     if p.tether(CLERK, "resolve", run.awakeable, check=False):
         raise StepFailed("a second answer to the same call was accepted")
     p.await_metric(f'max(tether_parked_calls{{agent="{CLERK}"}})', 0)

@@ -7,7 +7,9 @@ import contextlib
 import os
 import resource
 import signal
+import socket
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -18,7 +20,8 @@ import pytest
 
 from tests.helpers import tool_context
 from tether.tools import ToolError
-from tether.tools.builtin import BUILTINS, Workspace
+from tether.tools.builtin import BUILTINS, Workspace, landlock
+from tether.tools.builtin.shell import SYSTEM_PATHS
 
 MiB = 1024 * 1024
 
@@ -74,6 +77,7 @@ async def test_shell_gets_none_of_the_worker_environment(
     assert "secret" not in result
     env = environment(result)
     env.pop("PWD", None)  # the shell's own
+    assert env.pop("TMPDIR").startswith(f"{tempfile.gettempdir()}/tether-shell-")  # the sandbox's
     assert env == {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(tmp_path),
@@ -106,6 +110,7 @@ async def test_shell_environment_comes_from_its_config(
     config = {"passEnv": ["GIT_TOKEN", "NOT_SET_ANYWHERE"], "env": {"LANG": "C", "MODE": "ci"}}
     env = environment(await run(config, tmp_path, "env"))
     env.pop("PWD", None)
+    env.pop("TMPDIR")
     assert env == {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(tmp_path),
@@ -125,6 +130,8 @@ async def test_shell_environment_comes_from_its_config(
         ({"maxOutputBytes": 100, "killAfterOutputBytes": 10}, "at least maxOutputBytes"),
         ({"limits": {"cpuSeconds": 0}}, "greater than 0"),
         ({"limits": {"wallSeconds": 1}}, "Extra inputs"),
+        ({"sandbox": {"readPaths": ["data"]}}, "not an absolute path"),
+        ({"sandbox": {"connectPorts": [0]}}, "greater than or equal to 1"),
     ],
 )
 def test_shell_config_is_checked(config: dict[str, Any], error: str, tmp_path: Path) -> None:
@@ -174,6 +181,7 @@ async def test_shell_limits_stop_runaway_commands(tmp_path: Path) -> None:
     config = {
         "timeoutSeconds": 30,
         "limits": {"cpuSeconds": 1, "memoryBytes": 256 * MiB, "fileSizeBytes": MiB},
+        "sandbox": {"readPaths": [*SYSTEM_PATHS, sys.prefix, sys.base_prefix]},  # this Python
     }
     started = time.monotonic()
     spin = await run(config, tmp_path, "while :; do :; done")
@@ -251,3 +259,71 @@ async def test_shell_does_not_read_the_worker_stdin(tmp_path: Path) -> None:
 async def test_shell_without_its_workspace_is_a_tool_error(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="cannot start the command"):
         await run({}, tmp_path / "missing", "true")
+
+
+# The sandbox (Landlock) ---------------------------------------------------------------------
+
+needs_landlock = pytest.mark.skipif(
+    landlock.abi_version() < 6, reason="the kernel's Landlock is older than ABI 6 (Linux 6.12)"
+)
+
+
+@needs_landlock
+async def test_a_sandboxed_command_reads_and_writes_its_workspace_and_tmpdir_only(
+    tmp_path: Path,
+) -> None:
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("the worker's")
+    planted = Path(
+        tempfile.gettempdir(), f"tether-planted-{os.getpid()}"
+    )  # where the worker's home is
+    script = (
+        "echo mine > note && cat note && echo tmp > $TMPDIR/t && cat $TMPDIR/t && "
+        f"ls /usr > /dev/null && echo system; cat {outside}/secret; echo x > {outside}/planted; "
+        f"echo y > {planted}"
+    )
+    output = await run({}, workspace, script)
+    assert output.splitlines()[1:4] == ["mine", "tmp", "system"], output
+    assert "the worker's" not in output and output.count("Permission denied") == 3, output
+    assert not any(path.exists() for path in (outside / "planted", planted))
+
+    unconfined = await run({"sandbox": {"enabled": False}}, workspace, f"cat {outside}/secret")
+    assert "the worker's" in unconfined  # what the sandbox took away
+
+
+@needs_landlock
+async def test_a_sandboxed_command_connects_only_to_its_ports(tmp_path: Path) -> None:
+    """Restate's ingress (8080), its admin API and the worker's port are not among the default
+    ports: a tool's command reaches none of them."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        connect = (
+            f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5)' "
+            "&& echo connected"
+        )
+        refused = await run({}, tmp_path, connect)
+        assert "connected" not in refused and "PermissionError" in refused, refused
+        allowed = await run({"sandbox": {"connectPorts": [port]}}, tmp_path, connect)
+        assert allowed.splitlines()[-1] == "connected", allowed
+        anywhere = await run({"sandbox": {"connectPorts": None}}, tmp_path, connect)
+        assert anywhere.splitlines()[-1] == "connected", anywhere
+
+
+@needs_landlock
+async def test_a_sandboxed_command_signals_only_its_own_processes(tmp_path: Path) -> None:
+    script = f"kill -0 {os.getpid()}; sleep 30 & kill $! && echo stopped its own"
+    output = await run({}, tmp_path, script)
+    assert "Operation not permitted" in output and "stopped its own" in output, output
+
+
+async def test_what_the_kernel_cannot_confine_is_logged_or_refused_when_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(landlock, "abi_version", lambda: 0)  # a kernel without Landlock
+    output = await run({}, tmp_path, "echo ran")
+    assert output == "exit code 0\nran\n"
+    assert "the sandbox cannot confine files, network and signals" in caplog.text
+    with pytest.raises(ToolError, match="the sandbox is required and this kernel cannot"):
+        await run({"sandbox": {"required": True}}, tmp_path, "echo ran")

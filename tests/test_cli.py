@@ -346,10 +346,12 @@ def without_capabilities() -> list[str]:
 
 def test_a_shell_command_cannot_read_the_secrets_of_tether_run(tmp_path: Path) -> None:
     """`tether run` holds the model keys (and whatever else its environment has): the agent's
-    `shell`, the same user, reads neither its `/proc/<pid>/environ` nor its memory."""
+    `shell`, the same user, reads neither its `/proc/<pid>/environ` nor its memory, even
+    without its sandbox (a kernel without Landlock; the probe is this Python, outside it)."""
     key, secret = secrets.token_hex(16), secrets.token_hex(16)
     probe = f"cat /proc/$PPID/environ; echo; {sys.executable} {PROC_PROBE} {os.getpid()}"
-    shell = {"name": "sh", "builtin": "shell", "config": {"maxOutputBytes": 4 * 1024 * 1024}}
+    config = {"maxOutputBytes": 4 * 1024 * 1024, "sandbox": {"enabled": False}}
+    shell = {"name": "sh", "builtin": "shell", "config": config}
     script = [{"tool_calls": [{"name": "sh", "input": {"command": probe}}]}, {"text": "done"}]
     spec = str(write_manifest(tmp_path, [shell], script))
     env = {"ANTHROPIC_API_KEY": key, "TETHER_WEBHOOK_SECRET": secret}
@@ -465,6 +467,10 @@ def test_tether_run_asks_the_fallback_model_when_the_first_fails(
     ]
 
 
+CRASHING_SHELL = {"name": "sh", "builtin": "shell", "config": {"sandbox": {"enabled": False}}}
+"""A shell that may kill `tether run` (the crash of these tests): its sandbox would refuse."""
+
+
 def test_tether_run_killed_mid_run_keeps_counting_the_answers_that_missed_its_output(
     tmp_path: Path,
 ) -> None:
@@ -474,7 +480,7 @@ def test_tether_run_killed_mid_run_keeps_counting_the_answers_that_missed_its_ou
         {"tool_calls": [{"name": "final_answer", "input": {"value": "42"}}]},  # the second
         {"tool_calls": [{"name": "final_answer", "input": {"value": 42}}]},
     ]
-    path = write_manifest(tmp_path, [{"name": "sh", "builtin": "shell"}], script)
+    path = write_manifest(tmp_path, [CRASHING_SHELL], script)
     document = yaml.safe_load(path.read_text())
     document["spec"]["output"] = {"schema": {"type": "integer"}, "retries": 1}
     path.write_text(yaml.safe_dump(document))
@@ -501,7 +507,7 @@ def test_tether_run_killed_inside_a_named_sub_agent_resumes_it_to_its_output(
             {"tool_calls": [{"name": "final_answer", "input": {"ok": True}}]},
         ],
     }
-    tools = [{"name": "sh", "builtin": "shell"}, {"name": "read", "builtin": "read_file"}]
+    tools = [CRASHING_SHELL, {"name": "read", "builtin": "read_file"}]
     path = write_manifest(tmp_path, tools, [])
     document = yaml.safe_load(path.read_text())
     document["spec"]["model"]["script"] = script

@@ -819,7 +819,12 @@ def test_a_shell_command_cannot_read_the_secrets_of_the_worker_processes(
     probe += f"{sys.executable} {PROC_PROBE} {os.getpid()}"
     script = [{"tool_calls": [{"name": "sh", "input": {"command": probe}}]}, {"text": "done"}]
     document = manifest(agent, script)
-    shell = {"maxOutputBytes": 4 * 1024 * 1024, "timeoutSeconds": 120}
+    # Without the sandbox (a kernel without Landlock; the probe is this Python, outside it).
+    shell = {
+        "maxOutputBytes": 4 * 1024 * 1024,
+        "timeoutSeconds": 120,
+        "sandbox": {"enabled": False},
+    }
     document["spec"]["tools"] = [{"name": "sh", "builtin": "shell", "config": shell}]
     # Same uid as the tests, no capabilities: what the worker's own user is in a pod.
     env = {"TETHER_WEBHOOK_SECRET": secret, "ANTHROPIC_API_KEY": key}

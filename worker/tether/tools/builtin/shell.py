@@ -25,15 +25,23 @@ What the command gets:
   grows the worker's memory; once it passes `killAfterOutputBytes` (64 MiB) the command is
   killed: that is a runaway, and reading it on only burns the worker's CPU until the timeout.
 
-What it does NOT confine: the command runs as the worker's user, in the worker's filesystem
-and network. It can read any file that user can read by absolute path (`cat /etc/passwd`, the
-worker's code, mounted files) and write wherever that user can write. That includes
-`/proc/<pid>/environ` of the worker's own processes, which hold the secrets this module keeps
-out of the command's environment, for as long as those processes are dumpable (the default).
-It can reach whatever the pod's network reaches (`curl`, `nc`), and a process that leaves the
-group (`setsid`) escapes the kill (not the CPU limit). The container is the boundary: a
-read-only root filesystem, a non-root user without capabilities, a NetworkPolicy on the pod's
-egress; gate the tool with `requireApproval` where that is not enough.
+- a Landlock sandbox (`config.sandbox`, `landlock`), on by default: the command and all it
+  starts read only the system's directories (`readPaths`) and the workspace, write only the
+  workspace and a temporary directory of their own (`TMPDIR`; not /tmp, where the worker keeps
+  its home and caches), connect over TCP only to `connectPorts` (53, 80 and 443: not Restate's
+  ingress, whose handlers take requests from anyone who reaches them, nor the admin API, nor
+  the worker's port), and neither signal nor reach over abstract Unix sockets any process but
+  their own (the worker included). What the kernel cannot enforce is logged once as the tool is
+  made (TCP rules need Linux 6.7, the scopes 6.12); `required: true` refuses to run a command
+  the kernel cannot confine as configured.
+
+What it does NOT confine: the command runs as the worker's user. Without the sandbox (or where
+the kernel has no Landlock) it can read any file that user can read by absolute path, write
+wherever that user can write and reach whatever the pod's network reaches. UDP is not confined
+(DNS works), nor are the system's directories' readable files. A process that leaves the group
+(`setsid`) escapes the kill (not the CPU limit or the sandbox). The container stays the
+boundary: a read-only root filesystem, a non-root user without capabilities, a NetworkPolicy on
+the pod's egress; gate the tool with `requireApproval` where that is not enough.
 """
 
 from __future__ import annotations
@@ -41,13 +49,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import math
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
+import tempfile
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -56,6 +69,9 @@ from pydantic.alias_generators import to_camel
 
 from ..base import ToolContext, ToolDef, ToolError
 from ..decorator import tool
+from .landlock import Ruleset
+
+log = logging.getLogger(__name__)
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -87,6 +103,44 @@ class ShellLimits(_Config):
     )
 
 
+SYSTEM_PATHS = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc",
+    "/sys", "/dev", "/run/systemd/resolve",
+]  # fmt: skip
+"""What a sandboxed command reads besides the workspace (those that exist)."""
+DEVICES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"]
+"""What a sandboxed command writes besides the workspace and its temporary directory."""
+
+
+class ShellSandbox(_Config):
+    """`config.sandbox` of the shell built-in: what a command may reach (Landlock)."""
+
+    enabled: bool = True
+    read_paths: list[str] = Field(
+        default_factory=lambda: list(SYSTEM_PATHS),
+        description="Readable paths besides the workspace (absolute).",
+    )
+    write_paths: list[str] = Field(
+        default_factory=list,
+        description="Writable paths besides the workspace and the command's TMPDIR (absolute).",
+    )
+    connect_ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(
+        default_factory=lambda: [53, 80, 443],
+        description="TCP ports a command may connect to; null: any.",
+    )
+    required: bool = Field(
+        default=False, description="Refuse to run a command the kernel cannot confine so."
+    )
+
+    @field_validator("read_paths", "write_paths")
+    @classmethod
+    def _absolute(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not os.path.isabs(path):
+                raise ValueError(f"{path!r} is not an absolute path")
+        return value
+
+
 class ShellConfig(_Config):
     """`config` of the shell built-in."""
 
@@ -102,6 +156,7 @@ class ShellConfig(_Config):
         default_factory=list, description="Worker environment variables passed through by name."
     )
     limits: ShellLimits = Field(default_factory=ShellLimits)
+    sandbox: ShellSandbox = Field(default_factory=ShellSandbox)
 
     @field_validator("env")
     @classmethod
@@ -190,12 +245,40 @@ def rlimits(settings: ShellConfig) -> list[tuple[int, tuple[int, int]]]:
     return result
 
 
-def _apply(limits: list[tuple[int, tuple[int, int]]]) -> None:
-    """Runs in the child between fork and exec (`preexec_fn`): only setrlimit calls on values
-    computed before the fork, no import, no lock, which is what makes `preexec_fn` safe enough
-    in a threaded worker."""
+@dataclass
+class Sandbox:
+    """A shell tool's Landlock ruleset and the temporary directory its commands write in."""
+
+    ruleset: Ruleset
+    tmpdir: str
+    required: bool
+
+    @classmethod
+    def of(cls, name: str, settings: ShellSandbox, workdir: str | Path) -> Sandbox:
+        tmpdir = tempfile.mkdtemp(prefix="tether-shell-")
+        writable = [workdir, tmpdir, *DEVICES, *settings.write_paths]
+        ruleset = Ruleset.build(
+            read=[Path(path) for path in settings.read_paths],
+            write=[Path(path) for path in writable],
+            connect_ports=settings.connect_ports,
+        )
+        for what in ruleset.unenforced:
+            log.warning("shell tool %s: the sandbox cannot confine %s", name, what)
+        sandbox = cls(ruleset, tmpdir, settings.required)
+        # Gone with the last tool that holds it: the ruleset's descriptor and the directory.
+        weakref.finalize(sandbox, ruleset.close)
+        weakref.finalize(sandbox, shutil.rmtree, tmpdir, ignore_errors=True)
+        return sandbox
+
+
+def _apply(limits: list[tuple[int, tuple[int, int]]], ruleset: Ruleset | None) -> None:
+    """Runs in the child between fork and exec (`preexec_fn`): only setrlimit calls and the
+    sandbox's two system calls, on values made before the fork, no import, no lock, which is
+    what makes `preexec_fn` safe enough in a threaded worker."""
     for kind, pair in limits:
         resource.setrlimit(kind, pair)
+    if ruleset is not None:
+        ruleset.restrict_self()
 
 
 class _Output(asyncio.Protocol):
@@ -240,22 +323,33 @@ def _exit_status(code: int) -> str:
 
 
 async def run_command(
-    command: str, settings: ShellConfig, workdir: str | Path, idempotency_key: str | None = None
+    command: str,
+    settings: ShellConfig,
+    workdir: str | Path,
+    idempotency_key: str | None = None,
+    sandbox: Sandbox | None = None,
 ) -> str:
     """Run `command` confined as the module docstring says; the text the model sees."""
     loop = asyncio.get_running_loop()
     limits = rlimits(settings)
+    env = child_env(settings, workdir, idempotency_key)
+    if sandbox is not None:
+        if sandbox.required and sandbox.ruleset.unenforced:
+            unenforced = "; ".join(sandbox.ruleset.unenforced)
+            raise ToolError(f"the sandbox is required and this kernel cannot confine {unenforced}")
+        env.setdefault("TMPDIR", sandbox.tmpdir)
+    ruleset = sandbox.ruleset if sandbox is not None else None
     read_fd, write_fd = os.pipe()  # our own pipe: we read it as it fills and close it at will
     try:
         process = await asyncio.create_subprocess_shell(
             command,
             cwd=workdir,
-            env=child_env(settings, workdir, idempotency_key),
+            env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=write_fd,
             stderr=write_fd,
             start_new_session=True,  # its own process group, so a kill reaches all of it
-            preexec_fn=functools.partial(_apply, limits),
+            preexec_fn=functools.partial(_apply, limits, ruleset),
         )
     except (OSError, subprocess.SubprocessError) as error:  # no such workspace, a bad limit
         os.close(read_fd)
@@ -301,6 +395,7 @@ async def run_command(
 
 def shell_tool(name: str, config: dict[str, Any], workdir: str | Path) -> ToolDef:
     settings = ShellConfig.model_validate(config)
+    sandbox = Sandbox.of(name, settings.sandbox, workdir) if settings.sandbox.enabled else None
 
     @tool(name=name)
     async def shell(
@@ -309,6 +404,6 @@ def shell_tool(name: str, config: dict[str, Any], workdir: str | Path) -> ToolDe
     ) -> str:
         """Run a shell command in the workspace; returns its exit code and combined output."""
         key = ctx.idempotency_key if ctx is not None else None
-        return await run_command(command, settings, workdir, key)
+        return await run_command(command, settings, workdir, key, sandbox)
 
     return shell
