@@ -268,47 +268,81 @@ needs_landlock = pytest.mark.skipif(
 )
 
 
+@pytest.fixture
+def shm() -> Iterator[Path]:
+    """A file of the user's in /dev/shm: not the rest of /dev either."""
+    path = Path("/dev/shm", f"tether-secret-{os.getpid()}")
+    path.write_text("the user's")
+    yield path
+    path.unlink()
+
+
 @needs_landlock
 async def test_a_sandboxed_command_reads_and_writes_its_workspace_and_tmpdir_only(
-    tmp_path: Path,
+    tmp_path: Path, shm: Path
 ) -> None:
     workspace, outside = tmp_path / "ws", tmp_path / "outside"
     workspace.mkdir()
     outside.mkdir()
     (outside / "secret").write_text("the worker's")
-    planted = Path(
-        tempfile.gettempdir(), f"tether-planted-{os.getpid()}"
-    )  # where the worker's home is
+    planted = Path(tempfile.gettempdir(), f"tether-planted-{os.getpid()}")  # the worker's home
     script = (
         "echo mine > note && cat note && echo tmp > $TMPDIR/t && cat $TMPDIR/t && "
         f"ls /usr > /dev/null && echo system; cat {outside}/secret; echo x > {outside}/planted; "
-        f"echo y > {planted}"
+        f"echo y > {planted}; cat {shm}"
     )
     output = await run({}, workspace, script)
     assert output.splitlines()[1:4] == ["mine", "tmp", "system"], output
-    assert "the worker's" not in output and output.count("Permission denied") == 3, output
+    assert "the worker's" not in output and "the user's" not in output, output
+    assert output.count("Permission denied") == 4, output
     assert not any(path.exists() for path in (outside / "planted", planted))
 
     unconfined = await run({"sandbox": {"enabled": False}}, workspace, f"cat {outside}/secret")
     assert "the worker's" in unconfined  # what the sandbox took away
 
 
+CONNECT = """python3 - <<'PY'
+import socket
+for name, family, protocol, address in [
+    ("tcp", socket.AF_INET, 0, ("127.0.0.1", {port})),
+    ("tcp6", socket.AF_INET6, 0, ("::1", {port})),
+    ("mptcp", socket.AF_INET, 262, ("127.0.0.1", {port})),  # Multipath TCP: not Landlock's
+    ("unix", socket.AF_UNIX, 0, "{path}"),
+]:
+    try:
+        socket.socket(family, socket.SOCK_STREAM, protocol).connect(address)
+        print(name, "connected")
+    except OSError as error:
+        print(name, type(error).__name__)
+PY"""
+
+
 @needs_landlock
 async def test_a_sandboxed_command_connects_only_to_its_ports(tmp_path: Path) -> None:
     """Restate's ingress (8080), its admin API and the worker's port are not among the default
-    ports: a tool's command reaches none of them."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
+    ports: a tool's command reaches none of them, over TCP, TCP over IPv6 or Multipath TCP
+    (which Landlock's rules leave out: a seccomp filter refuses its sockets), nor a Unix
+    socket (docker.sock, the desktop's D-Bus: Landlock cannot tell them apart)."""
+    with (
+        socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True) as server,
+        socket.socket(socket.AF_UNIX) as unix,
+    ):
+        unix.bind(str(tmp_path / "agent.sock"))
+        unix.listen()
         port = server.getsockname()[1]
-        connect = (
-            f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 5)' "
-            "&& echo connected"
-        )
-        refused = await run({}, tmp_path, connect)
-        assert "connected" not in refused and "PermissionError" in refused, refused
-        allowed = await run({"sandbox": {"connectPorts": [port]}}, tmp_path, connect)
-        assert allowed.splitlines()[-1] == "connected", allowed
-        anywhere = await run({"sandbox": {"connectPorts": None}}, tmp_path, connect)
-        assert anywhere.splitlines()[-1] == "connected", anywhere
+        script = CONNECT.format(port=port, path=tmp_path / "agent.sock")
+
+        async def outcomes(config: dict[str, Any]) -> dict[str, str]:
+            output = await run(config, tmp_path, script)
+            return dict(line.split(" ", 1) for line in output.splitlines()[1:])
+
+        refused = dict.fromkeys(["tcp", "tcp6", "mptcp", "unix"], "PermissionError")
+        assert await outcomes({}) == refused
+        allowed = {"connectPorts": [port], "unixSockets": True}
+        # Multipath TCP stays refused: Landlock cannot tell its ports.
+        connected = dict.fromkeys(refused, "connected")
+        assert await outcomes({"sandbox": allowed}) == {**connected, "mptcp": "PermissionError"}
+        assert await outcomes({"sandbox": {"enabled": False}}) == connected  # what it took
 
 
 @needs_landlock
@@ -327,3 +361,13 @@ async def test_what_the_kernel_cannot_confine_is_logged_or_refused_when_required
     assert "the sandbox cannot confine files, network and signals" in caplog.text
     with pytest.raises(ToolError, match="the sandbox is required and this kernel cannot"):
         await run({"sandbox": {"required": True}}, tmp_path, "echo ran")
+
+
+@needs_landlock
+async def test_a_closed_ruleset_refuses_to_start_a_command_rather_than_run_it_unconfined(
+    tmp_path: Path,
+) -> None:
+    ruleset = landlock.Ruleset.build([Path("/usr")], [tmp_path], [443])
+    ruleset.close()
+    with pytest.raises(OSError, match="the ruleset was closed"):
+        ruleset.restrict_self()

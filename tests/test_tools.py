@@ -103,3 +103,40 @@ async def test_file_tools_stay_inside_the_workspace(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("/etc")
     with pytest.raises(ToolError, match="outside the workspace"):
         await read.execute({"path": "link/passwd"}, ctx)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("openat2", [True, False], ids=["openat2", "without openat2"])
+async def test_a_file_swapped_for_a_symlink_after_its_check_is_not_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, openat2: bool
+) -> None:
+    """A command of the agent's can swap a file the tool just checked for a symlink out (to
+    `/proc/self/environ`: the worker's own secrets) before the tool opens it: the open itself
+    refuses, whatever the check said. The race is won here for the attacker by skipping the
+    check (`Workspace.resolve`), as a swap between the two would."""
+    from tether.tools.builtin import file_tools, files
+
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("the worker's")
+    (workspace / "swapped").symlink_to(outside / "secret")
+    (workspace / "dir").symlink_to(outside)
+    (workspace / "kept").write_text("ok")
+    (workspace / "alias").symlink_to("kept")  # a symlink that stays inside is followed
+    monkeypatch.setattr(files.Workspace, "resolve", lambda self, relative: self.root / relative)
+    if not openat2:
+        monkeypatch.setattr(files, "_OPENAT2", -1)  # an unknown call: ENOSYS, the fallback
+    read, write, append, _ = file_tools(workspace)
+    for file_tool, arguments in [
+        (read, {"path": "swapped"}),
+        (read, {"path": "dir/secret"}),
+        (write, {"path": "swapped", "content": "x"}),
+        (append, {"path": "dir/planted", "content": "x"}),
+        (write, {"path": "dir/new/planted", "content": "x"}),
+    ]:
+        with pytest.raises(ToolError, match=r"outside the workspace|is a symlink"):
+            await file_tool.execute(arguments, None)  # type: ignore[arg-type]
+    assert (outside / "secret").read_text() == "the worker's"
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    if openat2:  # else the last part is never followed
+        assert await read.execute({"path": "alias"}, None) == "ok"  # type: ignore[arg-type]

@@ -41,3 +41,9 @@ class Window:
         """Where what was spent in this window is counted: all of the agent's calls (None), or
         those of one model (`provider/name`)."""
         return self.id if model is None else f"{self.id} {model}"
+
+    @staticmethod
+    def split_key(key: str) -> tuple[str, str | None]:
+        """The window's id and the model (None: all of the agent's calls) of a `key`."""
+        window, _, model = key.partition(" ")
+        return window, model or None

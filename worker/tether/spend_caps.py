@@ -217,10 +217,11 @@ class SpendWindows:
         shown = []
         for per in PERIODS:
             window = Window.of(per, now)
+            keys = {key: Window.split_key(key) for key in self.spent}
             models = {
-                key.split(" ", 1)[1]: spent.to_json()
-                for key, spent in self.spent.items()
-                if key.startswith(f"{window.id} ")
+                model: self.spent[key].to_json()
+                for key, (of, model) in keys.items()
+                if of == window.id and model is not None
             }
             shown.append(
                 {
@@ -252,7 +253,7 @@ class SpendWindows:
         current = {Window.of(per, now).id for per in PERIODS}
         current |= {Window.of(per, h.at).id for h in self.held.values() for per in PERIODS}
         # A model's count (`day:2026-12-06 openai/gpt-5`) goes with its window's.
-        self.spent = {k: v for k, v in self.spent.items() if k.split(" ", 1)[0] in current}
+        self.spent = {k: v for k, v in self.spent.items() if Window.split_key(k)[0] in current}
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,7 +1,20 @@
-"""File tools confined to a workspace directory."""
+"""File tools confined to a workspace directory.
+
+Each file is opened beneath the workspace in one system call (`openat2` with
+`RESOLVE_BENEATH`, Linux 5.6+): a path that leaves it, by `..` or by a symlink, is refused by
+the kernel as it resolves it. A check of the path before opening it (`Path.resolve`) is not
+enough: a command of the agent's may swap a checked file for a symlink to `/proc/self/environ`
+(the worker's own secrets) between the check and the open. Without `openat2` (an older kernel, a
+seccomp profile that refuses it) the parent directory is opened and checked through its
+descriptor, and the file opened in it without following a symlink.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import os
+import stat
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +25,14 @@ from ..decorator import tool
 
 MAX_READ_BYTES = 256 * 1024
 RelativePath = Annotated[str, Field(description="Path relative to the workspace.")]
+
+_OPENAT2 = 437  # the same on every architecture
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
 class Workspace:
@@ -27,27 +48,96 @@ class Workspace:
             raise ToolError(f"{relative!r} is outside the workspace")
         return target
 
+    def open(self, relative: str, flags: int, mode: int = 0o644) -> int:
+        """A descriptor of `relative`, opened beneath the workspace (the module says how)."""
+        self.resolve(relative)  # the plain refusals first, with their message
+        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return self._beneath(root, relative, flags | os.O_CLOEXEC, mode)
+        finally:
+            os.close(root)
+
+    def makedirs(self, relative: str) -> None:
+        """Make the directories of `relative` that are missing, each beneath the workspace."""
+        parts = Path(relative).parts
+        for depth in range(1, len(parts) + 1):
+            try:
+                os.close(self.open(os.path.join(*parts[:depth]), os.O_PATH | os.O_DIRECTORY))
+            except FileNotFoundError:
+                parent = self.open(os.path.join(".", *parts[: depth - 1]), os.O_PATH)
+                try:
+                    os.mkdir(parts[depth - 1], dir_fd=parent)
+                finally:
+                    os.close(parent)
+
+    def _beneath(self, root: int, relative: str, flags: int, mode: int) -> int:
+        how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE_BENEATH)
+        how.resolve |= _RESOLVE_NO_MAGICLINKS
+        path = relative.encode()
+        fd = _libc.syscall(
+            ctypes.c_long(_OPENAT2), root, path, ctypes.byref(how), ctypes.sizeof(how)
+        )
+        if fd >= 0:
+            return int(fd)
+        error = ctypes.get_errno()
+        if error == errno.EXDEV or error == errno.ELOOP:
+            raise ToolError(f"{relative!r} is outside the workspace")
+        if error not in (errno.ENOSYS, errno.EPERM):
+            raise OSError(error, os.strerror(error), relative)
+        # No openat2: the parent directory, checked through its descriptor, then the name in
+        # it without following a symlink.
+        head, name = os.path.split(relative)
+        parent = os.open(head or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
+        try:
+            opened = Path(os.readlink(f"/proc/self/fd/{parent}"))
+            if opened != self.root and self.root not in opened.parents:
+                raise ToolError(f"{relative!r} is outside the workspace")
+            try:
+                return os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=parent)
+            except OSError as error:  # ELOOP, or ENOTDIR with O_DIRECTORY: a symlink?
+                if error.errno not in (errno.ELOOP, errno.ENOTDIR) or not os.path.islink(
+                    os.path.join(f"/proc/self/fd/{parent}", name)
+                ):
+                    raise
+                raise ToolError(f"{relative!r} is a symlink (followed with openat2 only)") from None
+        finally:
+            os.close(parent)
+
 
 def read_file_tool(workspace: Workspace, name: str = "read_file") -> ToolDef:
     @tool(name=name, replay="safe", concurrency_safe=True)
     async def read_file(path: RelativePath) -> str:
         """Read a text file from the workspace."""
-        target = workspace.resolve(path)
-        if not target.is_file():
-            raise ToolError(f"no such file: {path}")
-        data = target.read_bytes()[:MAX_READ_BYTES]
-        return data.decode(errors="replace")
+        return _read(workspace, path).decode(errors="replace")
 
     return read_file
+
+
+def _read(workspace: Workspace, path: str) -> bytes:
+    try:
+        fd = workspace.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO does not block
+    except FileNotFoundError:
+        raise ToolError(f"no such file: {path}") from None
+    with open(fd, "rb", closefd=True) as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ToolError(f"no such file: {path}")
+        return file.read(MAX_READ_BYTES)
+
+
+def _write(workspace: Workspace, path: str, content: str, flags: int) -> None:
+    workspace.makedirs(str(Path(path).parent))
+    fd = workspace.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | flags)
+    with open(fd, "w", closefd=True) as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ToolError(f"{path!r} is not a regular file")
+        file.write(content)
 
 
 def write_file_tool(workspace: Workspace, name: str = "write_file") -> ToolDef:
     @tool(name=name)
     async def write_file(path: RelativePath, content: str) -> str:
         """Create or replace a text file in the workspace."""
-        target = workspace.resolve(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+        _write(workspace, path, content, os.O_TRUNC)
         return f"wrote {len(content.encode())} bytes to {path}"
 
     return write_file
@@ -57,10 +147,7 @@ def append_file_tool(workspace: Workspace, name: str = "append_file") -> ToolDef
     @tool(name=name)
     async def append_file(path: RelativePath, content: str) -> str:
         """Append text to a file in the workspace (created if missing)."""
-        target = workspace.resolve(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("a") as f:
-            f.write(content)
+        _write(workspace, path, content, os.O_APPEND)
         return f"appended {len(content.encode())} bytes to {path}"
 
     return append_file

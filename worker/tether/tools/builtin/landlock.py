@@ -12,6 +12,7 @@ rules need ABI 4 (Linux 6.7), the scopes ABI 6 (Linux 6.12).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -85,6 +86,7 @@ class Ruleset:
     abi: int
     unenforced: list[str] = field(default_factory=list)
     """What was asked and this kernel cannot enforce, in words for a log."""
+    closed: bool = False
 
     @classmethod
     def build(
@@ -148,7 +150,9 @@ class Ruleset:
     def restrict_self(self) -> None:
         """Confine the calling process and what it starts (in a child between fork and exec):
         no import, no allocation beyond the calls' integers."""
-        if self.fd < 0:
+        if self.closed:
+            raise OSError(errno.EBADF, "landlock: the ruleset was closed")
+        if self.fd < 0:  # no Landlock: `unenforced` says so
             return
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0:
             raise OSError(ctypes.get_errno(), "landlock: no_new_privs")
@@ -159,3 +163,4 @@ class Ruleset:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self.closed = True

@@ -30,10 +30,11 @@ What the command gets:
   workspace and a temporary directory of their own (`TMPDIR`; not /tmp, where the worker keeps
   its home and caches), connect over TCP only to `connectPorts` (53, 80 and 443: not Restate's
   ingress, whose handlers take requests from anyone who reaches them, nor the admin API, nor
-  the worker's port), and neither signal nor reach over abstract Unix sockets any process but
-  their own (the worker included). What the kernel cannot enforce is logged once as the tool is
-  made (TCP rules need Linux 6.7, the scopes 6.12); `required: true` refuses to run a command
-  the kernel cannot confine as configured.
+  the worker's port), open no Unix, Multipath TCP or SCTP socket (`seccomp`), and neither
+  signal nor reach over abstract Unix sockets any process but their own (the worker
+  included). What the kernel cannot enforce is logged once as the tool is made (TCP rules need
+  Linux 6.7, the scopes 6.12); `required: true` refuses to run a command the kernel cannot
+  confine as configured.
 
 What it does NOT confine: the command runs as the worker's user. Without the sandbox (or where
 the kernel has no Landlock) it can read any file that user can read by absolute path, write
@@ -70,6 +71,7 @@ from pydantic.alias_generators import to_camel
 from ..base import ToolContext, ToolDef, ToolError
 from ..decorator import tool
 from .landlock import Ruleset
+from .seccomp import SocketFilter
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +107,10 @@ class ShellLimits(_Config):
 
 SYSTEM_PATHS = [
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc",
-    "/sys", "/dev", "/run/systemd/resolve",
+    "/sys", "/dev/random", "/dev/urandom", "/run/systemd/resolve",
 ]  # fmt: skip
-"""What a sandboxed command reads besides the workspace (those that exist)."""
+"""What a sandboxed command reads besides the workspace (those that exist); not the rest of
+/dev (/dev/shm, the user's terminals)."""
 DEVICES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"]
 """What a sandboxed command writes besides the workspace and its temporary directory."""
 
@@ -127,6 +130,11 @@ class ShellSandbox(_Config):
     connect_ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(
         default_factory=lambda: [53, 80, 443],
         description="TCP ports a command may connect to; null: any.",
+    )
+    unix_sockets: bool = Field(
+        default=False,
+        description="Let commands open Unix sockets (docker.sock, D-Bus, ssh-agent); "
+        "socketpair always works.",
     )
     required: bool = Field(
         default=False, description="Refuse to run a command the kernel cannot confine so."
@@ -247,9 +255,11 @@ def rlimits(settings: ShellConfig) -> list[tuple[int, tuple[int, int]]]:
 
 @dataclass
 class Sandbox:
-    """A shell tool's Landlock ruleset and the temporary directory its commands write in."""
+    """A shell tool's Landlock ruleset, its socket filter, and the temporary directory its
+    commands write in."""
 
     ruleset: Ruleset
+    sockets: SocketFilter
     tmpdir: str
     required: bool
 
@@ -262,23 +272,27 @@ class Sandbox:
             write=[Path(path) for path in writable],
             connect_ports=settings.connect_ports,
         )
+        sockets = SocketFilter.build(settings.unix_sockets)
+        if sockets.program is None:
+            ruleset.unenforced.append(f"Multipath TCP, SCTP and Unix sockets on {sockets.machine}")
         for what in ruleset.unenforced:
             log.warning("shell tool %s: the sandbox cannot confine %s", name, what)
-        sandbox = cls(ruleset, tmpdir, settings.required)
+        sandbox = cls(ruleset, sockets, tmpdir, settings.required)
         # Gone with the last tool that holds it: the ruleset's descriptor and the directory.
         weakref.finalize(sandbox, ruleset.close)
         weakref.finalize(sandbox, shutil.rmtree, tmpdir, ignore_errors=True)
         return sandbox
 
 
-def _apply(limits: list[tuple[int, tuple[int, int]]], ruleset: Ruleset | None) -> None:
+def _apply(limits: list[tuple[int, tuple[int, int]]], sandbox: Sandbox | None) -> None:
     """Runs in the child between fork and exec (`preexec_fn`): only setrlimit calls and the
-    sandbox's two system calls, on values made before the fork, no import, no lock, which is
+    sandbox's few system calls, on values made before the fork, no import, no lock, which is
     what makes `preexec_fn` safe enough in a threaded worker."""
     for kind, pair in limits:
         resource.setrlimit(kind, pair)
-    if ruleset is not None:
-        ruleset.restrict_self()
+    if sandbox is not None:
+        sandbox.ruleset.restrict_self()
+        sandbox.sockets.install()
 
 
 class _Output(asyncio.Protocol):
@@ -338,7 +352,6 @@ async def run_command(
             unenforced = "; ".join(sandbox.ruleset.unenforced)
             raise ToolError(f"the sandbox is required and this kernel cannot confine {unenforced}")
         env.setdefault("TMPDIR", sandbox.tmpdir)
-    ruleset = sandbox.ruleset if sandbox is not None else None
     read_fd, write_fd = os.pipe()  # our own pipe: we read it as it fills and close it at will
     try:
         process = await asyncio.create_subprocess_shell(
@@ -349,7 +362,7 @@ async def run_command(
             stdout=write_fd,
             stderr=write_fd,
             start_new_session=True,  # its own process group, so a kill reaches all of it
-            preexec_fn=functools.partial(_apply, limits, ruleset),
+            preexec_fn=functools.partial(_apply, limits, sandbox),
         )
     except (OSError, subprocess.SubprocessError) as error:  # no such workspace, a bad limit
         os.close(read_fd)
