@@ -125,6 +125,7 @@ def _read(workspace: Workspace, path: str) -> bytes:
 
 
 def _write(workspace: Workspace, path: str, content: str, flags: int) -> None:
+    workspace.resolve(path)  # refused by the path the model gave, not by a part of it
     workspace.makedirs(str(Path(path).parent))
     fd = workspace.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | flags)
     with open(fd, "w", closefd=True) as file:
