@@ -371,3 +371,42 @@ async def test_a_closed_ruleset_refuses_to_start_a_command_rather_than_run_it_un
     ruleset.close()
     with pytest.raises(OSError, match="the ruleset was closed"):
         ruleset.restrict_self()
+
+
+SOCKETS = """python3 - <<'PY'
+import socket
+for name, make in [
+    ("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)),
+    ("stream pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)),
+    ("datagram pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)),
+    ("unix", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)),
+    ("vsock", lambda: socket.socket(40, socket.SOCK_STREAM)),
+    ("smc", lambda: socket.socket(43, socket.SOCK_STREAM)),
+    ("smc over inet", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 256)),
+    ("sctp by its type", lambda: socket.socket(socket.AF_INET, socket.SOCK_SEQPACKET)),
+]:
+    try:
+        make()
+        print(name, "made", sep=":")
+    except OSError as error:
+        print(name, "refused" if error.errno == 13 else "unsupported", sep=":")
+PY"""
+
+
+async def test_the_sockets_landlock_does_not_see_are_refused_and_a_stream_pair_is_not(
+    tmp_path: Path,
+) -> None:
+    """A datagram socketpair connects to any socket's path (journald, /dev/log); vsock reaches
+    the hypervisor's host; SMC and SCTP carry connections Landlock's port rules never see."""
+    output = await run({}, tmp_path, SOCKETS)
+    made = dict(line.split(":") for line in output.splitlines()[1:])
+    assert made == {
+        "udp": "made",
+        "stream pair": "made",
+        **dict.fromkeys(
+            ["datagram pair", "unix", "vsock", "smc", "smc over inet", "sctp by its type"],
+            "refused",
+        ),
+    }, output
+    allowed = await run({"sandbox": {"unixSockets": True}}, tmp_path, SOCKETS)
+    assert "datagram pair:made" in allowed and "unix:made" in allowed, allowed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -140,3 +141,47 @@ async def test_a_file_swapped_for_a_symlink_after_its_check_is_not_opened(
     assert sorted(p.name for p in outside.iterdir()) == ["secret"]
     if openat2:  # else the last part is never followed
         assert await read.execute({"path": "alias"}, None) == "ok"  # type: ignore[arg-type]
+
+
+async def test_the_file_tools_refuse_odd_paths_plainly_and_hold_no_descriptor(
+    tmp_path: Path,
+) -> None:
+    """Each a tool error naming the path the model gave, never the workspace's; a refused read
+    keeps no descriptor open (a model repeating one must not exhaust the worker's)."""
+    from tether.tools.builtin import file_tools
+
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    workspace.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_text("x")
+    (workspace / "d").mkdir()
+    (workspace / "loop").symlink_to("loop")
+    (workspace / "out").symlink_to(outside)
+    os.mkfifo(workspace / "fifo")
+    read, write, _, listing = file_tools(workspace)
+    refusals = [
+        (read, "d", "is not a regular file"),
+        (read, ".", "is not a regular file"),
+        (read, "fifo", "is not a regular file"),
+        (read, "a\0b", "is not a path"),
+        (read, "loop", "a symlink loop"),
+        (write, "d", "Is a directory"),
+        (write, "fifo", "No such device or address"),  # no reader: refused, not blocked
+        (write, "a/" * 600 + "x", "longer than 1024 characters"),
+        (listing, "out", "outside the workspace"),
+        (listing, "nothing", "no such directory"),
+    ]
+    descriptors = len(os.listdir("/proc/self/fd"))
+    for tool_def, path, refusal in refusals:
+        arguments = {"path": path} | ({"content": "x"} if tool_def is write else {})
+        with pytest.raises(ToolError, match=refusal) as refused:
+            await tool_def.execute(arguments, None)  # type: ignore[arg-type]
+        assert str(workspace) not in str(refused.value)
+    for _ in range(50):
+        with pytest.raises(ToolError):
+            await read.execute({"path": "d"}, None)  # type: ignore[arg-type]
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+    assert not (workspace / "a").exists()
+    # The regular files; a symlink out is never walked through.
+    (workspace / "d" / "kept.txt").write_text("x")
+    assert await listing.execute({}, None) == "d/kept.txt"  # type: ignore[arg-type]

@@ -11,10 +11,12 @@ descriptor, and the file opened in it without following a symlink.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -24,6 +26,7 @@ from ..base import ToolDef, ToolError
 from ..decorator import tool
 
 MAX_READ_BYTES = 256 * 1024
+MAX_PATH_CHARS = 1024
 RelativePath = Annotated[str, Field(description="Path relative to the workspace.")]
 
 _OPENAT2 = 437  # the same on every architecture
@@ -43,7 +46,10 @@ class Workspace:
         self.root = Path(root).resolve()
 
     def resolve(self, relative: str) -> Path:
-        target = (self.root / relative).resolve()
+        if len(relative) > MAX_PATH_CHARS:
+            raise ToolError(f"the path is longer than {MAX_PATH_CHARS} characters")
+        with plainly(relative):
+            target = (self.root / relative).resolve()
         if target != self.root and self.root not in target.parents:
             raise ToolError(f"{relative!r} is outside the workspace")
         return target
@@ -73,7 +79,7 @@ class Workspace:
     def _beneath(self, root: int, relative: str, flags: int, mode: int) -> int:
         how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE_BENEATH)
         how.resolve |= _RESOLVE_NO_MAGICLINKS
-        path = relative.encode()
+        path = os.fsencode(relative)
         fd = _libc.syscall(
             ctypes.c_long(_OPENAT2), root, path, ctypes.byref(how), ctypes.sizeof(how)
         )
@@ -85,7 +91,9 @@ class Workspace:
         if error not in (errno.ENOSYS, errno.EPERM):
             raise OSError(error, os.strerror(error), relative)
         # No openat2: the parent directory, checked through its descriptor, then the name in
-        # it without following a symlink.
+        # it without following a symlink (nor `..`, which would leave the checked directory).
+        if ".." in Path(relative).parts:
+            raise ToolError(f"{relative!r} goes through `..` (taken with openat2 only)")
         head, name = os.path.split(relative)
         parent = os.open(head or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
         try:
@@ -104,6 +112,31 @@ class Workspace:
             os.close(parent)
 
 
+@contextlib.contextmanager
+def plainly(path: str) -> Iterator[None]:
+    """What the system said of `path` as a tool error naming the path the model gave (never
+    the workspace's own)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise ToolError(f"no such file: {path}") from None
+    except OSError as error:
+        raise ToolError(f"{path!r}: {os.strerror(error.errno or 0)}") from None
+    except RuntimeError:  # `Path.resolve` on a symlink loop (it names the absolute path)
+        raise ToolError(f"{path!r}: a symlink loop") from None
+    except ValueError as error:  # a NUL byte, a lone surrogate
+        raise ToolError(f"{path!r} is not a path: {str(error)[:100]}") from None
+
+
+def _regular(fd: int, path: str) -> int:
+    """`fd` if it is a regular file's, else closed and refused (a directory, a FIFO, a
+    device, a socket)."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ToolError(f"{path!r} is not a regular file")
+    return fd
+
+
 def read_file_tool(workspace: Workspace, name: str = "read_file") -> ToolDef:
     @tool(name=name, replay="safe", concurrency_safe=True)
     async def read_file(path: RelativePath) -> str:
@@ -114,24 +147,19 @@ def read_file_tool(workspace: Workspace, name: str = "read_file") -> ToolDef:
 
 
 def _read(workspace: Workspace, path: str) -> bytes:
-    try:
+    with plainly(path):
         fd = workspace.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO does not block
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {path}") from None
-    with open(fd, "rb", closefd=True) as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ToolError(f"no such file: {path}")
-        return file.read(MAX_READ_BYTES)
+        with open(_regular(fd, path), "rb") as file:
+            return file.read(MAX_READ_BYTES)
 
 
 def _write(workspace: Workspace, path: str, content: str, flags: int) -> None:
     workspace.resolve(path)  # refused by the path the model gave, not by a part of it
-    workspace.makedirs(str(Path(path).parent))
-    fd = workspace.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | flags)
-    with open(fd, "w", closefd=True) as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ToolError(f"{path!r} is not a regular file")
-        file.write(content)
+    with plainly(path):
+        workspace.makedirs(str(Path(path).parent))
+        fd = workspace.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | flags)
+        with open(_regular(fd, path), "w") as file:
+            file.write(content)
 
 
 def write_file_tool(workspace: Workspace, name: str = "write_file") -> ToolDef:
@@ -158,11 +186,36 @@ def list_files_tool(workspace: Workspace, name: str = "list_files") -> ToolDef:
     @tool(name=name, replay="safe", concurrency_safe=True)
     async def list_files(path: RelativePath = ".") -> str:
         """List the files under a workspace directory (hidden files and folders left out)."""
-        base = workspace.resolve(path)
-        if not base.is_dir():
-            raise ToolError(f"no such directory: {path}")
-        relative = (p.relative_to(workspace.root) for p in base.rglob("*") if p.is_file())
-        files = sorted(str(r) for r in relative if not any(x.startswith(".") for x in r.parts))
-        return "\n".join(files) or "(empty)"
+        return "\n".join(_listed(workspace, path)) or "(empty)"
 
     return list_files
+
+
+def _is_file(name: str, directory: int) -> bool:
+    with contextlib.suppress(OSError):
+        return stat.S_ISREG(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+    return False
+
+
+def _listed(workspace: Workspace, path: str) -> list[str]:
+    """The regular files under `path`, walked from a descriptor opened beneath the workspace, never
+    through a symlink (one swapped in for a directory mid-walk included)."""
+    with plainly(path):
+        try:
+            fd = workspace.open(path, os.O_PATH | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ToolError(f"no such directory: {path}") from None
+    try:
+        with plainly(path):
+            where = Path(os.readlink(f"/proc/self/fd/{fd}")).relative_to(workspace.root)
+            found = []
+            for top, dirs, files, top_fd in os.fwalk(".", dir_fd=fd):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                found += [
+                    os.path.normpath(where / top / f)
+                    for f in files
+                    if not f.startswith(".") and _is_file(f, top_fd)
+                ]
+            return sorted(found)
+    finally:
+        os.close(fd)

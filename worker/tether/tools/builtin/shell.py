@@ -30,8 +30,8 @@ What the command gets:
   workspace and a temporary directory of their own (`TMPDIR`; not /tmp, where the worker keeps
   its home and caches), connect over TCP only to `connectPorts` (53, 80 and 443: not Restate's
   ingress, whose handlers take requests from anyone who reaches them, nor the admin API, nor
-  the worker's port), open no Unix, Multipath TCP or SCTP socket (`seccomp`), and neither
-  signal nor reach over abstract Unix sockets any process but their own (the worker
+  the worker's port), open no Unix, vsock, Multipath TCP, SCTP or SMC socket (`seccomp`), and
+  neither signal nor reach over abstract Unix sockets any process but their own (the worker
   included). What the kernel cannot enforce is logged once as the tool is made (TCP rules need
   Linux 6.7, the scopes 6.12); `required: true` refuses to run a command the kernel cannot
   confine as configured.
