@@ -139,7 +139,7 @@ def watch(agent: AgentHarness, session: str) -> None:
     worker sends the live events (the `model_started` timed here) of watched sessions only."""
     url = f"{agent.ingress_url}/{AGENT}-watchers/all/watch"
     secret = agent.secret.encode()
-    registration = watch_request(secret, [watch_tag(secret, session)], time.time_ns() // 10**6)
+    registration = watch_request(secret, [watch_tag(secret, session)])
     response = http("POST", url, registration)
     if response.status != 200:
         raise RuntimeError(f"watch {session}: HTTP {response.status}")

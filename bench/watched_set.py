@@ -47,7 +47,7 @@ def tags(n: int) -> list[str]:
 
 def registration(n: int) -> dict[str, Any]:
     """`n` new tags, signed as a sidecar registers them (the index's secret: `worker_spec`)."""
-    return watch_request(b"bench", tags(n), time.time_ns() // 10**6)
+    return watch_request(b"bench", tags(n))
 
 
 def questions(sizes: list[int], count: int) -> None:

@@ -21,7 +21,13 @@ import pytest
 from tests.helpers import tool_context
 from tether.tools import ToolError
 from tether.tools.builtin import BUILTINS, Workspace, landlock
-from tether.tools.builtin.shell import SYSTEM_PATHS
+from tether.tools.builtin.shell import (
+    SYSTEM_PATHS,
+    Sandbox,
+    ShellConfig,
+    ShellSandbox,
+    run_command,
+)
 
 MiB = 1024 * 1024
 
@@ -367,10 +373,10 @@ async def test_what_the_kernel_cannot_confine_is_logged_or_refused_when_required
 async def test_a_closed_ruleset_refuses_to_start_a_command_rather_than_run_it_unconfined(
     tmp_path: Path,
 ) -> None:
-    ruleset = landlock.Ruleset.build([Path("/usr")], [tmp_path], [443])
-    ruleset.close()
-    with pytest.raises(OSError, match="the ruleset was closed"):
-        ruleset.restrict_self()
+    sandbox = Sandbox.of("sh", ShellSandbox(), tmp_path)
+    sandbox.ruleset.close()
+    with pytest.raises(ToolError, match="cannot start the command"):
+        await run_command("true", ShellConfig(), tmp_path, sandbox=sandbox)
 
 
 SOCKETS = """python3 - <<'PY'

@@ -27,7 +27,7 @@ class Registry:
     async def watch(self, agent: str, request: dict[str, Any]) -> None:
         assert agent == "clerk"
         tags, stamp = request["tags"], request["stamp"]
-        assert request["sig"] == watch_signature(SECRETS[0], stamp, tags)  # the current key's
+        assert request["sig"] == watch_signature(SECRETS[0], tags, stamp)  # the current key's
         assert abs(stamp - time.time() * 1000) < 5_000
         self.calls.append(tags)
 

@@ -113,7 +113,7 @@ async def test_a_file_swapped_for_a_symlink_after_its_check_is_not_opened(
     """A command of the agent's can swap a file the tool just checked for a symlink out (to
     `/proc/self/environ`: the worker's own secrets) before the tool opens it: the open itself
     refuses, whatever the check said. The race is won here for the attacker by skipping the
-    check (`Workspace.resolve`), as a swap between the two would."""
+    check (`Workspace.check`), as a swap between the two would."""
     from tether.tools.builtin import file_tools, files
 
     workspace, outside = tmp_path / "ws", tmp_path / "outside"
@@ -124,7 +124,7 @@ async def test_a_file_swapped_for_a_symlink_after_its_check_is_not_opened(
     (workspace / "dir").symlink_to(outside)
     (workspace / "kept").write_text("ok")
     (workspace / "alias").symlink_to("kept")  # a symlink that stays inside is followed
-    monkeypatch.setattr(files.Workspace, "resolve", lambda self, relative: self.root / relative)
+    monkeypatch.setattr(files.Workspace, "check", lambda self, relative: None)
     if not openat2:
         monkeypatch.setattr(files, "_OPENAT2", -1)  # an unknown call: ENOSYS, the fallback
     read, write, append, _ = file_tools(workspace)
@@ -185,3 +185,13 @@ async def test_the_file_tools_refuse_odd_paths_plainly_and_hold_no_descriptor(
     # The regular files; a symlink out is never walked through.
     (workspace / "d" / "kept.txt").write_text("x")
     assert await listing.execute({}, None) == "d/kept.txt"  # type: ignore[arg-type]
+
+
+async def test_write_file_makes_the_workspace_it_writes_in(tmp_path: Path) -> None:
+    from tether.tools.builtin import file_tools
+
+    _, write, _, _ = file_tools(tmp_path / "not yet")
+    assert await write.execute({"path": "a.txt", "content": "hi"}, None) == (  # type: ignore[arg-type]
+        "wrote 2 bytes to a.txt"
+    )
+    assert (tmp_path / "not yet" / "a.txt").read_text() == "hi"

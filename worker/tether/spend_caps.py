@@ -214,10 +214,10 @@ class SpendWindows:
         """Each current window: what was spent in it and what calls in flight hold, and what
         each model's calls spent."""
         self._prune(now)
+        keys = {key: Window.split_key(key) for key in self.spent}
         shown = []
         for per in PERIODS:
             window = Window.of(per, now)
-            keys = {key: Window.split_key(key) for key in self.spent}
             models = {
                 model: self.spent[key].to_json()
                 for key, (of, model) in keys.items()

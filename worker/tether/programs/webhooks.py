@@ -352,16 +352,17 @@ def watch_tag(secret: bytes, session: str) -> str:
     return hmac_hex(secret, f"tether-watch:v1:{session}".encode())[:32]
 
 
-def watch_signature(secret: bytes, stamp: int, tags: Sequence[str]) -> str:
+def watch_signature(secret: bytes, tags: Sequence[str], stamp: int) -> str:
     """HMAC(secret, ["tether-watch-set:v1", stamp, tags]): a sidecar registers the sessions its
     clients stream (`tether.programs.worker.watchers`); only a sidecar does, never a tool that
     would push the real ones out of the set with tags of its own."""
     return hmac_hex(secret, json.dumps(["tether-watch-set:v1", stamp, list(tags)]).encode())
 
 
-def watch_request(secret: bytes, tags: Sequence[str], stamp: int) -> dict[str, Any]:
-    """What a sidecar sends to register `tags` at `stamp` (epoch ms)."""
-    return {"tags": list(tags), "stamp": stamp, "sig": watch_signature(secret, stamp, tags)}
+def watch_request(secret: bytes, tags: Sequence[str], stamp: int | None = None) -> dict[str, Any]:
+    """What a sidecar sends to register `tags` at `stamp` (epoch ms; now by default)."""
+    stamp = time.time_ns() // 1_000_000 if stamp is None else stamp
+    return {"tags": list(tags), "stamp": stamp, "sig": watch_signature(secret, tags, stamp)}
 
 
 def watch_tags(secrets: tuple[bytes, ...], session: str) -> tuple[str, ...]:

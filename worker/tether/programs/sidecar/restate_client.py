@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -54,12 +55,6 @@ def _key(text: str) -> str:
 
 class _Unhealthy(TetherError):
     """A node's ingress answered its health check with an error."""
-
-
-REFUSALS: dict[int, Outcome] = {400: "bad_body", 429: "too_many"}
-"""The statuses of the terminal errors with which a handler the sidecar calls refuses what the
-caller sent (a text no run could store; a session's inbox already full), passed on as they are:
-the caller's to mend, not Restate's fault."""
 
 
 def _message_of(answer: bytes) -> str:
@@ -178,15 +173,18 @@ class RestateClient:
         body = json.dumps(idempotency_key).encode()
         return await self._send(target, body, idempotency_key, "claim of a delivery id")
 
-    async def output(self, invocation_id: str) -> Any:
+    async def output(
+        self, invocation_id: str, refusals: Mapping[int, Outcome] | None = None
+    ) -> Any:
         """The output of an invocation, once it has one (`GET .../restate/invocation/{id}/attach`).
-        If it failed: a `Rejection` of the same status and message when the handler refused
-        the caller's request (`REFUSALS`), else a 502."""
+        If it failed: a `Rejection` of the same status and message when the status is one of
+        `refusals` (the terminal errors with which its handler refuses what the caller sent:
+        the caller's to mend, not Restate's fault), else a 502."""
         path = f"/restate/invocation/{_key(invocation_id)}/attach"
         what = f"output of {invocation_id}"
         status, answer = await self._request("GET", path, what, headers={"accept": JSON})
-        if status in REFUSALS:
-            raise Rejection(status, REFUSALS[status], _message_of(answer))
+        if refusals and status in refusals:
+            raise Rejection(status, refusals[status], _message_of(answer))
         if status != 200:
             log.warning("%s: Restate answered HTTP %s: %s", what, status, answer[:300])
             raise Rejection(502, "restate_error", f"Restate answered HTTP {status}")

@@ -36,7 +36,7 @@ from ..webhooks import IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_HEADER
 from .auth import signature_key
 from .body import read_signed_json
 from .context import Sidecar, SidecarDep
-from .rejection import Rejection, count
+from .rejection import Outcome, Rejection, count
 from .restate_client import ACCEPTED
 
 router = APIRouter()
@@ -44,6 +44,9 @@ SESSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_MESSAGE_CHARS = 20_000
 """The inbox's limit (`tether.programs.worker.inbox.MAX_MESSAGE_CHARS`), checked before Restate is
 asked."""
+INBOX_REFUSALS: dict[int, Outcome] = {400: "bad_body", 429: "too_many"}
+"""How the inbox refuses a message, passed on as it is: a text no run could store; a session
+whose inbox already holds `MAX_WAITING` messages."""
 
 
 async def _signed_text_field(
@@ -142,6 +145,6 @@ async def post_message(session_id: str, request: Request, sidecar: SidecarDep) -
     sent = await sidecar.once(signature, timestamp, send)
     if sent["status"] != ACCEPTED:
         raise Rejection(409, "replayed", "this signed message was already delivered")
-    posted = await sidecar.restate.output(sent["invocationId"])
+    posted = await sidecar.restate.output(sent["invocationId"], INBOX_REFUSALS)
     count("message_posted")
     return JSONResponse({"session": session_id, "waiting": posted["waiting"]}, status_code=202)

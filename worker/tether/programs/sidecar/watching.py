@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -39,8 +38,7 @@ class Watching:
         return [tag for session in sessions for tag in watch_tags(self.secrets, session)]
 
     async def _register(self, tags: list[str]) -> None:
-        stamp = time.time_ns() // 1_000_000
-        await self.restate.watch(self.agent, watch_request(self.secrets[0], tags, stamp))
+        await self.restate.watch(self.agent, watch_request(self.secrets[0], tags))
 
     async def start(self, session: str) -> None:
         """A stream of `session` opens: registered before this returns (best effort). Counted

@@ -36,8 +36,9 @@ MAX_WATCHED = 10_000
 TAGS_PER_WATCH = 1_000
 """Tags a `watch` registers at most: a sidecar renews all its streams' sessions in one call."""
 FRESH_MS = 60_000
-"""How far a registration's stamp may be from the object's clock: one seen again later is
-refused."""
+"""How far a registration's stamp may be from the object's clock (the sidecar's clock against
+the index's: a skew past it refuses every registration, and the sidecar logs each refusal). A
+replay within it only renews real tags; one later is refused."""
 TAG = re.compile(r"[0-9a-f]{32}")
 RAW = BytesSerde()
 """The set is encoded with orjson (`jsoncodec`), not the SDK's serde (the standard library's):
@@ -92,7 +93,7 @@ def _checked(secrets: Sequence[bytes], request: Any) -> tuple[list[Any], int]:
 
     given, tags, stamp = parsed("a signed registration (`webhooks.watch_request`)", parse)
     if not isinstance(given, str) or not any(
-        signatures_equal(watch_signature(s, stamp, tags), given) for s in secrets
+        signatures_equal(watch_signature(s, tags, stamp), given) for s in secrets
     ):
         raise TerminalError("not signed by a sidecar of this agent", status_code=401)
     return tags, stamp

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from ..base import ToolDef, ToolError
 from ..decorator import tool
+from .syscalls import syscall
 
 MAX_READ_BYTES = 256 * 1024
 MAX_PATH_CHARS = 1024
@@ -31,7 +32,6 @@ RelativePath = Annotated[str, Field(description="Path relative to the workspace.
 
 _OPENAT2 = 437  # the same on every architecture
 _RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _OpenHow(ctypes.Structure):
@@ -45,18 +45,22 @@ class Workspace:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
 
-    def resolve(self, relative: str) -> Path:
+    def check(self, relative: str) -> None:
+        """Refuse, with a plain message, a path that is too long or leaves the workspace as it
+        is now (the open checks again, as it resolves the path)."""
         if len(relative) > MAX_PATH_CHARS:
             raise ToolError(f"the path is longer than {MAX_PATH_CHARS} characters")
         with plainly(relative):
             target = (self.root / relative).resolve()
-        if target != self.root and self.root not in target.parents:
+        if not self._inside(target):
             raise ToolError(f"{relative!r} is outside the workspace")
-        return target
+
+    def _inside(self, path: Path) -> bool:
+        return path == self.root or self.root in path.parents
 
     def open(self, relative: str, flags: int, mode: int = 0o644) -> int:
         """A descriptor of `relative`, opened beneath the workspace (the module says how)."""
-        self.resolve(relative)  # the plain refusals first, with their message
+        self.check(relative)
         root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             return self._beneath(root, relative, flags | os.O_CLOEXEC, mode)
@@ -64,32 +68,31 @@ class Workspace:
             os.close(root)
 
     def makedirs(self, relative: str) -> None:
-        """Make the directories of `relative` that are missing, each beneath the workspace."""
+        """Make the directories of `relative` that are missing, each in its parent opened
+        beneath the workspace (made first if it is missing: a path of the spec's)."""
+        self.root.mkdir(parents=True, exist_ok=True)
         parts = Path(relative).parts
-        for depth in range(1, len(parts) + 1):
+        for depth in range(len(parts)):
+            parent = self.open(os.path.join(".", *parts[:depth]), os.O_PATH | os.O_DIRECTORY)
             try:
-                os.close(self.open(os.path.join(*parts[:depth]), os.O_PATH | os.O_DIRECTORY))
-            except FileNotFoundError:
-                parent = self.open(os.path.join(".", *parts[: depth - 1]), os.O_PATH)
-                try:
-                    os.mkdir(parts[depth - 1], dir_fd=parent)
-                finally:
-                    os.close(parent)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(parts[depth], dir_fd=parent)
+            finally:
+                os.close(parent)
 
     def _beneath(self, root: int, relative: str, flags: int, mode: int) -> int:
-        how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE_BENEATH)
-        how.resolve |= _RESOLVE_NO_MAGICLINKS
+        resolve = _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS
+        how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, resolve)
         path = os.fsencode(relative)
-        fd = _libc.syscall(
-            ctypes.c_long(_OPENAT2), root, path, ctypes.byref(how), ctypes.sizeof(how)
-        )
-        if fd >= 0:
-            return int(fd)
-        error = ctypes.get_errno()
-        if error == errno.EXDEV or error == errno.ELOOP:
-            raise ToolError(f"{relative!r} is outside the workspace")
-        if error not in (errno.ENOSYS, errno.EPERM):
-            raise OSError(error, os.strerror(error), relative)
+        try:
+            return syscall(_OPENAT2, root, path, ctypes.byref(how), ctypes.sizeof(how), what="open")
+        except OSError as error:
+            if error.errno == errno.EXDEV:
+                raise ToolError(f"{relative!r} is outside the workspace") from None
+            if error.errno == errno.ELOOP:
+                raise ToolError(f"{relative!r}: a symlink loop, or a link of /proc") from None
+            if error.errno not in (errno.ENOSYS, errno.EPERM):
+                raise OSError(error.errno, os.strerror(error.errno or 0), relative) from None
         # No openat2: the parent directory, checked through its descriptor, then the name in
         # it without following a symlink (nor `..`, which would leave the checked directory).
         if ".." in Path(relative).parts:
@@ -97,8 +100,7 @@ class Workspace:
         head, name = os.path.split(relative)
         parent = os.open(head or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root)
         try:
-            opened = Path(os.readlink(f"/proc/self/fd/{parent}"))
-            if opened != self.root and self.root not in opened.parents:
+            if not self._inside(Path(os.readlink(f"/proc/self/fd/{parent}"))):
                 raise ToolError(f"{relative!r} is outside the workspace")
             try:
                 return os.open(name, flags | os.O_NOFOLLOW, mode, dir_fd=parent)
@@ -154,7 +156,7 @@ def _read(workspace: Workspace, path: str) -> bytes:
 
 
 def _write(workspace: Workspace, path: str, content: str, flags: int) -> None:
-    workspace.resolve(path)  # refused by the path the model gave, not by a part of it
+    workspace.check(path)  # refused by the path the model gave, not by a part of it
     with plainly(path):
         workspace.makedirs(str(Path(path).parent))
         fd = workspace.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | flags)

@@ -2,27 +2,27 @@
 processes, for itself and everything it starts, for good.
 
 A ruleset is built once in the worker (`Ruleset.build`): the paths a command may read, those it
-may write, the TCP ports it may connect to, and whether it may signal or reach processes outside
-its own commands. The child of each `shell` call only applies it between fork and exec
-(`Ruleset.restrict_self`: two system calls on an open file descriptor, nothing to import or
-allocate). What a kernel cannot enforce is left out and said (`Ruleset.unenforced`): TCP
-rules need ABI 4 (Linux 6.7), the scopes ABI 6 (Linux 6.12).
+may write, the TCP ports it may connect to; and no process outside its own commands to signal or
+reach. The child of each `shell` call only applies it between fork and exec
+(`Ruleset.restrict_self`: one system call on an open file descriptor, nothing to import). What
+a kernel cannot enforce is left out and said (`Ruleset.unenforced`): TCP rules need ABI 4
+(Linux 6.7), the scopes ABI 6 (Linux 6.12).
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .syscalls import syscall
+
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446  # the same on every architecture
 _VERSION = 1 << 0  # landlock_create_ruleset's flag: return the ABI version
 _PATH_BENEATH, _NET_PORT = 1, 2
-_PR_SET_NO_NEW_PRIVS = 38
 
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _ABI1_FS = (1 << 13) - 1  # execute .. make_sym
@@ -32,8 +32,6 @@ FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | _TRUNCATE | _IOCTL_DEV
 READ = EXECUTE | READ_FILE | READ_DIR
 _CONNECT_TCP = 1 << 1
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -53,16 +51,13 @@ class _NetPort(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
-def _syscall(number: int, *args: object) -> int:
-    """syscall(2) with every integer passed as a C long (it reads each argument as one)."""
-    longs = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
-    return int(_libc.syscall(ctypes.c_long(number), *longs))
-
-
 def abi_version() -> int:
     """The kernel's Landlock ABI: 0 without Landlock (too old, not enabled at boot, or a
     seccomp profile that refuses its calls)."""
-    return max(0, _syscall(_CREATE_RULESET, None, 0, _VERSION))
+    try:
+        return syscall(_CREATE_RULESET, None, 0, _VERSION, what="landlock: its version")
+    except OSError:
+        return 0
 
 
 def _fs_rights(abi: int) -> int:
@@ -70,12 +65,6 @@ def _fs_rights(abi: int) -> int:
     rights |= _REFER if abi >= 2 else 0
     rights |= _TRUNCATE if abi >= 3 else 0
     return rights | (_IOCTL_DEV if abi >= 5 else 0)
-
-
-def _check(result: int, what: str) -> None:
-    if result < 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"landlock: {what}: {os.strerror(errno)}")
 
 
 @dataclass
@@ -86,7 +75,6 @@ class Ruleset:
     abi: int
     unenforced: list[str] = field(default_factory=list)
     """What was asked and this kernel cannot enforce, in words for a log."""
-    closed: bool = False
 
     @classmethod
     def build(
@@ -94,11 +82,10 @@ class Ruleset:
         read: Iterable[Path],
         write: Iterable[Path],
         connect_ports: Sequence[int] | None,
-        scoped: bool = True,
     ) -> Ruleset:
         """Reads beneath `read` (and `write`), writes beneath `write`, TCP connections to
-        `connect_ports` only (None: any), and with `scoped`, no signal to nor abstract Unix
-        socket of a process outside the domain. Paths that do not exist are skipped."""
+        `connect_ports` only (None: any), and no signal to nor abstract Unix socket of a process
+        outside the domain. Paths that do not exist are skipped."""
         abi = abi_version()
         if abi == 0:
             return cls(-1, 0, ["files, network and signals: the kernel has no Landlock"])
@@ -111,14 +98,14 @@ class Ruleset:
             else:
                 unenforced.append(f"TCP connections: Landlock ABI {abi}, they need 4 (Linux 6.7)")
         scopes = 0
-        if scoped:
-            if abi >= 6:
-                scopes = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
-            else:
-                unenforced.append(f"signals: Landlock ABI {abi}, they need 6 (Linux 6.12)")
+        if abi >= 6:
+            scopes = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
+        else:
+            unenforced.append(f"signals: Landlock ABI {abi}, they need 6 (Linux 6.12)")
         attr = _RulesetAttr(fs, net, scopes)
-        fd = _syscall(_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
-        _check(fd, "create a ruleset")
+        fd = syscall(
+            _CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0, what="landlock: ruleset"
+        )
         ruleset = cls(fd, abi, unenforced)
         try:
             for path in write:
@@ -127,7 +114,7 @@ class Ruleset:
                 ruleset._allow(path, READ)
             for port in connect_ports if net and connect_ports else ():
                 rule = _NetPort(_CONNECT_TCP, port)
-                _check(_syscall(_ADD_RULE, fd, _NET_PORT, ctypes.byref(rule), 0), f"port {port}")
+                syscall(_ADD_RULE, fd, _NET_PORT, ctypes.byref(rule), 0, what=f"landlock: {port}")
         except BaseException:
             ruleset.close()
             raise
@@ -142,25 +129,20 @@ class Ruleset:
             if not stat.S_ISDIR(os.fstat(parent).st_mode):
                 rights &= FILE_RIGHTS
             rule = _PathBeneath(rights, parent)
-            result = _syscall(_ADD_RULE, self.fd, _PATH_BENEATH, ctypes.byref(rule), 0)
-            _check(result, f"a rule for {path}")
+            rule_ref = ctypes.byref(rule)
+            syscall(_ADD_RULE, self.fd, _PATH_BENEATH, rule_ref, 0, what=f"landlock: {path}")
         finally:
             os.close(parent)
 
     def restrict_self(self) -> None:
-        """Confine the calling process and what it starts (in a child between fork and exec):
-        no import, no allocation beyond the calls' integers."""
-        if self.closed:
-            raise OSError(errno.EBADF, "landlock: the ruleset was closed")
-        if self.fd < 0:  # no Landlock: `unenforced` says so
+        """Confine the calling process and what it starts (in a child between fork and exec,
+        after `syscalls.no_new_privs`): no import, no allocation beyond the call's integers. A
+        closed ruleset (its `fd` -1) fails: a command never runs unconfined by mistake."""
+        if self.abi == 0:  # no Landlock: `unenforced` says so
             return
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0:
-            raise OSError(ctypes.get_errno(), "landlock: no_new_privs")
-        if _syscall(_RESTRICT_SELF, self.fd, 0) < 0:
-            raise OSError(ctypes.get_errno(), "landlock: restrict_self")
+        syscall(_RESTRICT_SELF, self.fd, 0, what="landlock: restrict_self")
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self.closed = True

@@ -6,16 +6,19 @@ stream `socketpair` stays open (a command's own processes talk through it); a da
 which can be connected to any socket's path, does not.
 
 Built once in the worker (`SocketFilter.build`), installed by the child between fork and exec
-(`SocketFilter.install`: one `prctl` on a program made before the fork)."""
+(`SocketFilter.install`: one `prctl` on a program made before the fork, after
+`syscalls.no_new_privs`)."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+from .syscalls import prctl
+
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _LD_W_ABS, _JEQ_K, _JGE_K, _AND_K, _RET_K = 0x20, 0x15, 0x35, 0x54, 0x06
 _X32 = 0x40000000
 _RET_ALLOW = 0x7FFF0000
@@ -29,8 +32,6 @@ _ARCHES = {  # machine: (AUDIT_ARCH_*, socket's number, socketpair's)
     "x86_64": (0xC000003E, 41, 53),
     "aarch64": (0xC00000B7, 198, 199),
 }
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _Instruction(ctypes.Structure):
@@ -78,23 +79,22 @@ class SocketFilter:
 
     program: _Program | None
     instructions: ctypes.Array[_Instruction] | None  # what `program` points to, kept alive
-    machine: str
+    unenforced: list[str] = field(default_factory=list)
+    """What it cannot refuse here, in words for a log."""
 
     @classmethod
     def build(cls, unix_sockets: bool) -> SocketFilter:
         machine = platform.machine()
         known = _ARCHES.get(machine)
         if known is None:
-            return cls(None, None, machine)
+            unseen = "Unix, vsock, Multipath TCP, SCTP and SMC sockets, and io_uring"
+            return cls(None, None, [f"{unseen}: no seccomp filter for {machine}"])
         arch, socket_nr, socketpair_nr = known
-        unix: list[_Op] = [(_JEQ_K, "deny", 0, _AF_UNIX)]
         datagram_pairs: list[_Op] = [  # a datagram socket connects to any socket's path
             (_LD_W_ABS, 0, 0, _ARG1),
             (_AND_K, 0, 0, _TYPE_MASK),
             (_JEQ_K, "deny", 0, _SOCK_DGRAM),
         ]
-        if unix_sockets:
-            unix = datagram_pairs = []
         code: list[_Op | str] = [
             (_LD_W_ABS, 0, 0, _ARCH),
             (_JEQ_K, 0, "deny", arch),  # another ABI (i386 on x86_64): denied, all of it
@@ -104,7 +104,7 @@ class SocketFilter:
             (_JEQ_K, "socketpair", 0, socketpair_nr),
             (_JEQ_K, 0, "allow", socket_nr),
             (_LD_W_ABS, 0, 0, _ARG0),  # the family
-            *unix,
+            (_JEQ_K, "allow" if unix_sockets else "deny", 0, _AF_UNIX),
             (_JEQ_K, "deny", 0, _AF_VSOCK),  # the hypervisor's host
             (_JEQ_K, "deny", 0, _AF_SMC),  # TCP underneath, out of Landlock's sight
             (_LD_W_ABS, 0, 0, _ARG1),  # the type
@@ -115,7 +115,7 @@ class SocketFilter:
             (_JEQ_K, "deny", 0, _IPPROTO_SCTP),
             (_JEQ_K, "deny", "allow", _IPPROTO_SMC),
             "socketpair",
-            *datagram_pairs,
+            *([] if unix_sockets else datagram_pairs),
             (_RET_K, 0, 0, _RET_ALLOW),
             "deny",
             (_RET_K, 0, 0, _RET_EACCES),
@@ -123,13 +123,10 @@ class SocketFilter:
             (_RET_K, 0, 0, _RET_ALLOW),
         ]
         instructions = _assemble(code)
-        return cls(_Program(len(instructions), instructions), instructions, machine)
+        return cls(_Program(len(instructions), instructions), instructions)
 
     def install(self) -> None:
         """Filter the calling process and what it starts."""
-        if self.program is None:
-            return
-        if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
-            raise OSError(ctypes.get_errno(), "seccomp: no_new_privs")
-        if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(self.program), 0, 0):
-            raise OSError(ctypes.get_errno(), "seccomp: install the socket filter")
+        if self.program is not None:
+            program = ctypes.byref(self.program)
+            prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, program, what="seccomp")

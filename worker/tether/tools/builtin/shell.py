@@ -23,18 +23,17 @@ What the command gets:
   `maxOutputBytes` are kept (the result says how many bytes were dropped before them). Output
   past the cap is read and thrown away, so a chatty command neither blocks on a full pipe nor
   grows the worker's memory; once it passes `killAfterOutputBytes` (64 MiB) the command is
-  killed: that is a runaway, and reading it on only burns the worker's CPU until the timeout.
-
-- a Landlock sandbox (`config.sandbox`, `landlock`), on by default: the command and all it
-  starts read only the system's directories (`readPaths`) and the workspace, write only the
-  workspace and a temporary directory of their own (`TMPDIR`; not /tmp, where the worker keeps
-  its home and caches), connect over TCP only to `connectPorts` (53, 80 and 443: not Restate's
-  ingress, whose handlers take requests from anyone who reaches them, nor the admin API, nor
-  the worker's port), open no Unix, vsock, Multipath TCP, SCTP or SMC socket (`seccomp`), and
-  neither signal nor reach over abstract Unix sockets any process but their own (the worker
+  killed: that is a runaway, and reading it on only burns the worker's CPU until the timeout;
+- a Landlock sandbox (`config.sandbox`, `landlock`), on by default: the command and all it starts
+  read only the system's directories (`readPaths`) and the workspace, write only the workspace and
+  the tool's temporary directory, shared by its commands (`TMPDIR`; not /tmp, where the worker
+  keeps its home and caches in a pod), connect over TCP only to `connectPorts` (53, 80 and 443:
+  not Restate's ingress, whose handlers take requests from anyone who reaches them, nor the admin
+  API, nor the worker's port), open no Unix, vsock, Multipath TCP, SCTP or SMC socket (`seccomp`),
+  and neither signal nor reach over abstract Unix sockets any process but their own (the worker
   included). What the kernel cannot enforce is logged once as the tool is made (TCP rules need
-  Linux 6.7, the scopes 6.12); `required: true` refuses to run a command the kernel cannot
-  confine as configured.
+  Linux 6.7, the scopes 6.12); `required: true` refuses to run a command the kernel cannot confine
+  as configured.
 
 What it does NOT confine: the command runs as the worker's user. Without the sandbox (or where
 the kernel has no Landlock) it can read any file that user can read by absolute path, write
@@ -72,6 +71,7 @@ from ..base import ToolContext, ToolDef, ToolError
 from ..decorator import tool
 from .landlock import Ruleset
 from .seccomp import SocketFilter
+from .syscalls import no_new_privs
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class ShellSandbox(_Config):
     )
     write_paths: list[str] = Field(
         default_factory=list,
-        description="Writable paths besides the workspace and the command's TMPDIR (absolute).",
+        description="Writable paths besides the workspace and the tool's TMPDIR (absolute).",
     )
     connect_ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(
         default_factory=lambda: [53, 80, 443],
@@ -133,8 +133,8 @@ class ShellSandbox(_Config):
     )
     unix_sockets: bool = Field(
         default=False,
-        description="Let commands open Unix sockets (docker.sock, D-Bus, ssh-agent); "
-        "socketpair always works.",
+        description="Let commands open Unix sockets (docker.sock, D-Bus, ssh-agent) and "
+        "datagram socketpairs; a stream socketpair always works.",
     )
     required: bool = Field(
         default=False, description="Refuse to run a command the kernel cannot confine so."
@@ -255,13 +255,18 @@ def rlimits(settings: ShellConfig) -> list[tuple[int, tuple[int, int]]]:
 
 @dataclass
 class Sandbox:
-    """A shell tool's Landlock ruleset, its socket filter, and the temporary directory its
-    commands write in."""
+    """A shell tool's Landlock ruleset, its socket filter, and the temporary directory all its
+    commands share (their `TMPDIR`)."""
 
     ruleset: Ruleset
     sockets: SocketFilter
     tmpdir: str
     required: bool
+
+    @property
+    def unenforced(self) -> list[str]:
+        """What this kernel cannot confine of what the sandbox asks."""
+        return [*self.ruleset.unenforced, *self.sockets.unenforced]
 
     @classmethod
     def of(cls, name: str, settings: ShellSandbox, workdir: str | Path) -> Sandbox:
@@ -272,12 +277,9 @@ class Sandbox:
             write=[Path(path) for path in writable],
             connect_ports=settings.connect_ports,
         )
-        sockets = SocketFilter.build(settings.unix_sockets)
-        if sockets.program is None:
-            ruleset.unenforced.append(f"Multipath TCP, SCTP and Unix sockets on {sockets.machine}")
-        for what in ruleset.unenforced:
+        sandbox = cls(ruleset, SocketFilter.build(settings.unix_sockets), tmpdir, settings.required)
+        for what in sandbox.unenforced:
             log.warning("shell tool %s: the sandbox cannot confine %s", name, what)
-        sandbox = cls(ruleset, sockets, tmpdir, settings.required)
         # Gone with the last tool that holds it: the ruleset's descriptor and the directory.
         weakref.finalize(sandbox, ruleset.close)
         weakref.finalize(sandbox, shutil.rmtree, tmpdir, ignore_errors=True)
@@ -291,6 +293,7 @@ def _apply(limits: list[tuple[int, tuple[int, int]]], sandbox: Sandbox | None) -
     for kind, pair in limits:
         resource.setrlimit(kind, pair)
     if sandbox is not None:
+        no_new_privs()
         sandbox.ruleset.restrict_self()
         sandbox.sockets.install()
 
@@ -348,8 +351,8 @@ async def run_command(
     limits = rlimits(settings)
     env = child_env(settings, workdir, idempotency_key)
     if sandbox is not None:
-        if sandbox.required and sandbox.ruleset.unenforced:
-            unenforced = "; ".join(sandbox.ruleset.unenforced)
+        if sandbox.required and sandbox.unenforced:
+            unenforced = "; ".join(sandbox.unenforced)
             raise ToolError(f"the sandbox is required and this kernel cannot confine {unenforced}")
         env.setdefault("TMPDIR", sandbox.tmpdir)
     read_fd, write_fd = os.pipe()  # our own pipe: we read it as it fills and close it at will
