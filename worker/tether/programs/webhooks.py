@@ -65,6 +65,12 @@ def hmac_hex(secret: bytes, message: bytes) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
+def signed_by_any(secrets: Sequence[bytes], given: object, sign: Callable[[bytes], str]) -> bool:
+    """Whether `given` is the signature `sign(secret)` makes with one of `secrets` (the current
+    key, or the previous one during a rotation), compared in constant time."""
+    return isinstance(given, str) and any(signatures_equal(sign(s), given) for s in secrets)
+
+
 def _request_message(
     stamp: str | int, path: str, body: bytes, idempotency_key: str | None = None
 ) -> bytes:
@@ -264,7 +270,7 @@ def live_signature(secret: bytes, session: str, events: object) -> str:
 
 def live_signed(secrets: Sequence[bytes], session: str, events: object, signature: str) -> bool:
     """Whether one of `secrets` signed this batch of live events."""
-    return any(signatures_equal(live_signature(s, session, events), signature) for s in secrets)
+    return signed_by_any(secrets, signature, lambda s: live_signature(s, session, events))
 
 
 def handoff_signature(secret: bytes, nonce: str, call: str, note: Mapping[str, Any]) -> str:

@@ -28,7 +28,7 @@ import restate
 from restate.exceptions import TerminalError
 
 from ...spec import restate_services
-from ..webhooks import handoff_peek_signature, handoff_signature, signatures_equal
+from ..webhooks import handoff_peek_signature, handoff_signature, signed_by_any
 
 CALLS_STATE = "calls"
 KEEP = timedelta(days=1)
@@ -87,6 +87,6 @@ def _checked(secrets: Sequence[bytes], request: Any, signature: Callable[[bytes,
     given = request.get("sig") if isinstance(request, dict) else None
     if not isinstance(call, str) or not isinstance(given, str) or not secrets:
         raise TerminalError("expected a signed {call, sig}", status_code=400)
-    if not any(signatures_equal(signature(s, call), given) for s in secrets):
+    if not signed_by_any(secrets, given, lambda s: signature(s, call)):
         raise TerminalError("not signed by a worker of this agent", status_code=401)
     return call

@@ -17,7 +17,7 @@ from restate.exceptions import TerminalError
 
 from ...rate import Pace, Rate
 from ...spec import restate_services
-from ..webhooks import pace_signature, signatures_equal
+from ..webhooks import pace_signature, signed_by_any
 from .untrusted import parsed
 
 SLOTS_STATE = "slots"
@@ -71,8 +71,6 @@ def _checked(secrets: Sequence[bytes], model: str, ask: Any) -> tuple[Pace, int,
         return ask["sig"], pace, int(ask["tokens"]), float(ask["stamp"])
 
     given, pace, tokens, stamp = parsed("a signed ask for a slot (`pace_ask`)", parse)
-    if not isinstance(given, str) or not any(
-        signatures_equal(pace_signature(s, model, ask), given) for s in secrets
-    ):
+    if not signed_by_any(secrets, given, lambda s: pace_signature(s, model, ask)):
         raise TerminalError("not signed by a worker of this agent", status_code=401)
     return pace, tokens, stamp

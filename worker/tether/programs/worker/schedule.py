@@ -35,7 +35,7 @@ from restate.exceptions import TerminalError
 
 from ...cron import Cron
 from ...spec import ScheduleSpec, restate_services
-from ..webhooks import hmac_hex, schedule_run_signature, schedule_signature, signatures_equal
+from ..webhooks import hmac_hex, schedule_run_signature, schedule_signature, signed_by_any
 from .untrusted import parsed
 
 log = logging.getLogger(__name__)
@@ -250,9 +250,7 @@ async def _verify(
 ) -> None:
     """Refuse an order that none of `secrets` signed (`sign`) or that was made more than
     `FRESH_SECONDS` from now."""
-    if not isinstance(given, str) or not any(
-        signatures_equal(sign(s, ctx.key(), order), given) for s in secrets
-    ):
+    if not signed_by_any(secrets, given, lambda s: sign(s, ctx.key(), order)):
         raise TerminalError("not signed by the operator of this agent", status_code=401)
     if abs(await ctx.time() - stamp) > FRESH_SECONDS:
         raise TerminalError("the order is stale: sign it again", status_code=401)

@@ -19,7 +19,7 @@ from restate.exceptions import TerminalError
 from ...budget import Spend
 from ...spec import restate_services
 from ...spend_caps import SpendCap, SpendWindows
-from ..webhooks import signatures_equal, spend_signature
+from ..webhooks import signed_by_any, spend_signature
 from .pace import FRESH_SECONDS
 from .untrusted import parsed
 
@@ -102,8 +102,6 @@ def _checked(secrets: Sequence[bytes], request: Any, op: str) -> _Asked:
         return request["sig"], _Asked(caps, hold, amount, stamp, model)
 
     given, asked = parsed(what, parse)
-    if not isinstance(given, str) or not any(
-        signatures_equal(spend_signature(s, request), given) for s in secrets
-    ):
+    if not signed_by_any(secrets, given, lambda s: spend_signature(s, request)):
         raise TerminalError("not signed by a worker of this agent", status_code=401)
     return asked

@@ -24,7 +24,7 @@ from restate.serde import BytesSerde
 
 from ... import jsoncodec
 from ...spec import restate_services
-from ..webhooks import signatures_equal, watch_signature
+from ..webhooks import signed_by_any, watch_signature
 from .untrusted import parsed
 
 WATCHED_STATE = "watched"
@@ -92,9 +92,7 @@ def _checked(secrets: Sequence[bytes], request: Any) -> tuple[list[Any], int]:
         return request["sig"], tags, stamp
 
     given, tags, stamp = parsed("a signed registration (`webhooks.watch_request`)", parse)
-    if not isinstance(given, str) or not any(
-        signatures_equal(watch_signature(s, tags, stamp), given) for s in secrets
-    ):
+    if not signed_by_any(secrets, given, lambda s: watch_signature(s, tags, stamp)):
         raise TerminalError("not signed by a sidecar of this agent", status_code=401)
     return tags, stamp
 
