@@ -19,15 +19,11 @@ from typing import Any
 import pytest
 
 from tests.helpers import tool_context
+from tether.sandbox import landlock
+from tether.sandbox.config import SYSTEM_PATHS, SandboxConfig
 from tether.tools import ToolError
-from tether.tools.builtin import BUILTINS, Workspace, landlock
-from tether.tools.builtin.shell import (
-    SYSTEM_PATHS,
-    Sandbox,
-    ShellConfig,
-    ShellSandbox,
-    run_command,
-)
+from tether.tools.builtin import BUILTINS, Workspace
+from tether.tools.builtin.shell import Sandbox, ShellConfig, run_command
 
 MiB = 1024 * 1024
 
@@ -373,8 +369,8 @@ async def test_what_the_kernel_cannot_confine_is_logged_or_refused_when_required
 async def test_a_closed_ruleset_refuses_to_start_a_command_rather_than_run_it_unconfined(
     tmp_path: Path,
 ) -> None:
-    sandbox = Sandbox.of("sh", ShellSandbox(), tmp_path)
-    sandbox.ruleset.close()
+    sandbox = Sandbox.of("sh", SandboxConfig(), tmp_path)
+    sandbox.confinement.ruleset.close()
     with pytest.raises(ToolError, match="cannot start the command"):
         await run_command("true", ShellConfig(), tmp_path, sandbox=sandbox)
 

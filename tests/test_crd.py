@@ -351,6 +351,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.tools[0].mcp",
     ),
     (
+        "mcp-url-with-a-sandbox",
+        {**_model(**KEY), "tools": [{"name": "a", "mcp": {"url": "http://m", "sandbox": {}}}]},
+        "spec.tools[0].mcp",
+    ),
+    (
         "mcp-url-with-a-token",
         {**_model(**KEY), "tools": [{"name": "a", "mcp": {"url": "http://m/mcp?key=k"}}]},
         "spec.tools[0].mcp.url",
@@ -605,6 +610,29 @@ def test_the_spec_refuses_a_budget_no_call_fits_like_the_api_server(
     else:
         limits["maxCostUsd"] = 0.0615
     parse_agent(agent(name, **roomy))
+
+
+def test_a_stdio_servers_sandbox_is_defaulted_and_keeps_a_null_port_list(
+    api: ApiClient, namespace: str
+) -> None:
+    """`connectPorts: null` (any port) is kept by the API server: a null it does not allow it
+    drops, and the default ports would take its place."""
+    sandbox = {"connectPorts": None, "writePaths": ["/data"]}
+    tools = [
+        {"name": "open", "mcp": {"command": ["mcp-server-fetch"], "sandbox": sandbox}},
+        {"name": "clock", "mcp": {"command": ["mcp-server-time"]}},
+    ]
+    created = create(api, namespace, agent("sandboxed", tools=tools), dry_run=False)
+    assert created["spec"]["tools"][0]["mcp"]["sandbox"] == {
+        **sandbox,
+        "enabled": True,
+        "unixSockets": False,
+        "required": False,
+    }
+    parsed = parse_agent(created).spec.tools
+    assert parsed[0].mcp is not None and parsed[0].mcp.sandbox.connect_ports is None
+    assert parsed[1].mcp is not None and parsed[1].mcp.sandbox.connect_ports == [53, 80, 443]
+    assert parsed[1].mcp.sandbox.enabled
 
 
 def test_a_notify_url_from_a_secret_is_accepted(api: ApiClient, namespace: str) -> None:

@@ -27,6 +27,7 @@ from ..cron import EXPRESSION_HELP, cron_problem
 from ..errors import ConfigError
 from ..output_schema import OUTPUT_TOOL, schema_problem
 from ..periods import PERIODS, Per
+from ..sandbox.config import SandboxConfig
 
 API_VERSION = "tether.dev/v1alpha1"
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -464,6 +465,15 @@ class McpSpec(_Model):
         default_factory=dict,
         description="Per tool, by the server's name for it: replay, requireApproval, description.",
     )
+    sandbox: SandboxConfig = Field(
+        default_factory=SandboxConfig,
+        description="How a stdio server is confined, as the shell built-in's commands are "
+        "(Landlock and a seccomp filter): it reads the system's directories (readPaths), its "
+        "own installation and the files its command names by absolute path; reads and writes "
+        "the workspace (its working directory) and a home of its own ($HOME and $TMPDIR, kept "
+        "between runs; writePaths adds more); connects over TCP to connectPorts only (53, 80, "
+        "443: not Restate's ingress). enabled: false runs it unconfined.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -483,6 +493,11 @@ class McpSpec(_Model):
             raise ValueError("`headers` are for a server at a `url`; a stdio server takes `env`")
         if self.url is not None and self.env:
             raise ValueError("`env` is for a stdio server (`command`); a `url` takes `headers`")
+        if self.url is not None and "sandbox" in self.model_fields_set:
+            raise ValueError(
+                "`sandbox` confines a stdio server (`command`); a server at a `url` runs in "
+                "its own process or pod (confine it there, and its reach with a NetworkPolicy)"
+            )
         names = [h.name.lower() for h in self.headers]
         if repeated := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"headers repeated: {', '.join(repeated)}")

@@ -344,6 +344,7 @@ class SpecTools:
         self._env = env or {}
         self._observe = observe
         root = Workspace(workspace)
+        self._workspace = str(root.root)
         self._entries = [
             (entry, None if entry.builtin == "ask_human" or entry.mcp else _built(entry, root))
             for entry in spec.tools
@@ -358,7 +359,7 @@ class SpecTools:
                     "tools with a `parking` function for the runtime"
                 )
             if entry.mcp is not None:
-                tools.append(mcp_toolset(entry, self._env, parking, self._observe))
+                tools.append(mcp_toolset(entry, self._env, parking, self._observe, self._workspace))
             elif built is None or entry.require_approval:  # `ask_human`, or an approval gate
                 assert parking is not None
                 tools.append(parking(entry, built))
@@ -408,8 +409,10 @@ def mcp_toolset(
     env: Mapping[str, str],
     parking: ParkingTool | None,
     observe: CallObserver | None,
+    workspace: str,
 ) -> Toolset:
-    """The toolset of an `mcp` entry, its header credentials read from `env`."""
+    """The toolset of an `mcp` entry, its header credentials read from `env`; a stdio server
+    confined to `workspace` and its own paths unless its `sandbox` is off."""
     from ..tools.mcp import MCPServer, MCPToolset, ToolOverride
 
     mcp = entry.mcp
@@ -444,6 +447,8 @@ def mcp_toolset(
             name: ToolOverride(o.replay, o.require_approval, o.description)
             for name, o in mcp.tools.items()
         },
+        sandbox=mcp.sandbox if mcp.command and mcp.sandbox.enabled else None,
+        workspace=workspace,
     )
 
     def approval(tool: ToolDef) -> ToolDef:

@@ -61,7 +61,9 @@ def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
 
 
 def _without_null(node: Schema, defs: dict[str, Schema]) -> Schema:
-    """`anyOf: [X, {type: null}]` (pydantic's `X | None`) -> `X`."""
+    """`anyOf: [X, {type: null}]` (pydantic's `X | None`) -> `X`; `nullable` where null is not
+    the default, so it means something of its own (the API server drops a null it does not
+    allow, and the default takes its place)."""
     options = node.get("anyOf")
     if not options:
         return node
@@ -72,6 +74,8 @@ def _without_null(node: Schema, defs: dict[str, Schema]) -> Schema:
     merged = {**_resolve(kept[0], defs), **rest}
     if merged.get("default", 0) is None:
         del merged["default"]
+    elif len(kept) < len(options):
+        merged["nullable"] = True
     return merged
 
 
@@ -204,6 +208,11 @@ def _spec_schema() -> Schema:
         _rule(
             "!has(self.command) || !has(self.headers) || size(self.headers) == 0",
             "spec.tools[].mcp.headers are for a server at a url; a stdio server takes env",
+        ),
+        _rule(
+            "!has(self.url) || !has(self.sandbox)",
+            "spec.tools[].mcp.sandbox confines a stdio server (command); a server at a url "
+            "runs in its own process or pod",
         ),
     )
     credential_free = " && ".join(

@@ -17,17 +17,22 @@ import contextlib
 import fnmatch
 import functools
 import json
+import logging
+import os
 import re
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from .._optional import extra_imports
 from ..messages import JSON, ImageBlock, TextBlock
+from ..sandbox.config import SandboxConfig
+from ..sandbox.policy import program_paths
 from .base import ReplayPolicy, ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .toolset import ToolsetError
 
@@ -51,6 +56,7 @@ LIST_ATTEMPTS = 3
 """A server that restarts as the run starts gets a second and third chance (0.5 s, then 1 s
 later) before the run fails."""
 _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,15 @@ class MCPServer:
     """Every call parks until a person decides (see `MCPToolset`'s `approval`)."""
     tools: Mapping[str, ToolOverride] = field(default_factory=dict)
     """Per tool, by the server's name for it."""
+    sandbox: SandboxConfig | None = None
+    """Confine a stdio server (`tether.sandbox`): it reads the system's directories, its own
+    installation and the files its command names by absolute path; reads and writes the
+    `workspace` (its working directory) and a home of its own (`HOME` and `TMPDIR`, kept
+    between runs: `server_home`); connects over TCP to `connectPorts` only. None: unconfined
+    (a spec's stdio servers are confined unless their `sandbox` says otherwise)."""
+    workspace: str | None = None
+    """A stdio server's working directory (made if missing), which a confined one reads and
+    writes."""
 
     def __post_init__(self) -> None:
         if (self.url is None) == (not self.command):
@@ -149,10 +164,7 @@ class _Connection:
     def _transport(self, stack: AsyncExitStack) -> Any:
         server = self.server
         if server.command:
-            argv = list(server.command)
-            return stdio_client(
-                StdioServerParameters(command=argv[0], args=argv[1:], env=dict(server.env))
-            )
+            return stdio_client(_stdio_parameters(server))
         assert server.url is not None
         if server.transport == "sse":
             return sse_client(server.url, headers=dict(server.headers), timeout=server.timeout)
@@ -163,6 +175,44 @@ class _Connection:
         )
         stack.push_async_callback(http.aclose)
         return streamable_http_client(server.url, http_client=http)
+
+
+def server_home(name: str) -> Path:
+    """The home of a confined stdio server, the only place besides the workspace it writes:
+    `$XDG_CACHE_HOME/tether/mcp-home/<name>` (else `~/.cache/...`), kept between runs so that what
+    `npx` or `uvx` download for it stays."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "tether" / "mcp-home" / _TOOL_NAME.sub("_", name)
+
+
+_warned: set[str] = set()
+"""The servers whose unenforced sandbox has been logged: once a process."""
+
+
+def _stdio_parameters(server: MCPServer) -> StdioServerParameters:
+    """How to start a stdio server: as its command says, or through the sandbox's launcher
+    with a home of its own."""
+    argv, env, workspace = list(server.command), dict(server.env), server.workspace
+    if workspace is not None:
+        os.makedirs(workspace, exist_ok=True)
+    sandbox = server.sandbox
+    if sandbox is None:
+        return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=workspace)
+    home = server_home(server.name)
+    (home / "tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
+    own = [str(home), *([workspace] if workspace is not None else [])]
+    search_path = env.get("PATH") or os.environ.get("PATH") or os.defpath
+    policy = sandbox.policy(read=program_paths(argv, search_path), write=own)
+    if unenforced := policy.unenforced:
+        what = "; ".join(unenforced)
+        if sandbox.required:
+            raise ToolsetError(f"the sandbox is required and this kernel cannot confine {what}")
+        if server.name not in _warned:
+            _warned.add(server.name)
+            log.warning("MCP server %s: the sandbox cannot confine %s", server.name, what)
+    env = {"HOME": str(home), "TMPDIR": str(home / "tmp"), **env}
+    launcher = policy.launcher(argv)
+    return StdioServerParameters(command=launcher[0], args=launcher[1:], env=env, cwd=workspace)
 
 
 class MCPToolset:

@@ -22,9 +22,9 @@ from typing import Annotated
 
 from pydantic import Field
 
+from ...sandbox.syscalls import syscall
 from ..base import ToolDef, ToolError
 from ..decorator import tool
-from .syscalls import syscall
 
 MAX_READ_BYTES = 256 * 1024
 MAX_PATH_CHARS = 1024

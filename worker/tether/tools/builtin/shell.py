@@ -24,16 +24,16 @@ What the command gets:
   past the cap is read and thrown away, so a chatty command neither blocks on a full pipe nor
   grows the worker's memory; once it passes `killAfterOutputBytes` (64 MiB) the command is
   killed: that is a runaway, and reading it on only burns the worker's CPU until the timeout;
-- a Landlock sandbox (`config.sandbox`, `landlock`), on by default: the command and all it starts
-  read only the system's directories (`readPaths`) and the workspace, write only the workspace and
-  the tool's temporary directory, shared by its commands (`TMPDIR`; not /tmp, where the worker
-  keeps its home and caches in a pod), connect over TCP only to `connectPorts` (53, 80 and 443:
-  not Restate's ingress, whose handlers take requests from anyone who reaches them, nor the admin
-  API, nor the worker's port), open no Unix, vsock, Multipath TCP, SCTP or SMC socket (`seccomp`),
-  and neither signal nor reach over abstract Unix sockets any process but their own (the worker
-  included). What the kernel cannot enforce is logged once as the tool is made (TCP rules need
-  Linux 6.7, the scopes 6.12); `required: true` refuses to run a command the kernel cannot confine
-  as configured.
+- a sandbox (`config.sandbox`, `tether.sandbox`: Landlock and a seccomp filter), on by default:
+  the command and all it starts read only the system's directories (`readPaths`) and the
+  workspace, write only the workspace and the tool's temporary directory, shared by its commands
+  (`TMPDIR`; not /tmp, where the worker keeps its home and caches in a pod), connect over TCP
+  only to `connectPorts` (53, 80 and 443: not Restate's ingress, whose handlers take requests
+  from anyone who reaches them, nor the admin API, nor the worker's port), open no Unix, vsock,
+  Multipath TCP, SCTP or SMC socket, and neither signal nor reach over abstract Unix sockets any
+  process but their own (the worker included). What the kernel cannot enforce is logged once as
+  the tool is made (TCP rules need Linux 6.7, the scopes 6.12); `required: true` refuses to run
+  a command the kernel cannot confine as configured.
 
 What it does NOT confine: the command runs as the worker's user. Without the sandbox (or where
 the kernel has no Landlock) it can read any file that user can read by absolute path, write
@@ -67,11 +67,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from ...sandbox.config import SandboxConfig
+from ...sandbox.policy import Confinement
 from ..base import ToolContext, ToolDef, ToolError
 from ..decorator import tool
-from .landlock import Ruleset
-from .seccomp import SocketFilter
-from .syscalls import no_new_privs
 
 log = logging.getLogger(__name__)
 
@@ -105,50 +104,6 @@ class ShellLimits(_Config):
     )
 
 
-SYSTEM_PATHS = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc",
-    "/sys", "/dev/random", "/dev/urandom", "/run/systemd/resolve",
-]  # fmt: skip
-"""What a sandboxed command reads besides the workspace (those that exist); not the rest of
-/dev (/dev/shm, the user's terminals)."""
-DEVICES = ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"]
-"""What a sandboxed command writes besides the workspace and its temporary directory."""
-
-
-class ShellSandbox(_Config):
-    """`config.sandbox` of the shell built-in: what a command may reach (Landlock)."""
-
-    enabled: bool = True
-    read_paths: list[str] = Field(
-        default_factory=lambda: list(SYSTEM_PATHS),
-        description="Readable paths besides the workspace (absolute).",
-    )
-    write_paths: list[str] = Field(
-        default_factory=list,
-        description="Writable paths besides the workspace and the tool's TMPDIR (absolute).",
-    )
-    connect_ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(
-        default_factory=lambda: [53, 80, 443],
-        description="TCP ports a command may connect to; null: any.",
-    )
-    unix_sockets: bool = Field(
-        default=False,
-        description="Let commands open Unix sockets (docker.sock, D-Bus, ssh-agent) and "
-        "datagram socketpairs; a stream socketpair always works.",
-    )
-    required: bool = Field(
-        default=False, description="Refuse to run a command the kernel cannot confine so."
-    )
-
-    @field_validator("read_paths", "write_paths")
-    @classmethod
-    def _absolute(cls, value: list[str]) -> list[str]:
-        for path in value:
-            if not os.path.isabs(path):
-                raise ValueError(f"{path!r} is not an absolute path")
-        return value
-
-
 class ShellConfig(_Config):
     """`config` of the shell built-in."""
 
@@ -164,7 +119,7 @@ class ShellConfig(_Config):
         default_factory=list, description="Worker environment variables passed through by name."
     )
     limits: ShellLimits = Field(default_factory=ShellLimits)
-    sandbox: ShellSandbox = Field(default_factory=ShellSandbox)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @field_validator("env")
     @classmethod
@@ -255,33 +210,27 @@ def rlimits(settings: ShellConfig) -> list[tuple[int, tuple[int, int]]]:
 
 @dataclass
 class Sandbox:
-    """A shell tool's Landlock ruleset, its socket filter, and the temporary directory all its
-    commands share (their `TMPDIR`)."""
+    """A shell tool's confinement, and the temporary directory all its commands share (their
+    `TMPDIR`)."""
 
-    ruleset: Ruleset
-    sockets: SocketFilter
+    confinement: Confinement
     tmpdir: str
     required: bool
 
     @property
     def unenforced(self) -> list[str]:
         """What this kernel cannot confine of what the sandbox asks."""
-        return [*self.ruleset.unenforced, *self.sockets.unenforced]
+        return self.confinement.unenforced
 
     @classmethod
-    def of(cls, name: str, settings: ShellSandbox, workdir: str | Path) -> Sandbox:
+    def of(cls, name: str, settings: SandboxConfig, workdir: str | Path) -> Sandbox:
         tmpdir = tempfile.mkdtemp(prefix="tether-shell-")
-        writable = [workdir, tmpdir, *DEVICES, *settings.write_paths]
-        ruleset = Ruleset.build(
-            read=[Path(path) for path in settings.read_paths],
-            write=[Path(path) for path in writable],
-            connect_ports=settings.connect_ports,
-        )
-        sandbox = cls(ruleset, SocketFilter.build(settings.unix_sockets), tmpdir, settings.required)
+        confinement = settings.policy(write=[str(workdir), tmpdir]).confinement()
+        sandbox = cls(confinement, tmpdir, settings.required)
         for what in sandbox.unenforced:
             log.warning("shell tool %s: the sandbox cannot confine %s", name, what)
         # Gone with the last tool that holds it: the ruleset's descriptor and the directory.
-        weakref.finalize(sandbox, ruleset.close)
+        weakref.finalize(sandbox, confinement.close)
         weakref.finalize(sandbox, shutil.rmtree, tmpdir, ignore_errors=True)
         return sandbox
 
@@ -293,9 +242,7 @@ def _apply(limits: list[tuple[int, tuple[int, int]]], sandbox: Sandbox | None) -
     for kind, pair in limits:
         resource.setrlimit(kind, pair)
     if sandbox is not None:
-        no_new_privs()
-        sandbox.ruleset.restrict_self()
-        sandbox.sockets.install()
+        sandbox.confinement.apply()
 
 
 class _Output(asyncio.Protocol):

@@ -1,12 +1,12 @@
 """Landlock (Linux 5.13+): an unprivileged process gives up access to files, TCP ports and other
 processes, for itself and everything it starts, for good.
 
-A ruleset is built once in the worker (`Ruleset.build`): the paths a command may read, those it
-may write, the TCP ports it may connect to; and no process outside its own commands to signal or
-reach. The child of each `shell` call only applies it between fork and exec
-(`Ruleset.restrict_self`: one system call on an open file descriptor, nothing to import). What
-a kernel cannot enforce is left out and said (`Ruleset.unenforced`): TCP rules need ABI 4
-(Linux 6.7), the scopes ABI 6 (Linux 6.12).
+A ruleset (`Ruleset.build`) holds the paths a program may read, those it may write, the TCP
+ports it may connect to; and no process outside its own domain to signal or reach. Applying it
+(`Ruleset.restrict_self`) is one system call on an open file descriptor, nothing to import, so a
+`shell` child does it between fork and exec on a ruleset the worker built once. What a kernel
+cannot enforce is left out and said (`unenforced`): TCP rules need ABI 4 (Linux 6.7), the scopes
+ABI 6 (Linux 6.12).
 """
 
 from __future__ import annotations
@@ -60,6 +60,20 @@ def abi_version() -> int:
         return 0
 
 
+def unenforced(connect_ports: Sequence[int] | None, abi: int | None = None) -> list[str]:
+    """What a ruleset restricting TCP to `connect_ports` (None: not at all) cannot enforce on
+    this kernel (or at `abi`), in words for a log."""
+    abi = abi_version() if abi is None else abi
+    if abi == 0:
+        return ["files, network and signals: the kernel has no Landlock"]
+    missing = []
+    if connect_ports is not None and abi < 4:
+        missing.append(f"TCP connections: Landlock ABI {abi}, they need 4 (Linux 6.7)")
+    if abi < 6:
+        missing.append(f"signals: Landlock ABI {abi}, they need 6 (Linux 6.12)")
+    return missing
+
+
 def _fs_rights(abi: int) -> int:
     rights = _ABI1_FS
     rights |= _REFER if abi >= 2 else 0
@@ -88,25 +102,15 @@ class Ruleset:
         outside the domain. Paths that do not exist are skipped."""
         abi = abi_version()
         if abi == 0:
-            return cls(-1, 0, ["files, network and signals: the kernel has no Landlock"])
-        unenforced = []
+            return cls(-1, 0, unenforced(connect_ports, abi))
         fs = _fs_rights(abi)
-        net = 0
-        if connect_ports is not None:
-            if abi >= 4:
-                net = _CONNECT_TCP
-            else:
-                unenforced.append(f"TCP connections: Landlock ABI {abi}, they need 4 (Linux 6.7)")
-        scopes = 0
-        if abi >= 6:
-            scopes = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL
-        else:
-            unenforced.append(f"signals: Landlock ABI {abi}, they need 6 (Linux 6.12)")
+        net = _CONNECT_TCP if connect_ports is not None and abi >= 4 else 0
+        scopes = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
         attr = _RulesetAttr(fs, net, scopes)
         fd = syscall(
             _CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0, what="landlock: ruleset"
         )
-        ruleset = cls(fd, abi, unenforced)
+        ruleset = cls(fd, abi, unenforced(connect_ports, abi))
         try:
             for path in write:
                 ruleset._allow(path, fs)

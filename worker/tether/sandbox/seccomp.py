@@ -5,9 +5,9 @@ hypervisor's host) and io_uring (which makes sockets without the `socket` system
 stream `socketpair` stays open (a command's own processes talk through it); a datagram one,
 which can be connected to any socket's path, does not.
 
-Built once in the worker (`SocketFilter.build`), installed by the child between fork and exec
-(`SocketFilter.install`: one `prctl` on a program made before the fork, after
-`syscalls.no_new_privs`)."""
+Built once (`SocketFilter.build`), installed by the process it confines (`SocketFilter.install`:
+one `prctl` on a program made before, after `syscalls.no_new_privs`), so a `shell` child installs
+it between fork and exec."""
 
 from __future__ import annotations
 
@@ -68,6 +68,15 @@ def _assemble(code: list[_Op | str]) -> ctypes.Array[_Instruction]:
     return (_Instruction * len(made))(*made)
 
 
+def unenforced() -> list[str]:
+    """What a filter cannot refuse on this machine, in words for a log."""
+    machine = platform.machine()
+    if machine in _ARCHES:
+        return []
+    unseen = "Unix, vsock, Multipath TCP, SCTP and SMC sockets, and io_uring"
+    return [f"{unseen}: no seccomp filter for {machine}"]
+
+
 class _Program(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_Instruction))]
 
@@ -84,11 +93,9 @@ class SocketFilter:
 
     @classmethod
     def build(cls, unix_sockets: bool) -> SocketFilter:
-        machine = platform.machine()
-        known = _ARCHES.get(machine)
+        known = _ARCHES.get(platform.machine())
         if known is None:
-            unseen = "Unix, vsock, Multipath TCP, SCTP and SMC sockets, and io_uring"
-            return cls(None, None, [f"{unseen}: no seccomp filter for {machine}"])
+            return cls(None, None, unenforced())
         arch, socket_nr, socketpair_nr = known
         datagram_pairs: list[_Op] = [  # a datagram socket connects to any socket's path
             (_LD_W_ABS, 0, 0, _ARG1),

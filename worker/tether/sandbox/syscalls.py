@@ -1,4 +1,4 @@
-"""The few Linux system calls the built-ins make that Python's `os` has no function for
+"""The few Linux system calls Tether makes that Python's `os` has no function for
 (Landlock's, `openat2`, `prctl`), through libc."""
 
 from __future__ import annotations

@@ -1,0 +1,151 @@
+"""A spec's stdio MCP servers run confined (`tether.sandbox`, through its launcher): a server
+that does what the model asks reaches neither the files beside the workspace nor a loopback port
+that stands for Restate's ingress, and writes only the workspace and a home of its own. Real
+processes: the suite's deputy server (`deputy_server.py`) and `mcp-server-fetch` from PyPI."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.mcp.servers import LOOPBACK, LoopbackSite, StdioServer
+from tether.sandbox import landlock
+from tether.spec import parse_agent
+from tether.spec.assemble import SpecTools
+from tether.tools import ToolError
+from tether.tools.mcp import MCPToolset, server_home
+
+DEPUTY = Path(__file__).resolve().with_name("deputy_server.py")
+
+pytestmark = pytest.mark.skipif(
+    landlock.abi_version() < 6, reason="the kernel's Landlock is older than ABI 6 (Linux 6.12)"
+)
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The servers' homes go under the test's directory, not the user's cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP port listening on loopback, standing for Restate's ingress."""
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        sock.listen(8)
+        yield sock.getsockname()[1]
+
+
+def toolset(tmp_path: Path, mcp: dict[str, Any]) -> MCPToolset:
+    """The toolset of a spec with the one stdio server `mcp`, its workspace tmp_path/ws."""
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "sandboxed"},
+        "spec": {
+            "model": {"provider": "scripted", "name": "s", "script": [{"text": "done"}]},
+            "tools": [{"name": "deputy", "mcp": mcp}],
+        },
+    }
+    (found,) = SpecTools(parse_agent(document).spec, tmp_path / "ws").for_run()
+    assert isinstance(found, MCPToolset)
+    return found
+
+
+async def calls(toolset: MCPToolset, *asked: tuple[str, dict[str, Any]]) -> list[str]:
+    """Each call's output, or its error's text."""
+    tools = {tool.spec.name: tool for tool in toolset.tools(await toolset.list_tools())}
+    results = []
+    try:
+        for name, arguments in asked:
+            try:
+                results.append(str(await toolset.call(name, arguments)))
+            except ToolError as error:
+                results.append(f"error: {error}")
+    finally:
+        await toolset.aclose()
+    assert tools
+    return results
+
+
+async def test_a_confined_deputy_reaches_only_the_workspace_and_its_home(
+    tmp_path: Path, listener: int, cache_home: Path
+) -> None:
+    secret = tmp_path / "beside-the-workspace"
+    secret.write_text("the worker's")
+    home = server_home("deputy")
+    asked = [
+        ("read", {"path": str(secret)}),
+        ("write", {"path": str(tmp_path / "planted"), "text": "x"}),
+        ("write", {"path": "/tmp/planted-by-the-deputy", "text": "x"}),
+        ("connect", {"port": listener}),
+        ("write", {"path": "notes.txt", "text": "kept"}),  # its working directory
+        ("write", {"path": str(home / "cache.txt"), "text": "kept"}),
+        ("env", {"name": "HOME"}),
+        ("env", {"name": "TMPDIR"}),
+        ("read", {"path": str(DEPUTY)}),
+    ]
+    results = await calls(toolset(tmp_path, {"command": [sys.executable, str(DEPUTY)]}), *asked)
+    refused = "Permission denied"
+    assert all(refused in result for result in results[:4]), results[:4]
+    assert results[4:6] == ["wrote notes.txt", f"wrote {home / 'cache.txt'}"]
+    assert (tmp_path / "ws" / "notes.txt").read_text() == "kept"
+    assert results[6:8] == [str(home), str(home / "tmp")]
+    assert home.is_relative_to(cache_home)
+    assert "confused deputy" in results[8]  # the files its command names
+    assert not (tmp_path / "planted").exists()
+
+    # What the sandbox stands between: unconfined, the same server reaches all of it.
+    unconfined = {"command": [sys.executable, str(DEPUTY)], "sandbox": {"enabled": False}}
+    results = await calls(toolset(tmp_path, unconfined), *asked[:2], asked[3])
+    assert results == ["the worker's", f"wrote {tmp_path / 'planted'}", f"connected to {listener}"]
+
+
+async def test_the_sandboxs_settings_open_a_path_and_a_port(tmp_path: Path, listener: int) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    sandbox = {"writePaths": [str(shared)], "connectPorts": [listener]}
+    mcp = {"command": [sys.executable, str(DEPUTY)], "sandbox": sandbox}
+    results = await calls(
+        toolset(tmp_path, mcp),
+        ("write", {"path": str(shared / "out"), "text": "x"}),
+        ("connect", {"port": listener}),
+    )
+    assert results == [f"wrote {shared / 'out'}", f"connected to {listener}"]
+
+
+async def test_a_published_fetch_server_cannot_fetch_a_loopback_port_unless_given_it(
+    tmp_path: Path, fetch_server_stdio: StdioServer, loopback_site: LoopbackSite
+) -> None:
+    """`mcp-server-fetch --allow-private-ips` fetches what the model names; confined, a page on
+    a loopback port (Restate's ingress, the worker's port) is out of its reach."""
+    command = list(fetch_server_stdio.argv)
+    port = int(loopback_site.url.split(":")[2].split("/")[0])
+    asked = ("fetch", {"url": loopback_site.url})
+    before = len(loopback_site.paths)
+    (refused,) = await calls(toolset(tmp_path, {"command": command}), asked)
+    assert refused.startswith("error: ") and "Failed to fetch" in refused, refused
+    assert loopback_site.paths[before:] == []  # no connection reached the site
+    given = {"command": command, "sandbox": {"connectPorts": [port]}}
+    (fetched,) = await calls(toolset(tmp_path, given), asked)
+    assert "forty-two" in fetched, fetched
+    assert loopback_site.paths[before:] == ["/page.html"]
+
+
+async def test_a_required_sandbox_the_kernel_cannot_give_fails_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(landlock, "abi_version", lambda: 0)  # a kernel without Landlock
+    mcp = {"command": [sys.executable, str(DEPUTY)], "sandbox": {"required": True}}
+    found = toolset(tmp_path, mcp)
+    monkeypatch.setattr("tether.tools.mcp.LIST_ATTEMPTS", 1)
+    with pytest.raises(Exception, match="the sandbox is required and this kernel cannot"):
+        await found.list_tools()
