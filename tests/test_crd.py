@@ -179,7 +179,7 @@ def test_a_full_manifest_is_accepted_with_defaults_and_nulls_pruned(
     assert spec["tools"][0]["requireApproval"] is False
     assert spec["worker"]["env"] == [{"name": "A", "value": "b"}]
     assert spec["tools"][3]["mcp"]["transport"] == "streamable-http"
-    assert spec["tools"][4]["mcp"]["env"] == [{"name": "TZ", "value": ""}]
+    assert spec["tools"][4]["mcp"]["env"] == [{"name": "TZ"}]
     assert spec["observability"] == {"otlpEndpoint": "http://otel-collector.observability:4318"}
     assert spec["scaling"] == {
         "idleAfter": "10m",
@@ -372,6 +372,37 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
             ],
         },
         "spec.tools[0].mcp.headers[0]",
+    ),
+    (
+        "mcp-env-credential-in-plain-text",
+        {
+            **_model(**KEY),
+            "tools": [
+                {
+                    "name": "a",
+                    "mcp": {"command": ["x"], "env": [{"name": "GITHUB_TOKEN", "value": "ghp_1"}]},
+                }
+            ],
+        },
+        "spec.tools[0].mcp.env[0]",
+    ),
+    (
+        "mcp-env-value-and-secret",
+        {
+            **_model(**KEY),
+            "tools": [
+                {
+                    "name": "a",
+                    "mcp": {
+                        "command": ["x"],
+                        "env": [
+                            {"name": "X", "value": "v", "secretRef": {"name": "s", "key": "k"}}
+                        ],
+                    },
+                }
+            ],
+        },
+        "spec.tools[0].mcp.env[0]",
     ),
     (
         "mcp-header-without-value",

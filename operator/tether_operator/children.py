@@ -94,7 +94,7 @@ async def missing_secrets(kube: Kube, agent: DurableAgent, namespace: str) -> li
         refs.append(
             ("spec.approvals.notify.slackSigningSecretRef", notify.slack_signing_secret_ref)
         )
-    refs.extend((field, ref) for field, ref, _ in agent.spec.mcp_header_secrets())
+    refs.extend((field, ref) for field, ref, _ in agent.spec.mcp_secrets())
     problems = []
     for field, ref in refs:
         secret = await kube.get("v1", "Secret", namespace, ref.name)

@@ -196,7 +196,7 @@ def _worker_container(
         # like the API key, never through the ConfigMap (which holds only the reference).
         secret = notify.url_secret_ref
         env.append(_secret_env(notify.url_variable, secret.name, secret.key))
-    for _, secret, variable in spec.mcp_header_secrets():  # credentials of MCP servers
+    for _, secret, variable in spec.mcp_secrets():  # credentials of MCP servers
         env.append(_secret_env(variable, secret.name, secret.key))
     env.extend(_overridable_env(agent, settings))
     env.extend({"name": e.name, "value": e.value} for e in spec.worker.env)

@@ -1,7 +1,8 @@
 """A spec's stdio MCP servers run confined (`tether.sandbox`, through its launcher): a server
 that does what the model asks reaches neither the files beside the workspace nor a loopback port
-that stands for Restate's ingress, and writes only the workspace and a home of its own. Real
-processes: the suite's deputy server (`deputy_server.py`) and `mcp-server-fetch` from PyPI."""
+that stands for Restate's ingress, and writes only the workspace and a home of its own; its
+credentials come from Secrets, to it alone. Real processes: the suite's deputy server
+(`deputy_server.py`) and `mcp-server-fetch` from PyPI."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from tests.mcp.servers import LOOPBACK, LoopbackSite, StdioServer
 from tether.sandbox import landlock
-from tether.spec import parse_agent
+from tether.spec import SpecError, parse_agent
 from tether.spec.assemble import SpecTools
 from tether.tools import ToolError
 from tether.tools.mcp import MCPToolset, server_home
@@ -44,18 +45,23 @@ def listener() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def toolset(tmp_path: Path, mcp: dict[str, Any]) -> MCPToolset:
-    """The toolset of a spec with the one stdio server `mcp`, its workspace tmp_path/ws."""
-    document = {
+def document(mcp: dict[str, Any], *more_tools: dict[str, Any]) -> dict[str, Any]:
+    return {
         "apiVersion": "tether.dev/v1alpha1",
         "kind": "DurableAgent",
         "metadata": {"name": "sandboxed"},
         "spec": {
             "model": {"provider": "scripted", "name": "s", "script": [{"text": "done"}]},
-            "tools": [{"name": "deputy", "mcp": mcp}],
+            "tools": [{"name": "deputy", "mcp": mcp}, *more_tools],
         },
     }
-    (found,) = SpecTools(parse_agent(document).spec, tmp_path / "ws").for_run()
+
+
+def toolset(tmp_path: Path, mcp: dict[str, Any], env: dict[str, str] | None = None) -> MCPToolset:
+    """The toolset of a spec with the one stdio server `mcp`, its workspace tmp_path/ws, the
+    worker's environment `env`."""
+    spec = parse_agent(document(mcp)).spec
+    (found,) = SpecTools(spec, tmp_path / "ws", env=env).for_run()
     assert isinstance(found, MCPToolset)
     return found
 
@@ -149,3 +155,36 @@ async def test_a_required_sandbox_the_kernel_cannot_give_fails_the_listing(
     monkeypatch.setattr("tether.tools.mcp.LIST_ATTEMPTS", 1)
     with pytest.raises(Exception, match="the sandbox is required and this kernel cannot"):
         await found.list_tools()
+
+
+async def test_a_stdio_servers_credential_comes_from_a_secret_to_that_server_alone(
+    tmp_path: Path,
+) -> None:
+    """A credential in `env` comes from a Secret through the worker's environment (the operator
+    maps it in as TETHER_MCP_<TOOL>_<NAME>), never in plain text, and no command gets it."""
+    secret = {"name": "API_TOKEN", "secretRef": {"name": "deputy", "key": "token"}}
+    mcp = {
+        "command": [sys.executable, str(DEPUTY)],
+        "env": [secret, {"name": "REGION", "value": "eu"}],
+    }
+    with pytest.raises(SpecError, match="TETHER_MCP_DEPUTY_API_TOKEN is not set"):
+        toolset(tmp_path, mcp, env={})
+    worker_env = {"TETHER_MCP_DEPUTY_API_TOKEN": "t0ken"}
+    results = await calls(
+        toolset(tmp_path, mcp, env=worker_env),
+        ("env", {"name": "API_TOKEN"}),
+        ("env", {"name": "REGION"}),
+        ("env", {"name": "TETHER_MCP_DEPUTY_API_TOKEN"}),
+    )
+    assert results == ["t0ken", "eu", ""]
+
+    plain = {"command": ["x"], "env": [{"name": "GITHUB_TOKEN", "value": "ghp_1"}]}
+    with pytest.raises(SpecError, match="GITHUB_TOKEN carries a credential"):
+        parse_agent(document(plain))
+    shell = {
+        "name": "sh",
+        "builtin": "shell",
+        "config": {"passEnv": ["TETHER_MCP_DEPUTY_API_TOKEN"]},
+    }
+    with pytest.raises(SpecError, match="TETHER_MCP_DEPUTY_API_TOKEN holds a secret"):
+        parse_agent(document(mcp, shell))

@@ -115,6 +115,13 @@ def test_the_egress_policy_reaches_the_mcp_services_and_secrets_reach_only_their
                 ],
             },
         },
+        {
+            "name": "files",
+            "mcp": {
+                "command": ["mcp-server-files"],
+                "env": [{"name": "API_TOKEN", "secretRef": {"name": "mcp", "key": "token"}}],
+            },
+        },
         {"name": "later", "mcp": {"url": "http://later-mcp:8000/mcp"}},  # no such Service, yet
         {"name": "public", "mcp": {"url": "https://mcp.example.com/mcp"}},
     ]
@@ -152,15 +159,18 @@ def test_the_egress_policy_reaches_the_mcp_services_and_secrets_reach_only_their
     sidecar, index = wait_for(lambda: containers("sidecar"), timeout=60, what="the sidecar's")
     assert "TETHER_SLACK_SIGNING_SECRET" not in {e.name for e in index.env}
     env = {e.name: e for e in worker.env}
-    reference = env["TETHER_MCP_CLOCK_AUTHORIZATION"].value_from.secret_key_ref
-    assert (reference.name, reference.key) == ("mcp", "token")
+    for variable in ("TETHER_MCP_CLOCK_AUTHORIZATION", "TETHER_MCP_FILES_API_TOKEN"):
+        reference = env[variable].value_from.secret_key_ref
+        assert (reference.name, reference.key) == ("mcp", "token")
     assert "TETHER_SLACK_SIGNING_SECRET" not in env
     signing = {e.name: e for e in sidecar.env}["TETHER_SLACK_SIGNING_SECRET"]
     assert (signing.value_from.secret_key_ref.name, signing.value_from.secret_key_ref.key) == (
         "slack",
         "signing",
     )
-    assert "TETHER_MCP_CLOCK_AUTHORIZATION" not in {e.name for e in sidecar.env}
+    assert not {"TETHER_MCP_CLOCK_AUTHORIZATION", "TETHER_MCP_FILES_API_TOKEN"} & {
+        e.name for e in sidecar.env
+    }
     config_maps = cluster.core.list_namespaced_config_map(
         cluster.namespace, label_selector="tether.dev/agent=triage"
     ).items

@@ -7,6 +7,7 @@ Validation errors name the field and say how to fix it (`SpecError`).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -360,12 +361,54 @@ HEADER_NAME = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
 CREDENTIAL_HEADER = re.compile(r"authorization|token|key|secret|cookie|password|credential", re.I)
 
 
-def mcp_header_variable(tool: str, header: str) -> str:
-    """The worker's environment variable of an MCP header kept in a Secret (by default)."""
-    return "TETHER_MCP_" + re.sub(r"[^A-Za-z0-9]", "_", f"{tool}_{header}").upper()
+CREDENTIAL_VARIABLE = re.compile(
+    r"token|secret|password|passwd|credential|api_?key|private_?key|(^|_)(key|auth|pat)(_|$)", re.I
+)
 
 
-class McpHeader(_Model):
+def mcp_variable(tool: str, name: str) -> str:
+    """The worker's environment variable of an MCP server's header or variable kept in a
+    Secret (by default)."""
+    return "TETHER_MCP_" + re.sub(r"[^A-Za-z0-9]", "_", f"{tool}_{name}").upper()
+
+
+class _SecretSourced(_Model):
+    """A named value of an MCP server that may come from a Secret, through the worker's
+    environment."""
+
+    name: str
+    value: str | None
+    secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding the value; the operator maps it into the worker's "
+        "environment (`env`), never into the ConfigMap, the status or an event.",
+    )
+    env: str | None = Field(
+        default=None,
+        pattern=ENV_NAME,
+        description="The worker's environment variable holding the value (default "
+        "TETHER_MCP_<TOOL>_<NAME>): filled from secretRef on Kubernetes; `tether run` and "
+        "`tether worker` read it from their environment.",
+    )
+
+    @property
+    def from_worker(self) -> bool:
+        """Whether the value is read from the worker's environment (a Secret's)."""
+        return self.secret_ref is not None or self.env is not None
+
+    def variable(self, tool: str) -> str:
+        """The worker's variable the value is read from (when `from_worker`)."""
+        return self.env or mcp_variable(tool, self.name)
+
+    def _plain_credential(self, looks_like: re.Pattern[str]) -> None:
+        if self.value and looks_like.search(self.name):
+            raise ValueError(
+                f"{self.name} carries a credential, and `value` is stored in plain text in the "
+                "DurableAgent and its ConfigMap: put it in a Secret and name it in `secretRef`"
+            )
+
+
+class McpHeader(_SecretSourced):
     """An HTTP header sent with every request to an MCP server. A credential (an
     Authorization header, a token, a key) comes from a Secret (`secretRef`)."""
 
@@ -376,33 +419,34 @@ class McpHeader(_Model):
         description="A plain value, stored in the DurableAgent and its ConfigMap: never a "
         "credential (refused for Authorization, cookies, tokens and keys).",
     )
-    secret_ref: SecretKeyRef | None = Field(
-        default=None,
-        description="Secret holding the value; the operator maps it into the worker's "
-        "environment (`env`), never into the ConfigMap, the status or an event.",
-    )
-    env: str | None = Field(
-        default=None,
-        pattern=ENV_NAME,
-        description="Environment variable holding the value (default "
-        "TETHER_MCP_<TOOL>_<HEADER>): filled from secretRef on Kubernetes; `tether run` and "
-        "`tether worker` read it from their environment.",
-    )
-
-    def variable(self, tool: str) -> str:
-        """The environment variable the worker reads the value from (unless `value` is set)."""
-        return self.env or mcp_header_variable(tool, self.name)
 
     @model_validator(mode="after")
     def _one_source(self) -> McpHeader:
-        from_env = self.secret_ref is not None or self.env is not None
-        if (self.value is not None) == from_env:
+        if (self.value is not None) == self.from_worker:
             raise ValueError("set `value`, or `secretRef` (with an optional `env`), not both")
-        if self.value is not None and CREDENTIAL_HEADER.search(self.name):
-            raise ValueError(
-                f"{self.name} carries a credential, and `value` is stored in plain text in the "
-                "DurableAgent and its ConfigMap: put it in a Secret and name it in `secretRef`"
-            )
+        self._plain_credential(CREDENTIAL_HEADER)
+        return self
+
+
+class McpEnvVar(_SecretSourced):
+    """An environment variable of a stdio MCP server, handed to that server alone. A
+    credential (a token, a key, a password) comes from a Secret (`secretRef`)."""
+
+    name: str = Field(
+        pattern=ENV_NAME, max_length=128, description="Variable name, e.g. GITHUB_TOKEN."
+    )
+    value: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="A plain value (default: empty), stored in the DurableAgent and its "
+        "ConfigMap: never a credential (refused for TOKEN, SECRET, PASSWORD, KEY...).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> McpEnvVar:
+        if self.value is not None and self.from_worker:
+            raise ValueError("set `value`, or `secretRef` (with an optional `env`), not both")
+        self._plain_credential(CREDENTIAL_VARIABLE)
         return self
 
 
@@ -443,8 +487,10 @@ class McpSpec(_Model):
         description="argv of a stdio server. It starts with `env` and a safe minimum of the "
         "worker's environment (PATH, HOME), never the worker's secrets.",
     )
-    env: list[EnvVar] = Field(
-        default_factory=list, description="Environment of a stdio server (plain values)."
+    env: list[McpEnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Environment of a stdio server: plain values, and credentials from Secrets.",
     )
     headers: list[McpHeader] = Field(
         default_factory=list, max_length=32, description="HTTP headers of every request."
@@ -1148,18 +1194,25 @@ class DurableAgentSpec(_Model):
         notify = self.approvals.notify
         if notify is not None and notify.url is None:
             names.append(notify.url_variable)
-        names.extend(variable for _, _, variable in self.mcp_header_secrets())
+        names.extend(variable for _, _, variable in self.mcp_secrets())
         return list(dict.fromkeys(name for name in names if name))
 
-    def mcp_header_secrets(self) -> list[tuple[str, SecretKeyRef, str]]:
-        """The Secrets of MCP headers: the field naming each, its reference, and the variable
-        the worker reads it from."""
+    def mcp_secrets(self) -> list[tuple[str, SecretKeyRef, str]]:
+        """The Secrets of MCP servers' headers and variables: the field naming each, its
+        reference, and the variable the worker reads it from."""
         found = []
         for index, entry in enumerate(self.tools):
-            for number, header in enumerate(entry.mcp.headers if entry.mcp else []):
-                if header.secret_ref is not None:
-                    where = f"spec.tools[{index}].mcp.headers[{number}].secretRef"
-                    found.append((where, header.secret_ref, header.variable(entry.name)))
+            if entry.mcp is None:
+                continue
+            named: list[tuple[str, Sequence[McpHeader | McpEnvVar]]] = [
+                ("headers", entry.mcp.headers),
+                ("env", entry.mcp.env),
+            ]
+            for field, items in named:
+                for number, item in enumerate(items):
+                    if item.secret_ref is not None:
+                        where = f"spec.tools[{index}].mcp.{field}[{number}].secretRef"
+                        found.append((where, item.secret_ref, item.variable(entry.name)))
         return found
 
     @model_validator(mode="after")

@@ -30,6 +30,8 @@ from ..tools.human import Wait, approval_gate, ask_human_tool
 from ..tools.toolset import Toolset
 from . import (
     DurableAgentSpec,
+    McpEnvVar,
+    McpHeader,
     ModelChoice,
     ModelCooldown,
     OutputSpec,
@@ -411,31 +413,33 @@ def mcp_toolset(
     observe: CallObserver | None,
     workspace: str,
 ) -> Toolset:
-    """The toolset of an `mcp` entry, its header credentials read from `env`; a stdio server
-    confined to `workspace` and its own paths unless its `sandbox` is off."""
+    """The toolset of an `mcp` entry, its headers' and variables' credentials read from `env`;
+    a stdio server confined to `workspace` and its own paths unless its `sandbox` is off."""
     from ..tools.mcp import MCPServer, MCPToolset, ToolOverride
 
     mcp = entry.mcp
     assert mcp is not None
-    headers = {}
-    for header in mcp.headers:
-        value = header.value
-        if value is None:
-            variable = header.variable(entry.name)
-            value = env.get(variable, "")
-            if not value:
-                raise SpecError(
-                    f"{variable} is not set: tools[{entry.name}].mcp.headers {header.name!r} "
-                    "takes its value from it (on Kubernetes the operator maps it in from the "
-                    "header's secretRef)"
-                )
-        headers[header.name] = value
+
+    def credential(field: str, item: McpHeader | McpEnvVar) -> str:
+        variable = item.variable(entry.name)
+        value = env.get(variable, "")
+        if not value:
+            raise SpecError(
+                f"{variable} is not set: tools[{entry.name}].mcp.{field} {item.name!r} takes "
+                "its value from it (on Kubernetes the operator maps it in from its secretRef)"
+            )
+        return value
+
+    headers = {
+        h.name: h.value if h.value is not None else credential("headers", h) for h in mcp.headers
+    }
+    server_env = {v.name: credential("env", v) if v.from_worker else v.value or "" for v in mcp.env}
     server = MCPServer(
         name=entry.name,
         url=mcp.url,
         transport=mcp.transport,
         command=tuple(mcp.command or ()),
-        env={variable.name: variable.value for variable in mcp.env},
+        env=server_env,
         headers=headers,
         include=tuple(mcp.include),
         exclude=tuple(mcp.exclude),

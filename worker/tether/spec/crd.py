@@ -18,6 +18,7 @@ import yaml
 from . import (
     API_VERSION,
     CREDENTIAL_HEADER,
+    CREDENTIAL_VARIABLE,
     KIND,
     TOKEN_WEBHOOK,
     URL_QUERY,
@@ -239,6 +240,20 @@ def _spec_schema() -> Schema:
             + _cel_string(f"(?i){CREDENTIAL_HEADER.pattern}")
             + ")",
             "spec.tools[].mcp.headers[]: this header carries a credential; put it in a Secret "
+            "and name it in secretRef",
+        ),
+    )
+    _add_rules(
+        mcp["properties"]["env"]["items"],
+        _rule(
+            "!has(self.value) || !(has(self.secretRef) || has(self.env))",
+            "spec.tools[].mcp.env[]: set value, or secretRef (with an optional env), not both",
+        ),
+        _rule(
+            "!has(self.value) || size(self.value) == 0 || !self.name.matches("
+            + _cel_string(f"(?i){CREDENTIAL_VARIABLE.pattern}")
+            + ")",
+            "spec.tools[].mcp.env[]: this variable looks like a credential; put it in a Secret "
             "and name it in secretRef",
         ),
     )
