@@ -354,6 +354,18 @@ async def test_a_sandboxed_command_signals_only_its_own_processes(tmp_path: Path
     assert "Operation not permitted" in output and "stopped its own" in output, output
 
 
+@needs_landlock
+async def test_a_sandboxed_command_holds_no_capability_and_reads_no_workers_environ(
+    tmp_path: Path,
+) -> None:
+    """Under a root worker too: the command keeps no capability (root's CAP_SYS_PTRACE read
+    the worker's /proc/<pid>/environ, its CAP_NET_ADMIN rewrote the network's rules)."""
+    script = f"grep -E '^Cap(Eff|Bnd)' /proc/self/status; cat /proc/{os.getpid()}/environ"
+    output = await run({}, tmp_path, script)
+    assert f"CapEff:\t{'0' * 16}" in output and f"CapBnd:\t{'0' * 16}" in output, output
+    assert "Permission denied" in output, output
+
+
 async def test_what_the_kernel_cannot_confine_is_logged_or_refused_when_required(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -50,7 +50,12 @@ def tether(
         capture_output=True,
         text=True,
         timeout=120,
-        env={**NO_KEYS, "XDG_STATE_HOME": str(state_home(cwd)), **(env or {})},
+        env={
+            **NO_KEYS,
+            "XDG_STATE_HOME": str(state_home(cwd)),
+            "XDG_CACHE_HOME": str(cwd.with_name(f"{cwd.name}-cache")),  # MCP servers' homes
+            **(env or {}),
+        },
     )
 
 

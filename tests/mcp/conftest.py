@@ -11,6 +11,7 @@ Session-scoped, started once:
 - `loopback_site`: a web page on 127.0.0.1 for `fetch`, recording the paths it was asked for.
 
 Per test:
+- `cache_home` (autouse): `XDG_CACHE_HOME`, where confined stdio servers get their homes.
 - `git_repo` (a repository with one commit) and `git_server_stdio` confined to it.
 - `start_mcp_proxy(stdio_server)`: any stdio server behind a fresh `mcp-proxy`.
 - `suite_files` (calls log, release file, tool-list marker: `SuiteFiles`), and the suite server
@@ -128,6 +129,15 @@ def start_mcp_proxy(
     dump_logs_if_failed(request, {p.name: p.log_tail for p in started})
     for proxy in started:
         proxy.stop()
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Confined stdio servers' homes (`tether.tools.mcp.server_home`) go under the test's
+    directory, not the user's cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
 
 
 @pytest.fixture

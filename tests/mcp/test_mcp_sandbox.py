@@ -6,6 +6,7 @@ credentials come from Secrets, to it alone. Real processes: the suite's deputy s
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -16,24 +17,18 @@ import pytest
 
 from tests.mcp.servers import LOOPBACK, LoopbackSite, StdioServer
 from tether.sandbox import landlock
+from tether.sandbox.config import SYSTEM_PATHS
 from tether.spec import SpecError, parse_agent
 from tether.spec.assemble import SpecTools
 from tether.tools import ToolError
 from tether.tools.mcp import MCPToolset, server_home
+from tether.tools.toolset import ToolsetError
 
 DEPUTY = Path(__file__).resolve().with_name("deputy_server.py")
 
 pytestmark = pytest.mark.skipif(
     landlock.abi_version() < 6, reason="the kernel's Landlock is older than ABI 6 (Linux 6.12)"
 )
-
-
-@pytest.fixture(autouse=True)
-def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The servers' homes go under the test's directory, not the user's cache."""
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    return cache
 
 
 @pytest.fixture
@@ -82,44 +77,92 @@ async def calls(toolset: MCPToolset, *asked: tuple[str, dict[str, Any]]) -> list
     return results
 
 
+DEPUTY_COMMAND = [sys.executable, str(DEPUTY)]
+
+
 async def test_a_confined_deputy_reaches_only_the_workspace_and_its_home(
     tmp_path: Path, listener: int, cache_home: Path
 ) -> None:
     secret = tmp_path / "beside-the-workspace"
     secret.write_text("the worker's")
-    home = server_home("deputy")
+    bashrc = Path.home() / ".bashrc"
+    deputy = toolset(tmp_path, {"command": DEPUTY_COMMAND})
+    home = server_home(deputy.server)
     asked = [
         ("read", {"path": str(secret)}),
         ("write", {"path": str(tmp_path / "planted"), "text": "x"}),
         ("write", {"path": "/tmp/planted-by-the-deputy", "text": "x"}),
         ("connect", {"port": listener}),
-        ("write", {"path": "notes.txt", "text": "kept"}),  # its working directory
-        ("write", {"path": str(home / "cache.txt"), "text": "kept"}),
+        ("read", {"path": f"/proc/{os.getpid()}/environ"}),  # the worker's secrets
+        ("read", {"path": str(bashrc)}),
+        ("write", {"path": str(tmp_path / "ws" / "notes.txt"), "text": "kept"}),
+        ("write", {"path": "cache.txt", "text": "kept"}),  # its working directory: its home
         ("env", {"name": "HOME"}),
         ("env", {"name": "TMPDIR"}),
         ("read", {"path": str(DEPUTY)}),
     ]
-    results = await calls(toolset(tmp_path, {"command": [sys.executable, str(DEPUTY)]}), *asked)
-    refused = "Permission denied"
-    assert all(refused in result for result in results[:4]), results[:4]
-    assert results[4:6] == ["wrote notes.txt", f"wrote {home / 'cache.txt'}"]
-    assert (tmp_path / "ws" / "notes.txt").read_text() == "kept"
-    assert results[6:8] == [str(home), str(home / "tmp")]
+    results = await calls(deputy, *asked)
+    refused = ("Permission denied", "No such file")  # ~/.bashrc may not be there at all
+    assert all(any(r in result for r in refused) for result in results[:6]), results[:6]
+    assert results[6:8] == [f"wrote {tmp_path / 'ws' / 'notes.txt'}", "wrote cache.txt"]
+    assert (home / "cache.txt").read_text() == "kept"
+    assert results[8:10] == [str(home), str(home / "tmp")]
     assert home.is_relative_to(cache_home)
-    assert "confused deputy" in results[8]  # the files its command names
+    assert oct(home.stat().st_mode & 0o777) == oct(0o700)
+    assert "confused deputy" in results[10]  # the files its command names
     assert not (tmp_path / "planted").exists()
 
     # What the sandbox stands between: unconfined, the same server reaches all of it.
-    unconfined = {"command": [sys.executable, str(DEPUTY)], "sandbox": {"enabled": False}}
+    unconfined = {"command": DEPUTY_COMMAND, "sandbox": {"enabled": False}}
     results = await calls(toolset(tmp_path, unconfined), *asked[:2], asked[3])
     assert results == ["the worker's", f"wrote {tmp_path / 'planted'}", f"connected to {listener}"]
+
+
+async def test_a_module_planted_in_the_workspace_does_not_replace_the_servers(
+    tmp_path: Path,
+) -> None:
+    """The model writes the workspace (file tools, `shell`); a server that loads code from its
+    working directory (`python -m`, npx, uv) would load the model's: its working directory is
+    its home, which no other tool writes."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    planted = tmp_path / "planted-module-ran"
+    (workspace / "deputy_server.py").write_text(f"open({str(planted)!r}, 'w')\n")
+    readable = {"readPaths": [*SYSTEM_PATHS, str(DEPUTY.parent)]}
+    mcp = {
+        "command": [sys.executable, "-m", "deputy_server"],
+        "env": [{"name": "PYTHONPATH", "value": str(DEPUTY.parent)}],
+        "sandbox": readable,
+    }
+    (home,) = await calls(toolset(tmp_path, mcp), ("env", {"name": "HOME"}))
+    assert home.startswith(str(tmp_path / "cache")) and not planted.exists()
+
+
+async def test_a_home_that_is_a_symlink_or_inside_the_workspace_is_refused(
+    tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A symlink planted where the home goes would give the server what it points to."""
+    monkeypatch.setattr("tether.tools.mcp.LIST_ATTEMPTS", 1)
+    deputy = toolset(tmp_path, {"command": DEPUTY_COMMAND})
+    home = server_home(deputy.server)
+    home.parent.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    home.symlink_to(outside)
+    with pytest.raises(ToolsetError, match="is not a directory of this user's"):
+        await deputy.list_tools()
+    assert list(outside.iterdir()) == []
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "ws" / ".cache"))
+    with pytest.raises(ToolsetError, match="overlap"):
+        await toolset(tmp_path, {"command": DEPUTY_COMMAND}).list_tools()
 
 
 async def test_the_sandboxs_settings_open_a_path_and_a_port(tmp_path: Path, listener: int) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     sandbox = {"writePaths": [str(shared)], "connectPorts": [listener]}
-    mcp = {"command": [sys.executable, str(DEPUTY)], "sandbox": sandbox}
+    mcp = {"command": DEPUTY_COMMAND, "sandbox": sandbox}
     results = await calls(
         toolset(tmp_path, mcp),
         ("write", {"path": str(shared / "out"), "text": "x"}),
@@ -150,7 +193,7 @@ async def test_a_required_sandbox_the_kernel_cannot_give_fails_the_listing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(landlock, "abi_version", lambda: 0)  # a kernel without Landlock
-    mcp = {"command": [sys.executable, str(DEPUTY)], "sandbox": {"required": True}}
+    mcp = {"command": DEPUTY_COMMAND, "sandbox": {"required": True}}
     found = toolset(tmp_path, mcp)
     monkeypatch.setattr("tether.tools.mcp.LIST_ATTEMPTS", 1)
     with pytest.raises(Exception, match="the sandbox is required and this kernel cannot"):
@@ -188,3 +231,11 @@ async def test_a_stdio_servers_credential_comes_from_a_secret_to_that_server_alo
     }
     with pytest.raises(SpecError, match="TETHER_MCP_DEPUTY_API_TOKEN holds a secret"):
         parse_agent(document(mcp, shell))
+    # The worker's own secrets are never sent to a server, by a variable or a header.
+    for own in ("TETHER_WEBHOOK_SECRET", "ANTHROPIC_API_KEY"):
+        taken = {"command": ["x"], "env": [{"name": "T", "env": own}]}
+        with pytest.raises(SpecError, match=f"{own} is a secret of the worker's own"):
+            parse_agent(document(taken))
+    header = {"name": "Authorization", "env": "TETHER_WEBHOOK_SECRET"}
+    with pytest.raises(SpecError, match="is a secret of the worker's own"):
+        parse_agent(document({"url": "http://m/mcp", "headers": [header]}))

@@ -1,32 +1,34 @@
-"""`python -m tether.sandbox POLICY -- PROGRAM [ARG...]`: exec PROGRAM confined to POLICY (the
-JSON of a `policy.Policy`), for programs that code other than Tether's starts. Exits 126 when it
-cannot confine, 127 when PROGRAM is not found, saying why on stderr."""
+"""`python -I -m tether.sandbox`: exec the program of the launch in `$TETHER_SANDBOX_LAUNCH`
+(`launch.Launch`, JSON) confined to its policy. Exits 126 when it cannot confine or run the
+program, 127 when the program is not there, saying why on stderr; never runs it unconfined."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from .policy import Policy
+from .launch import LAUNCH_ENV, Launch
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m tether.sandbox POLICY -- PROGRAM [ARG...]", file=sys.stderr)
-        return 2
-    program = argv[3:]
+def main() -> int:
     try:
-        confinement = Policy.from_json(argv[1]).confinement()
-        confinement.apply()
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        print(f"tether.sandbox: cannot confine {program[0]}: {error}", file=sys.stderr)
+        launch = Launch.from_json(os.environ.pop(LAUNCH_ENV))
+    except (KeyError, ValueError, TypeError) as error:
+        print(f"tether.sandbox: no launch in ${LAUNCH_ENV}: {error!r}", file=sys.stderr)
+        return 2
+    program = launch.argv[0]
+    try:
+        launch.policy.confinement().apply()
+        os.chdir(launch.cwd)
+    except OSError as error:
+        print(f"tether.sandbox: cannot confine {program}: {error}", file=sys.stderr)
         return 126
     try:
-        os.execvp(program[0], program)
+        os.execve(program, launch.argv, dict(launch.env))
     except OSError as error:
-        print(f"tether.sandbox: cannot run {program[0]}: {error}", file=sys.stderr)
+        print(f"tether.sandbox: cannot run {program}: {error}", file=sys.stderr)
         return 127 if isinstance(error, FileNotFoundError) else 126
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

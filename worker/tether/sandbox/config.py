@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .policy import Policy
@@ -64,6 +64,12 @@ class SandboxConfig(BaseModel):
             if not os.path.isabs(path):
                 raise ValueError(f"{path!r} is not an absolute path")
         return value
+
+    @model_validator(mode="after")
+    def _required_needs_enabled(self) -> SandboxConfig:
+        if self.required and not self.enabled:
+            raise ValueError("`required: true` asks for a sandbox that `enabled: false` turns off")
+        return self
 
     def policy(self, *, read: Iterable[str] = (), write: Iterable[str] = ()) -> Policy:
         """The policy of these settings with the tool's own paths."""

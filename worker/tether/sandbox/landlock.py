@@ -15,7 +15,7 @@ import ctypes
 import os
 import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .syscalls import syscall
@@ -87,8 +87,6 @@ class Ruleset:
 
     fd: int
     abi: int
-    unenforced: list[str] = field(default_factory=list)
-    """What was asked and this kernel cannot enforce, in words for a log."""
 
     @classmethod
     def build(
@@ -102,7 +100,7 @@ class Ruleset:
         outside the domain. Paths that do not exist are skipped."""
         abi = abi_version()
         if abi == 0:
-            return cls(-1, 0, unenforced(connect_ports, abi))
+            return cls(-1, 0)
         fs = _fs_rights(abi)
         net = _CONNECT_TCP if connect_ports is not None and abi >= 4 else 0
         scopes = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
@@ -110,7 +108,7 @@ class Ruleset:
         fd = syscall(
             _CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0, what="landlock: ruleset"
         )
-        ruleset = cls(fd, abi, unenforced(connect_ports, abi))
+        ruleset = cls(fd, abi)
         try:
             for path in write:
                 ruleset._allow(path, fs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .syscalls import prctl
 
@@ -88,14 +88,12 @@ class SocketFilter:
 
     program: _Program | None
     instructions: ctypes.Array[_Instruction] | None  # what `program` points to, kept alive
-    unenforced: list[str] = field(default_factory=list)
-    """What it cannot refuse here, in words for a log."""
 
     @classmethod
     def build(cls, unix_sockets: bool) -> SocketFilter:
         known = _ARCHES.get(platform.machine())
         if known is None:
-            return cls(None, None, unenforced())
+            return cls(None, None)  # `unenforced` says so
         arch, socket_nr, socketpair_nr = known
         datagram_pairs: list[_Op] = [  # a datagram socket connects to any socket's path
             (_LD_W_ABS, 0, 0, _ARG1),

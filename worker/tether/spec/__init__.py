@@ -698,6 +698,16 @@ PREVIOUS_SECRET_ENV = "TETHER_WEBHOOK_SECRET_PREVIOUS"
 SLACK_SIGNING_SECRET_ENV = "TETHER_SLACK_SIGNING_SECRET"
 """Where the sidecar reads the Slack app's signing secret (the operator maps the Secret of
 `approvals.notify.slackSigningSecretRef` there, into the sidecar only)."""
+WORKER_SECRET_ENV = (
+    "TETHER_WEBHOOK_SECRET",
+    PREVIOUS_SECRET_ENV,
+    SLACK_SIGNING_SECRET_ENV,
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+    "TETHER_MODEL_API_KEY",
+)
+"""The secrets a Tether process reads from its environment by these names, whatever the spec
+says (the spec's own: `DurableAgentSpec.secret_variables`)."""
 TOKEN_WEBHOOK = (
     r"^https?://(hooks\.slack\.com|([a-z0-9-]+\.)?discord(app)?\.com/api/webhooks"
     r"|[a-z0-9-]+\.webhook\.office\.com|outlook\.office(365)?\.com/webhook)([/:?#]|$)"
@@ -1246,6 +1256,25 @@ class DurableAgentSpec(_Model):
                         f"can cost ({output} tokens at {pricing.output_per_m_tok} USD per "
                         "million): each call holds it before it starts, so no call could"
                     )
+
+    @model_validator(mode="after")
+    def _no_worker_secret_sent_to_a_server(self) -> DurableAgentSpec:
+        # An MCP server's header or variable read from the worker's environment must not be
+        # one of the worker's own secrets: with the webhook secret a server could approve.
+        own = {*WORKER_SECRET_ENV, *(c.key_variable for _, c in self.model.choices())}
+        notify = self.approvals.notify
+        if notify is not None and notify.url is None:
+            own.add(notify.url_variable)
+        for index, entry in enumerate(self.tools):
+            items = [*entry.mcp.headers, *entry.mcp.env] if entry.mcp else []
+            for item in items:
+                if item.from_worker and item.variable(entry.name) in own:
+                    raise ValueError(
+                        f"spec.tools[{index}].mcp: {item.variable(entry.name)} is a secret of "
+                        "the worker's own, never sent to an MCP server; give the server a "
+                        "credential of its own (a secretRef)"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _no_secret_passed_to_a_command(self) -> DurableAgentSpec:

@@ -16,11 +16,14 @@ import asyncio
 import contextlib
 import fnmatch
 import functools
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import ssl
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -32,7 +35,7 @@ from urllib.parse import urlsplit
 from .._optional import extra_imports
 from ..messages import JSON, ImageBlock, TextBlock
 from ..sandbox.config import SandboxConfig
-from ..sandbox.policy import program_paths
+from ..sandbox.launch import Launch, program_paths
 from .base import ReplayPolicy, ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .toolset import ToolsetError
 
@@ -40,7 +43,7 @@ with extra_imports("tether.tools.mcp", "mcp"):
     import httpx2
     from mcp import Client
     from mcp.client.sse import sse_client
-    from mcp.client.stdio import StdioServerParameters, stdio_client
+    from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
     from mcp.client.streamable_http import streamable_http_client
 
 HttpTransport = Literal["streamable-http", "sse"]
@@ -98,13 +101,13 @@ class MCPServer:
     """Per tool, by the server's name for it."""
     sandbox: SandboxConfig | None = None
     """Confine a stdio server (`tether.sandbox`): it reads the system's directories, its own
-    installation and the files its command names by absolute path; reads and writes the
-    `workspace` (its working directory) and a home of its own (`HOME` and `TMPDIR`, kept
-    between runs: `server_home`); connects over TCP to `connectPorts` only. None: unconfined
-    (a spec's stdio servers are confined unless their `sandbox` says otherwise)."""
+    program (`launch.program_paths`) and the files its command names by absolute path; reads
+    and writes the `workspace` and a home of its own (its working directory, `HOME` and
+    `TMPDIR`, kept between runs: `server_home`); connects over TCP to `connectPorts` only;
+    holds no capability. None: unconfined (a spec's stdio servers are confined unless their
+    `sandbox` says otherwise)."""
     workspace: str | None = None
-    """A stdio server's working directory (made if missing), which a confined one reads and
-    writes."""
+    """The directory a confined stdio server reads and writes besides its home."""
 
     def __post_init__(self) -> None:
         if (self.url is None) == (not self.command):
@@ -177,12 +180,41 @@ class _Connection:
         return streamable_http_client(server.url, http_client=http)
 
 
-def server_home(name: str) -> Path:
-    """The home of a confined stdio server, the only place besides the workspace it writes:
-    `$XDG_CACHE_HOME/tether/mcp-home/<name>` (else `~/.cache/...`), kept between runs so that what
-    `npx` or `uvx` download for it stays."""
+def server_home(server: MCPServer) -> Path:
+    """The home of a confined stdio server, its working directory and the only place besides
+    the workspace it writes: `$XDG_CACHE_HOME/tether/mcp-home/<name>-<digest>` (else
+    `~/.cache/...`), kept between runs so that what `npx` or `uvx` download for it stays. The
+    digest is of its command and workspace: another agent's server of the same name on this
+    machine gets a home of its own."""
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "tether" / "mcp-home" / _TOOL_NAME.sub("_", name)
+    identity = json.dumps([list(server.command), server.workspace]).encode()
+    name = f"{_TOOL_NAME.sub('_', server.name)}-{hashlib.sha256(identity).hexdigest()[:16]}"
+    return Path(cache) / "tether" / "mcp-home" / name
+
+
+def _own_directory(path: Path) -> None:
+    """Make `path` (mode 0700) or find it made: a directory of this user's, not a symlink."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    found = path.lstat()
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+        raise ToolsetError(f"{path} is not a directory of this user's (a symlink?)")
+
+
+def _home(server: MCPServer) -> Path:
+    home = server_home(server)
+    if server.workspace is not None:
+        workspace = Path(server.workspace).resolve()
+        if home.is_relative_to(workspace) or workspace.is_relative_to(home):
+            raise ToolsetError(
+                f"its home {home} and the workspace {workspace} overlap, so the agent's file "
+                "tools could rewrite what the server runs: set XDG_CACHE_HOME or the "
+                "workspace elsewhere"
+            )
+    home.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for directory in (home.parent, home, home / "tmp"):
+        _own_directory(directory)
+    return home
 
 
 _warned: set[str] = set()
@@ -190,19 +222,21 @@ _warned: set[str] = set()
 
 
 def _stdio_parameters(server: MCPServer) -> StdioServerParameters:
-    """How to start a stdio server: as its command says, or through the sandbox's launcher
-    with a home of its own."""
-    argv, env, workspace = list(server.command), dict(server.env), server.workspace
-    if workspace is not None:
-        os.makedirs(workspace, exist_ok=True)
-    sandbox = server.sandbox
+    """How to start a stdio server: as its command says, or through the sandbox's launcher,
+    its program found on PATH now, in a home of its own."""
+    argv, env, sandbox = list(server.command), dict(server.env), server.sandbox
     if sandbox is None:
-        return StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=workspace)
-    home = server_home(server.name)
-    (home / "tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
-    own = [str(home), *([workspace] if workspace is not None else [])]
-    search_path = env.get("PATH") or os.environ.get("PATH") or os.defpath
-    policy = sandbox.policy(read=program_paths(argv, search_path), write=own)
+        return StdioServerParameters(command=argv[0], args=argv[1:], env=env)
+    found = shutil.which(argv[0], path=env.get("PATH") or os.environ.get("PATH") or os.defpath)
+    if found is None:
+        raise ToolsetError(f"{argv[0]} is not found (PATH, or the worker's directory)")
+    argv[0] = os.path.abspath(found)
+    home = _home(server)
+    workspace = [server.workspace] if server.workspace is not None else []
+    if workspace:
+        os.makedirs(workspace[0], exist_ok=True)
+    readable = program_paths(argv, sandbox.read_paths)
+    policy = sandbox.policy(read=readable, write=[str(home), *workspace])
     if unenforced := policy.unenforced:
         what = "; ".join(unenforced)
         if sandbox.required:
@@ -210,9 +244,10 @@ def _stdio_parameters(server: MCPServer) -> StdioServerParameters:
         if server.name not in _warned:
             _warned.add(server.name)
             log.warning("MCP server %s: the sandbox cannot confine %s", server.name, what)
-    env = {"HOME": str(home), "TMPDIR": str(home / "tmp"), **env}
-    launcher = policy.launcher(argv)
-    return StdioServerParameters(command=launcher[0], args=launcher[1:], env=env, cwd=workspace)
+    own = {"HOME": str(home), "TMPDIR": str(home / "tmp")}
+    launch = Launch(policy, tuple(argv), str(home), {**get_default_environment(), **own, **env})
+    command, launcher_env = launch.command()
+    return StdioServerParameters(command=command[0], args=command[1:], env=launcher_env, cwd="/")
 
 
 class MCPToolset:

@@ -30,10 +30,10 @@ What the command gets:
   (`TMPDIR`; not /tmp, where the worker keeps its home and caches in a pod), connect over TCP
   only to `connectPorts` (53, 80 and 443: not Restate's ingress, whose handlers take requests
   from anyone who reaches them, nor the admin API, nor the worker's port), open no Unix, vsock,
-  Multipath TCP, SCTP or SMC socket, and neither signal nor reach over abstract Unix sockets any
-  process but their own (the worker included). What the kernel cannot enforce is logged once as
-  the tool is made (TCP rules need Linux 6.7, the scopes 6.12); `required: true` refuses to run
-  a command the kernel cannot confine as configured.
+  Multipath TCP, SCTP or SMC socket, neither signal nor reach over abstract Unix sockets any
+  process but their own (the worker included), and hold no capability (root's included). What
+  the kernel cannot enforce is logged once as the tool is made (TCP rules need Linux 6.7, the
+  scopes 6.12); `required: true` refuses to run a command the kernel cannot confine so.
 
 What it does NOT confine: the command runs as the worker's user. Without the sandbox (or where
 the kernel has no Landlock) it can read any file that user can read by absolute path, write
@@ -210,23 +210,20 @@ def rlimits(settings: ShellConfig) -> list[tuple[int, tuple[int, int]]]:
 
 @dataclass
 class Sandbox:
-    """A shell tool's confinement, and the temporary directory all its commands share (their
-    `TMPDIR`)."""
+    """A shell tool's confinement, what of it this kernel cannot enforce, and the temporary
+    directory all its commands share (their `TMPDIR`)."""
 
     confinement: Confinement
+    unenforced: list[str]
     tmpdir: str
     required: bool
-
-    @property
-    def unenforced(self) -> list[str]:
-        """What this kernel cannot confine of what the sandbox asks."""
-        return self.confinement.unenforced
 
     @classmethod
     def of(cls, name: str, settings: SandboxConfig, workdir: str | Path) -> Sandbox:
         tmpdir = tempfile.mkdtemp(prefix="tether-shell-")
-        confinement = settings.policy(write=[str(workdir), tmpdir]).confinement()
-        sandbox = cls(confinement, tmpdir, settings.required)
+        policy = settings.policy(write=[str(workdir), tmpdir])
+        confinement = policy.confinement()
+        sandbox = cls(confinement, policy.unenforced, tmpdir, settings.required)
         for what in sandbox.unenforced:
             log.warning("shell tool %s: the sandbox cannot confine %s", name, what)
         # Gone with the last tool that holds it: the ruleset's descriptor and the directory.

@@ -1,0 +1,134 @@
+"""Starting a program confined when other code starts the process (the `mcp` SDK starts stdio
+servers itself): a `Launch` runs this package's launcher (`__main__`), which confines itself,
+moves to the program's directory and execs it.
+
+The launcher runs unconfined until then, so it gets nothing of the program's: its
+environment holds only the launch (`LAUNCH_ENV`, JSON), never the program's variables (an
+`LD_PRELOAD` or `LD_LIBRARY_PATH` of the spec's would load code into it), and it starts in `/`,
+not in a directory the program or the model writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import stat
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from .policy import Policy
+
+LAUNCH_ENV = "TETHER_SANDBOX_LAUNCH"
+_INSTALLATION_MARKERS = ("pyvenv.cfg", "lib/node_modules", "lib/python3*/os.py")
+"""What makes the directory above a `bin/` a program's installation (a Python venv, a Node
+prefix, a Python with its standard library), granted whole; any other program is granted its
+file alone."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """`argv` (its program an absolute path) confined to `policy`, in `cwd`, with exactly
+    `env`."""
+
+    policy: Policy
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        """The launcher's argv and environment: this interpreter, isolated from the PYTHON*
+        variables and the user's site."""
+        return [sys.executable, "-I", "-m", "tether.sandbox"], {LAUNCH_ENV: self.to_json()}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Launch:
+        data = json.loads(text)
+        policy = data["policy"]
+        ports = policy["connect_ports"]
+        return cls(
+            Policy(
+                read=tuple(policy["read"]),
+                write=tuple(policy["write"]),
+                connect_ports=None if ports is None else tuple(ports),
+                unix_sockets=policy["unix_sockets"] is True,
+            ),
+            tuple(data["argv"]),
+            data["cwd"],
+            data["env"],
+        )
+
+
+def program_paths(argv: Sequence[str], readable: Iterable[str]) -> list[str]:
+    """What a program (`argv[0]`, an absolute path) reads to start, beyond `readable`: its file
+    and the interpreter its `#!` line names, each as named and as resolved, or the whole
+    installation of one that has a marker (a venv, with the Python it was made from); and the
+    files its arguments name by absolute path (a script). Never `/`, the user's home or a
+    directory above it, nor ~/.local or ~/.config (where the user's state and credentials
+    are)."""
+    readable = [os.path.join(p, "") for p in readable]
+    programs = [argv[0], *_interpreter(argv[0])]
+    granted: list[str] = []
+    for program in programs:
+        for path in dict.fromkeys([os.path.abspath(program), os.path.realpath(program)]):
+            if any(os.path.join(path, "").startswith(r) for r in readable):
+                continue
+            installation = [p for p in _installation(path) if not _too_broad(p)]
+            granted.extend(installation or [path])
+    granted.extend(a for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a))
+    return list(dict.fromkeys(granted))
+
+
+def _interpreter(program: str) -> list[str]:
+    """The interpreter a `#!` line names (through `env`: the program env finds on PATH)."""
+    first = b""
+    with contextlib.suppress(OSError):
+        fd = os.open(program, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # never a FIFO's wait
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                first = os.read(fd, 256).split(b"\n", 1)[0]
+        finally:
+            os.close(fd)
+    if not first.startswith(b"#!"):
+        return []
+    words = [os.fsdecode(word) for word in first[2:].split()]
+    if not words:
+        return []
+    if os.path.basename(words[0]) != "env":
+        return [words[0]]
+    named = [word for word in words[1:] if not word.startswith("-") and "=" not in word]
+    found = shutil.which(named[0]) if named else None
+    return [words[0], *([found] if found else [])]
+
+
+def _installation(path: str) -> list[str]:
+    """The installation a program in a `bin/` belongs to, if it has a marker, with a venv's
+    base Python (its `home`); else nothing."""
+    directory = os.path.dirname(path)
+    if os.path.basename(directory) != "bin":
+        return []
+    root = os.path.dirname(directory)
+    if not any(glob.glob(glob.escape(root) + "/" + m) for m in _INSTALLATION_MARKERS):
+        return []
+    found = [root]
+    with contextlib.suppress(OSError), open(os.path.join(root, "pyvenv.cfg")) as config:
+        for line in config:
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and os.path.basename(value.strip()) == "bin":
+                found.append(os.path.dirname(value.strip()))  # the base Python's stdlib
+    return found
+
+
+def _too_broad(path: str) -> bool:
+    home = os.path.expanduser("~")
+    private = [os.path.join(home, ".local"), os.path.join(home, ".config")]
+    inside = os.path.join(path, "")
+    return os.path.join(home, "").startswith(inside) or any(
+        os.path.join(p, "").startswith(inside) for p in private
+    )
