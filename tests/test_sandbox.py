@@ -15,6 +15,8 @@ from tether.sandbox.config import SYSTEM_PATHS, SandboxConfig
 from tether.sandbox.launch import LAUNCH_ENV, Launch, program_paths
 from tether.sandbox.policy import Policy
 
+PATH = "/usr/local/bin:/usr/bin:/bin"
+
 
 def script(path: Path, first_line: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -26,17 +28,17 @@ def script(path: Path, first_line: str) -> Path:
 def test_a_wrapper_of_a_system_shell_is_granted_its_file_not_the_root(tmp_path: Path) -> None:
     """`/bin/sh` is under the system's directories; the directory above its `bin/` is `/`."""
     wrapper = script(tmp_path / "srv" / "bin" / "wrapper", "#!/bin/sh")
-    assert program_paths([str(wrapper)], SYSTEM_PATHS) == [str(wrapper)]
-    assert program_paths(["/bin/sh", "-c", "x"], SYSTEM_PATHS) == []
+    assert program_paths([str(wrapper)], SYSTEM_PATHS, PATH) == [str(wrapper)]
+    assert program_paths(["/bin/sh", "-c", "x"], SYSTEM_PATHS, PATH) == []
     env_s = script(tmp_path / "s2", "#!/usr/bin/env -S sh -e")  # the program after env's options
-    assert program_paths([str(env_s)], SYSTEM_PATHS) == [str(env_s)]
+    assert program_paths([str(env_s)], SYSTEM_PATHS, PATH) == [str(env_s)]
 
 
 def test_a_venv_is_granted_whole_with_the_python_it_was_made_from(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     tool = script(venv / "bin" / "server", f"#!{venv / 'bin' / 'python'}")
-    granted = program_paths([str(tool)], SYSTEM_PATHS)
+    granted = program_paths([str(tool)], SYSTEM_PATHS, PATH)
     assert str(venv) in granted
     base = Path(sys.base_prefix)
     assert any(base == Path(p) or base.is_relative_to(p) for p in [*granted, *SYSTEM_PATHS])
@@ -51,14 +53,14 @@ def test_nothing_above_or_at_the_users_home_nor_its_state_is_granted(
     (home / "lib" / "node_modules").mkdir(parents=True)  # a marker: home/bin would be a prefix
     local = script(home / ".local" / "bin" / "tool", "#!/bin/sh")
     (home / ".local" / "lib" / "node_modules").mkdir(parents=True)
-    granted = program_paths([str(in_home_bin)], SYSTEM_PATHS) + program_paths(
-        [str(local)], SYSTEM_PATHS
+    granted = program_paths([str(in_home_bin)], SYSTEM_PATHS, PATH) + program_paths(
+        [str(local)], SYSTEM_PATHS, PATH
     )
     assert granted == [str(in_home_bin), str(local)]  # their files alone
     # A script the command names by absolute path is granted, as a file.
     data = home / "server.py"
     data.write_text("")
-    assert program_paths(["/usr/bin/python3", str(data)], SYSTEM_PATHS) == [str(data)]
+    assert program_paths(["/usr/bin/python3", str(data)], SYSTEM_PATHS, PATH) == [str(data)]
 
 
 def launcher(launch_json: str | None, cwd: str = "/") -> subprocess.CompletedProcess[str]:

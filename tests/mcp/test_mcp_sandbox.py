@@ -138,6 +138,24 @@ async def test_a_module_planted_in_the_workspace_does_not_replace_the_servers(
     assert home.startswith(str(tmp_path / "cache")) and not planted.exists()
 
 
+async def test_a_program_in_the_workspace_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model writes the workspace: a program there, or the interpreter a program names,
+    would be the model's code holding the server's credentials."""
+    monkeypatch.setattr("tether.tools.mcp.LIST_ATTEMPTS", 1)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    inside = workspace / "server"
+    inside.write_text("#!/bin/sh\n")
+    outside = tmp_path / "server"
+    outside.write_text(f"#!{workspace / 'python'}\n")
+    for program in (inside, outside):
+        program.chmod(0o755)
+        with pytest.raises(ToolsetError, match="is in the workspace"):
+            await toolset(tmp_path, {"command": [str(program)]}).list_tools()
+
+
 async def test_a_home_that_is_a_symlink_or_inside_the_workspace_is_refused(
     tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

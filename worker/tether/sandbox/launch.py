@@ -65,28 +65,33 @@ class Launch:
         )
 
 
-def program_paths(argv: Sequence[str], readable: Iterable[str]) -> list[str]:
-    """What a program (`argv[0]`, an absolute path) reads to start, beyond `readable`: its file
-    and the interpreter its `#!` line names, each as named and as resolved, or the whole
-    installation of one that has a marker (a venv, with the Python it was made from); and the
-    files its arguments name by absolute path (a script). Never `/`, the user's home or a
-    directory above it, nor ~/.local or ~/.config (where the user's state and credentials
-    are)."""
+def programs_of(program: str, search_path: str) -> list[str]:
+    """A program (an absolute path) and the interpreter its `#!` line names (through `env`:
+    the one on `search_path`), each as named and as resolved."""
+    named = [program, *_interpreter(program, search_path)]
+    both = (path for name in named for path in (os.path.abspath(name), os.path.realpath(name)))
+    return list(dict.fromkeys(both))
+
+
+def program_paths(argv: Sequence[str], readable: Iterable[str], search_path: str) -> list[str]:
+    """What a program (`argv[0]`, an absolute path) reads to start, beyond `readable`: the files
+    of `programs_of`, or the whole installation of one that has a marker (a venv, with the
+    Python it was made from); and the files its arguments name by absolute path (a script).
+    Never `/`, the user's home or a directory above it, nor ~/.local or ~/.config (where the
+    user's state and credentials are)."""
     readable = [os.path.join(p, "") for p in readable]
-    programs = [argv[0], *_interpreter(argv[0])]
     granted: list[str] = []
-    for program in programs:
-        for path in dict.fromkeys([os.path.abspath(program), os.path.realpath(program)]):
-            if any(os.path.join(path, "").startswith(r) for r in readable):
-                continue
-            installation = [p for p in _installation(path) if not _too_broad(p)]
-            granted.extend(installation or [path])
+    for path in programs_of(argv[0], search_path):
+        if any(os.path.join(path, "").startswith(r) for r in readable):
+            continue
+        installation = [p for p in _installation(path) if not _too_broad(p)]
+        granted.extend(installation or [path])
     granted.extend(a for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a))
     return list(dict.fromkeys(granted))
 
 
-def _interpreter(program: str) -> list[str]:
-    """The interpreter a `#!` line names (through `env`: the program env finds on PATH)."""
+def _interpreter(program: str, search_path: str) -> list[str]:
+    """The interpreter a `#!` line names (through `env`: that and the program it finds)."""
     first = b""
     with contextlib.suppress(OSError):
         fd = os.open(program, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # never a FIFO's wait
@@ -103,7 +108,7 @@ def _interpreter(program: str) -> list[str]:
     if os.path.basename(words[0]) != "env":
         return [words[0]]
     named = [word for word in words[1:] if not word.startswith("-") and "=" not in word]
-    found = shutil.which(named[0]) if named else None
+    found = shutil.which(named[0], path=search_path) if named else None
     return [words[0], *([found] if found else [])]
 
 

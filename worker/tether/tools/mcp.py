@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from .._optional import extra_imports
 from ..messages import JSON, ImageBlock, TextBlock
 from ..sandbox.config import SandboxConfig
-from ..sandbox.launch import Launch, program_paths
+from ..sandbox.launch import Launch, program_paths, programs_of
 from .base import ReplayPolicy, ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .toolset import ToolsetError
 
@@ -201,11 +201,11 @@ def _own_directory(path: Path) -> None:
         raise ToolsetError(f"{path} is not a directory of this user's (a symlink?)")
 
 
-def _home(server: MCPServer) -> Path:
+def _home(server: MCPServer, workspace: Path | None) -> Path:
     home = server_home(server)
-    if server.workspace is not None:
-        workspace = Path(server.workspace).resolve()
-        if home.is_relative_to(workspace) or workspace.is_relative_to(home):
+    if workspace is not None:
+        resolved = Path(os.path.realpath(home))
+        if resolved.is_relative_to(workspace) or workspace.is_relative_to(resolved):
             raise ToolsetError(
                 f"its home {home} and the workspace {workspace} overlap, so the agent's file "
                 "tools could rewrite what the server runs: set XDG_CACHE_HOME or the "
@@ -227,16 +227,25 @@ def _stdio_parameters(server: MCPServer) -> StdioServerParameters:
     argv, env, sandbox = list(server.command), dict(server.env), server.sandbox
     if sandbox is None:
         return StdioServerParameters(command=argv[0], args=argv[1:], env=env)
-    found = shutil.which(argv[0], path=env.get("PATH") or os.environ.get("PATH") or os.defpath)
+    search_path = env.get("PATH") or os.environ.get("PATH") or os.defpath
+    found = shutil.which(argv[0], path=search_path)
     if found is None:
         raise ToolsetError(f"{argv[0]} is not found (PATH, or the worker's directory)")
     argv[0] = os.path.abspath(found)
-    home = _home(server)
-    workspace = [server.workspace] if server.workspace is not None else []
-    if workspace:
-        os.makedirs(workspace[0], exist_ok=True)
-    readable = program_paths(argv, sandbox.read_paths)
-    policy = sandbox.policy(read=readable, write=[str(home), *workspace])
+    workspace = None
+    if server.workspace is not None:
+        os.makedirs(server.workspace, exist_ok=True)
+        workspace = Path(os.path.realpath(server.workspace))
+    home = _home(server, workspace)
+    if workspace is not None:
+        for program in programs_of(argv[0], search_path):
+            if Path(program).is_relative_to(workspace):
+                raise ToolsetError(
+                    f"its program {program} is in the workspace, which the agent's tools write"
+                )
+    readable = program_paths(argv, sandbox.read_paths, search_path)
+    writable = [str(home), *([str(workspace)] if workspace else [])]
+    policy = sandbox.policy(read=readable, write=writable)
     if unenforced := policy.unenforced:
         what = "; ".join(unenforced)
         if sandbox.required:
