@@ -387,6 +387,43 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.tools[0].mcp.env[0]",
     ),
     (
+        "mcp-sandbox-relative-path",
+        {
+            **_model(**KEY),
+            "tools": [{"name": "a", "mcp": {"command": ["x"], "sandbox": {"readPaths": ["data"]}}}],
+        },
+        "spec.tools[0].mcp.sandbox.readPaths[0]",
+    ),
+    (
+        "mcp-sandbox-required-but-off",
+        {
+            **_model(**KEY),
+            "tools": [
+                {
+                    "name": "a",
+                    "mcp": {"command": ["x"], "sandbox": {"enabled": False, "required": True}},
+                }
+            ],
+        },
+        "spec.tools[0].mcp.sandbox",
+    ),
+    (
+        "mcp-env-the-workers-secret",
+        {
+            **_model(**KEY),
+            "tools": [
+                {
+                    "name": "a",
+                    "mcp": {
+                        "command": ["x"],
+                        "env": [{"name": "T", "env": "TETHER_WEBHOOK_SECRET"}],
+                    },
+                }
+            ],
+        },
+        "spec.tools[0].mcp.env[0].env",
+    ),
+    (
         "mcp-env-value-and-secret",
         {
             **_model(**KEY),

@@ -13,7 +13,8 @@ import yaml
 
 from tether.programs.worker.parking import host_of
 from tether.programs.worker.settings import settings_from_env
-from tether.spec import NOTIFY_URL_ENV, SpecError, parse_agent
+from tether.secret_env import NOTIFY_URL_ENV
+from tether.spec import SpecError, parse_agent
 from tether_operator.render import sidecar_objects, version_objects
 from tether_operator.settings import settings_from_env as operator_settings
 

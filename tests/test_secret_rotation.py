@@ -29,7 +29,8 @@ from tether.programs.webhooks import (
     verified_by_any,
     verify_answer_proof,
 )
-from tether.spec import PREVIOUS_SECRET_ENV, parse_agent
+from tether.secret_env import PREVIOUS_SECRET_ENV
+from tether.spec import parse_agent
 from tether_operator.render import sidecar_objects, version_objects
 from tether_operator.settings import settings_from_env as operator_settings
 

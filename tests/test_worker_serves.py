@@ -15,7 +15,7 @@ import yaml
 from tether.programs.gc_tuning import YOUNG_THRESHOLD
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV
 from tether.programs.worker.settings import settings_from_env, without_agent_secrets
-from tether.spec import NOTIFY_URL_ENV, PREVIOUS_SECRET_ENV
+from tether.secret_env import NOTIFY_URL_ENV, PREVIOUS_SECRET_ENV
 
 LOOP = (
     "tether.agent",

@@ -24,14 +24,8 @@ from typing import Any
 import yaml
 
 from tether.programs.restate_identity import IDENTITY_KEYS_ENV
-from tether.spec import (
-    API_VERSION,
-    KIND,
-    PREVIOUS_SECRET_ENV,
-    SLACK_SIGNING_SECRET_ENV,
-    DurableAgent,
-    DurableAgentSpec,
-)
+from tether.secret_env import PREVIOUS_SECRET_ENV, SLACK_SIGNING_SECRET_ENV
+from tether.spec import API_VERSION, KIND, DurableAgent, DurableAgentSpec
 from tether.spec.stopping import GRACEFUL_TIMEOUT_ENV, pod_grace_seconds, stop_grace_seconds
 
 from .names import (

@@ -21,7 +21,7 @@ from tether.sandbox.config import SYSTEM_PATHS
 from tether.spec import SpecError, parse_agent
 from tether.spec.assemble import SpecTools
 from tether.tools import ToolError
-from tether.tools.mcp import MCPToolset, server_home
+from tether.tools.mcp import MCPToolset
 from tether.tools.toolset import ToolsetError
 
 DEPUTY = Path(__file__).resolve().with_name("deputy_server.py")
@@ -80,6 +80,11 @@ async def calls(toolset: MCPToolset, *asked: tuple[str, dict[str, Any]]) -> list
 DEPUTY_COMMAND = [sys.executable, str(DEPUTY)]
 
 
+def permissions(path: Path) -> int | None:
+    """The permission bits of `path`, None once it is gone."""
+    return path.stat().st_mode & 0o777 if path.exists() else None
+
+
 async def test_a_confined_deputy_reaches_only_the_workspace_and_its_home(
     tmp_path: Path, listener: int, cache_home: Path
 ) -> None:
@@ -87,7 +92,10 @@ async def test_a_confined_deputy_reaches_only_the_workspace_and_its_home(
     secret.write_text("the worker's")
     bashrc = Path.home() / ".bashrc"
     deputy = toolset(tmp_path, {"command": DEPUTY_COMMAND})
-    home = server_home(deputy.server)
+    await deputy.list_tools()
+    home = Path(str(await deputy.call("env", {"name": "HOME"})))
+    assert home.parent == cache_home / "tether" / "mcp-home"
+    assert permissions(home) == 0o700
     asked = [
         ("read", {"path": str(secret)}),
         ("write", {"path": str(tmp_path / "planted"), "text": "x"}),
@@ -97,25 +105,38 @@ async def test_a_confined_deputy_reaches_only_the_workspace_and_its_home(
         ("read", {"path": str(bashrc)}),
         ("write", {"path": str(tmp_path / "ws" / "notes.txt"), "text": "kept"}),
         ("write", {"path": "cache.txt", "text": "kept"}),  # its working directory: its home
-        ("env", {"name": "HOME"}),
+        ("read", {"path": str(home / "cache.txt")}),
         ("env", {"name": "TMPDIR"}),
         ("read", {"path": str(DEPUTY)}),
     ]
     results = await calls(deputy, *asked)
     refused = ("Permission denied", "No such file")  # ~/.bashrc may not be there at all
     assert all(any(r in result for r in refused) for result in results[:6]), results[:6]
-    assert results[6:8] == [f"wrote {tmp_path / 'ws' / 'notes.txt'}", "wrote cache.txt"]
-    assert (home / "cache.txt").read_text() == "kept"
-    assert results[8:10] == [str(home), str(home / "tmp")]
-    assert home.is_relative_to(cache_home)
-    assert oct(home.stat().st_mode & 0o777) == oct(0o700)
+    assert results[6:10] == [
+        f"wrote {tmp_path / 'ws' / 'notes.txt'}",
+        "wrote cache.txt",
+        "kept",
+        str(home / "tmp"),
+    ]
     assert "confused deputy" in results[10]  # the files its command names
     assert not (tmp_path / "planted").exists()
+    assert permissions(home) is None  # gone with its connection
 
     # What the sandbox stands between: unconfined, the same server reaches all of it.
     unconfined = {"command": DEPUTY_COMMAND, "sandbox": {"enabled": False}}
     results = await calls(toolset(tmp_path, unconfined), *asked[:2], asked[3])
     assert results == ["the worker's", f"wrote {tmp_path / 'planted'}", f"connected to {listener}"]
+
+
+async def test_what_a_server_writes_in_its_home_reaches_no_later_run(tmp_path: Path) -> None:
+    """A compromised server could plant code in its home (a `.pth`, an npm cache) for the
+    next session's server to run: each connection gets a fresh home."""
+    first, second = (toolset(tmp_path, {"command": DEPUTY_COMMAND}) for _ in range(2))
+    home, wrote = await calls(
+        first, ("env", {"name": "HOME"}), ("write", {"path": "planted.pth", "text": "x"})
+    )
+    later, found = await calls(second, ("env", {"name": "HOME"}), ("read", {"path": "planted.pth"}))
+    assert wrote == "wrote planted.pth" and later != home and "No such file" in found
 
 
 async def test_a_module_planted_in_the_workspace_does_not_replace_the_servers(
@@ -156,24 +177,41 @@ async def test_a_program_in_the_workspace_is_refused(
             await toolset(tmp_path, {"command": [str(program)]}).list_tools()
 
 
-async def test_a_home_that_is_a_symlink_or_inside_the_workspace_is_refused(
+async def test_homes_under_a_symlink_another_can_write_or_the_workspace_are_refused(
     tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A symlink planted where the home goes would give the server what it points to."""
+    """A symlink planted where the homes go would give the server what it points to; a
+    directory others write, a home they could swap."""
     monkeypatch.setattr("tether.tools.mcp.LIST_ATTEMPTS", 1)
-    deputy = toolset(tmp_path, {"command": DEPUTY_COMMAND})
-    home = server_home(deputy.server)
-    home.parent.mkdir(parents=True)
+    homes = cache_home / "tether" / "mcp-home"
+    homes.parent.mkdir(parents=True)
     outside = tmp_path / "outside"
     outside.mkdir()
-    home.symlink_to(outside)
-    with pytest.raises(ToolsetError, match="is not a directory of this user's"):
-        await deputy.list_tools()
+    homes.symlink_to(outside)
+    with pytest.raises(ToolsetError, match="is not a directory that only this user writes"):
+        await toolset(tmp_path, {"command": DEPUTY_COMMAND}).list_tools()
     assert list(outside.iterdir()) == []
+    homes.unlink()
+    homes.mkdir(mode=0o777)
+    homes.chmod(0o777)
+    with pytest.raises(ToolsetError, match="is not a directory that only this user writes"):
+        await toolset(tmp_path, {"command": DEPUTY_COMMAND}).list_tools()
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "ws" / ".cache"))
     with pytest.raises(ToolsetError, match="overlap"):
         await toolset(tmp_path, {"command": DEPUTY_COMMAND}).list_tools()
+
+
+async def test_a_path_the_model_could_fill_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program the server runs by name later is found on its PATH: not in the workspace, not
+    relative to its working directory."""
+    monkeypatch.setattr("tether.tools.mcp.LIST_ATTEMPTS", 1)
+    for path in (f"{tmp_path / 'ws' / 'node_modules' / '.bin'}:/usr/bin:/bin", "bin:/usr/bin"):
+        mcp = {"command": DEPUTY_COMMAND, "env": [{"name": "PATH", "value": path}]}
+        with pytest.raises(ToolsetError, match="its PATH holds"):
+            await toolset(tmp_path, mcp).list_tools()
 
 
 async def test_the_sandboxs_settings_open_a_path_and_a_port(tmp_path: Path, listener: int) -> None:

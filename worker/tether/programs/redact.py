@@ -32,15 +32,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..secret_env import WORKER_SECRET_ENV
+
 REDACTED = "[redacted]"
 
-SECRET_ENV = (
-    "TETHER_WEBHOOK_SECRET",
-    "TETHER_NOTIFY_URL",
-    "ANTHROPIC_API_KEY",
-    "OPENAI_API_KEY",
-    "TETHER_MODEL_API_KEY",
-)
+SECRET_ENV = WORKER_SECRET_ENV
 """Variables that hold a secret in every Tether process that has them."""
 
 _SECRET_NAME = re.compile(

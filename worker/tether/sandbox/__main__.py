@@ -1,5 +1,5 @@
-"""`python -I -m tether.sandbox`: exec the program of the launch in `$TETHER_SANDBOX_LAUNCH`
-(`launch.Launch`, JSON) confined to its policy. Exits 126 when it cannot confine or run the
+"""`python -I -m tether.sandbox`: exec the program of the launch in its environment
+(`launch.Launch.command`) confined to its policy. Exits 126 when it cannot confine or run the
 program, 127 when the program is not there, saying why on stderr; never runs it unconfined."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from .launch import LAUNCH_ENV, Launch
 
 def main() -> int:
     try:
-        launch = Launch.from_json(os.environ.pop(LAUNCH_ENV))
+        launch = Launch.taken_from(os.environ)
     except (KeyError, ValueError, TypeError) as error:
         print(f"tether.sandbox: no launch in ${LAUNCH_ENV}: {error!r}", file=sys.stderr)
         return 2

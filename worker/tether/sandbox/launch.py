@@ -2,10 +2,11 @@
 servers itself): a `Launch` runs this package's launcher (`__main__`), which confines itself,
 moves to the program's directory and execs it.
 
-The launcher runs unconfined until then, so it gets nothing of the program's: its
-environment holds only the launch (`LAUNCH_ENV`, JSON), never the program's variables (an
-`LD_PRELOAD` or `LD_LIBRARY_PATH` of the spec's would load code into it), and it starts in `/`,
-not in a directory the program or the model writes.
+The launcher runs unconfined until then, so it takes none of the program's variables as its
+own: the launch comes as JSON in `LAUNCH_ENV` and each of the program's variables under a name
+of the launcher's (`VARIABLE_PREFIX<n>`, `NAME=value`: an `LD_PRELOAD` or `LD_LIBRARY_PATH` of the
+spec's would load code into the launcher), and it starts in `/`, not in a directory the program
+or the model writes. The program gets exactly the launch's variables.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from .policy import Policy
 
 LAUNCH_ENV = "TETHER_SANDBOX_LAUNCH"
+VARIABLE_PREFIX = "TETHER_SANDBOX_VARIABLE_"
 _INSTALLATION_MARKERS = ("pyvenv.cfg", "lib/node_modules", "lib/python3*/os.py")
 """What makes the directory above a `bin/` a program's installation (a Python venv, a Node
 prefix, a Python with its standard library), granted whole; any other program is granted its
@@ -40,29 +43,47 @@ class Launch:
     env: Mapping[str, str] = field(default_factory=dict)
 
     def command(self) -> tuple[list[str], dict[str, str]]:
-        """The launcher's argv and environment: this interpreter, isolated from the PYTHON*
-        variables and the user's site."""
-        return [sys.executable, "-I", "-m", "tether.sandbox"], {LAUNCH_ENV: self.to_json()}
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        """The launcher's argv, this interpreter isolated from the PYTHON* variables and the
+        user's site, and its environment."""
+        policy = self.policy
+        launch = {
+            "read": policy.read,
+            "write": policy.write,
+            "connect_ports": policy.connect_ports,
+            "unix_sockets": policy.unix_sockets,
+            "argv": self.argv,
+            "cwd": self.cwd,
+        }
+        environ = {LAUNCH_ENV: json.dumps(launch, separators=(",", ":"))}
+        for number, (name, value) in enumerate(self.env.items()):
+            environ[f"{VARIABLE_PREFIX}{number}"] = f"{name}={value}"
+        return [sys.executable, "-I", "-m", "tether.sandbox"], environ
 
     @classmethod
-    def from_json(cls, text: str) -> Launch:
-        data = json.loads(text)
-        policy = data["policy"]
-        ports = policy["connect_ports"]
-        return cls(
-            Policy(
-                read=tuple(policy["read"]),
-                write=tuple(policy["write"]),
-                connect_ports=None if ports is None else tuple(ports),
-                unix_sockets=policy["unix_sockets"] is True,
-            ),
-            tuple(data["argv"]),
-            data["cwd"],
-            data["env"],
+    def taken_from(cls, environ: MutableMapping[str, str]) -> Launch:
+        """The launch in a launcher's `environ`, which loses it and the program's variables."""
+        data = json.loads(environ.pop(LAUNCH_ENV))
+        variables = [name for name in environ if name.startswith(VARIABLE_PREFIX)]
+        env = dict(environ.pop(name).split("=", 1) for name in variables)
+        ports = data["connect_ports"]
+        policy = Policy(
+            read=tuple(data["read"]),
+            write=tuple(data["write"]),
+            connect_ports=None if ports is None else tuple(ports),
+            unix_sockets=data["unix_sockets"] is True,
         )
+        return cls(policy, tuple(data["argv"]), data["cwd"], env)
+
+
+def refused_path_entries(search_path: str, workspace: Path | None) -> list[str]:
+    """The entries of a PATH a confined program must not search: relative or empty ones (its
+    working directory) and those in the workspace, where the model puts what it likes."""
+    refused = []
+    for entry in search_path.split(os.pathsep):
+        real = Path(os.path.realpath(entry)) if os.path.isabs(entry) else None
+        if real is None or (workspace is not None and real.is_relative_to(workspace)):
+            refused.append(entry)
+    return refused
 
 
 def programs_of(program: str, search_path: str) -> list[str]:
@@ -73,20 +94,34 @@ def programs_of(program: str, search_path: str) -> list[str]:
     return list(dict.fromkeys(both))
 
 
-def program_paths(argv: Sequence[str], readable: Iterable[str], search_path: str) -> list[str]:
+def program_paths(
+    argv: Sequence[str], readable: Iterable[str], search_path: str, workspace: Path | None
+) -> list[str]:
     """What a program (`argv[0]`, an absolute path) reads to start, beyond `readable`: the files
     of `programs_of`, or the whole installation of one that has a marker (a venv, with the
-    Python it was made from); and the files its arguments name by absolute path (a script).
-    Never `/`, the user's home or a directory above it, nor ~/.local or ~/.config (where the
-    user's state and credentials are)."""
+    Python it was made from); and the files its arguments name by absolute path (a script), as
+    resolved. Never `/`, the user's home or a directory above it, nor ~/.local or ~/.config
+    (where the user's state and credentials are). A `ValueError` for a program in the
+    `workspace`, the model's: it would run the model's code with the program's credentials."""
     readable = [os.path.join(p, "") for p in readable]
     granted: list[str] = []
     for path in programs_of(argv[0], search_path):
+        if workspace is not None and Path(path).is_relative_to(workspace):
+            raise ValueError(
+                f"its program {path} is in the workspace, which the agent's tools write"
+            )
         if any(os.path.join(path, "").startswith(r) for r in readable):
             continue
         installation = [p for p in _installation(path) if not _too_broad(p)]
         granted.extend(installation or [path])
-    granted.extend(a for a in argv[1:] if os.path.isabs(a) and os.path.isfile(a))
+    for argument in argv[1:]:
+        if not os.path.isabs(argument) or not os.path.isfile(argument):
+            continue
+        named, real = Path(os.path.abspath(argument)), os.path.realpath(argument)
+        if workspace is None or not (
+            named.is_relative_to(workspace) or Path(real).is_relative_to(workspace)
+        ):
+            granted.append(real)  # one in the workspace is writable anyway, and may be a link
     return list(dict.fromkeys(granted))
 
 

@@ -38,12 +38,26 @@ def no_new_privs() -> None:
     prctl(_PR_SET_NO_NEW_PRIVS, 1, what="no_new_privs")
 
 
-_PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+_PR_CAPBSET_DROP, _PR_GET_SECUREBITS, _PR_SET_SECUREBITS = 24, 27, 28
+_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 47, 4
 _CAP_SETPCAP = 8
 _SECBIT_NOROOT, _SECBIT_NOROOT_LOCKED = 1 << 0, 1 << 1
+_CAPABILITY_V3 = 0x20080522
 
 
-@dataclass(frozen=True)
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+@dataclass(frozen=True, eq=False)
 class Capabilities:
     """The capabilities this process holds, read before a fork (`current`), which `drop` gives
     up for whatever the process execs next."""
@@ -51,13 +65,23 @@ class Capabilities:
     effective: int
     last: int
     """The kernel's last capability number."""
+    securebits: int
+    header: _CapHeader
+    without_inheritable: ctypes.Array[_CapData]
+    """This process's capabilities with an empty inheritable set, for `capset`."""
 
     @classmethod
     def current(cls) -> Capabilities:
-        with open("/proc/self/status") as status:
-            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        header, data = _CapHeader(_CAPABILITY_V3, 0), (_CapData * 2)()
+        if _libc.capget(ctypes.byref(header), data) < 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"capget: {os.strerror(error)}")
+        for half in data:
+            half.inheritable = 0
         with open("/proc/sys/kernel/cap_last_cap") as last:
-            return cls(int(fields["CapEff"], 16), int(last.read()))
+            effective = data[0].effective | data[1].effective << 32
+            securebits = int(_libc.prctl(ctypes.c_int(_PR_GET_SECUREBITS), 0, 0, 0, 0))
+            return cls(effective, int(last.read()), max(securebits, 0), header, data)
 
     @property
     def unenforced(self) -> list[str]:
@@ -67,14 +91,20 @@ class Capabilities:
         return []
 
     def drop(self) -> None:
-        """Whatever this process execs holds no capability, root included (`SECBIT_NOROOT`,
-        an empty bounding set, no ambient ones): a root worker's tool cannot read other
-        processes' memory or environment, nor change the network's rules. Only `prctl` calls
-        on numbers read before (safe between fork and exec)."""
+        """Whatever this process execs holds no capability, root included: no ambient or
+        inheritable ones, an empty bounding set, `SECBIT_NOROOT` (unless a parent locked the
+        bits): a root worker's tool cannot read other processes' memory or environment, nor
+        change the network's rules. System calls on values made before (safe between fork
+        and exec)."""
         with contextlib.suppress(OSError):  # no ambient capabilities before Linux 4.3
             prctl(_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL, what="ambient capabilities")
+        if _libc.capset(ctypes.byref(self.header), self.without_inheritable) < 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"capset: {os.strerror(error)}")
         if not self.effective >> _CAP_SETPCAP & 1:
-            return  # nothing to give up but for root, which `unenforced` reports
-        prctl(_PR_SET_SECUREBITS, _SECBIT_NOROOT | _SECBIT_NOROOT_LOCKED, what="securebits")
+            return  # nothing more to give up but for root, which `unenforced` reports
+        if not self.securebits & (_SECBIT_NOROOT | _SECBIT_NOROOT_LOCKED):
+            bits = self.securebits | _SECBIT_NOROOT | _SECBIT_NOROOT_LOCKED
+            prctl(_PR_SET_SECUREBITS, bits, what="securebits")
         for capability in range(self.last + 1):
             prctl(_PR_CAPBSET_DROP, capability, what="capability bounding set")

@@ -7,9 +7,10 @@ Validation errors name the field and say how to fix it (`SpecError`).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Self
 
 import yaml
 from pydantic import (
@@ -29,6 +30,11 @@ from ..errors import ConfigError
 from ..output_schema import OUTPUT_TOOL, schema_problem
 from ..periods import PERIODS, Per
 from ..sandbox.config import SandboxConfig
+from ..secret_env import (
+    NOTIFY_URL_ENV,
+    SLACK_SIGNING_SECRET_ENV,
+    WORKER_SECRET_ENV,
+)
 
 API_VERSION = "tether.dev/v1alpha1"
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -400,12 +406,24 @@ class _SecretSourced(_Model):
         """The worker's variable the value is read from (when `from_worker`)."""
         return self.env or mcp_variable(tool, self.name)
 
-    def _plain_credential(self, looks_like: re.Pattern[str]) -> None:
-        if self.value and looks_like.search(self.name):
+    _credential: ClassVar[re.Pattern[str]]
+    """Names of values that are credentials, refused as plain `value`s."""
+    _needs_value: ClassVar[bool]
+    """Whether a plain `value` or a source must be given (else the value is empty)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        given = self.value is not None
+        if (given and self.from_worker) or (
+            self._needs_value and not given and not self.from_worker
+        ):
+            raise ValueError("set `value`, or `secretRef` (with an optional `env`), not both")
+        if self.value and self._credential.search(self.name):
             raise ValueError(
                 f"{self.name} carries a credential, and `value` is stored in plain text in the "
                 "DurableAgent and its ConfigMap: put it in a Secret and name it in `secretRef`"
             )
+        return self
 
 
 class McpHeader(_SecretSourced):
@@ -420,12 +438,8 @@ class McpHeader(_SecretSourced):
         "credential (refused for Authorization, cookies, tokens and keys).",
     )
 
-    @model_validator(mode="after")
-    def _one_source(self) -> McpHeader:
-        if (self.value is not None) == self.from_worker:
-            raise ValueError("set `value`, or `secretRef` (with an optional `env`), not both")
-        self._plain_credential(CREDENTIAL_HEADER)
-        return self
+    _credential = CREDENTIAL_HEADER
+    _needs_value = True
 
 
 class McpEnvVar(_SecretSourced):
@@ -442,12 +456,8 @@ class McpEnvVar(_SecretSourced):
         "ConfigMap: never a credential (refused for TOKEN, SECRET, PASSWORD, KEY...).",
     )
 
-    @model_validator(mode="after")
-    def _one_source(self) -> McpEnvVar:
-        if self.value is not None and self.from_worker:
-            raise ValueError("set `value`, or `secretRef` (with an optional `env`), not both")
-        self._plain_credential(CREDENTIAL_VARIABLE)
-        return self
+    _credential = CREDENTIAL_VARIABLE
+    _needs_value = False
 
 
 class McpToolOverride(_Model):
@@ -691,23 +701,6 @@ class BehaviorSpec(_Model):
     thinking_budget: int | None = Field(default=None, gt=0, description="Thinking tokens.")
 
 
-NOTIFY_URL_ENV = "TETHER_NOTIFY_URL"
-PREVIOUS_SECRET_ENV = "TETHER_WEBHOOK_SECRET_PREVIOUS"
-"""During a rotation of the webhook secret, the key being replaced: accepted, never signing."""
-"""Where the worker reads the notify URL from by default (the operator maps the Secret there)."""
-SLACK_SIGNING_SECRET_ENV = "TETHER_SLACK_SIGNING_SECRET"
-"""Where the sidecar reads the Slack app's signing secret (the operator maps the Secret of
-`approvals.notify.slackSigningSecretRef` there, into the sidecar only)."""
-WORKER_SECRET_ENV = (
-    "TETHER_WEBHOOK_SECRET",
-    PREVIOUS_SECRET_ENV,
-    SLACK_SIGNING_SECRET_ENV,
-    "ANTHROPIC_API_KEY",
-    "OPENAI_API_KEY",
-    "TETHER_MODEL_API_KEY",
-)
-"""The secrets a Tether process reads from its environment by these names, whatever the spec
-says (the spec's own: `DurableAgentSpec.secret_variables`)."""
 TOKEN_WEBHOOK = (
     r"^https?://(hooks\.slack\.com|([a-z0-9-]+\.)?discord(app)?\.com/api/webhooks"
     r"|[a-z0-9-]+\.webhook\.office\.com|outlook\.office(365)?\.com/webhook)([/:?#]|$)"
@@ -1199,13 +1192,29 @@ class DurableAgentSpec(_Model):
 
     def secret_variables(self) -> list[str]:
         """The variables the worker reads secrets from, besides its own: the models' API keys,
-        the notify URL's, MCP headers'."""
+        the notify URL's, MCP servers' headers' and variables'."""
+        names = self._worker_secret_variables()
+        names.extend(item.variable(entry.name) for _, entry, item in self._mcp_credentials())
+        return list(dict.fromkeys(names))
+
+    def _worker_secret_variables(self) -> list[str]:
+        """The models' API keys' variables and the notify URL's."""
         names = [choice.key_variable for _, choice in self.model.choices()]
         notify = self.approvals.notify
         if notify is not None and notify.url is None:
             names.append(notify.url_variable)
-        names.extend(variable for _, _, variable in self.mcp_secrets())
-        return list(dict.fromkeys(name for name in names if name))
+        return [name for name in names if name]
+
+    def _mcp_credentials(self) -> list[tuple[int, ToolSpecEntry, _SecretSourced]]:
+        """MCP servers' headers and variables read from the worker's environment, with their
+        tool's index and entry."""
+        return [
+            (index, entry, item)
+            for index, entry in enumerate(self.tools)
+            if entry.mcp is not None
+            for item in [*entry.mcp.headers, *entry.mcp.env]
+            if item.from_worker
+        ]
 
     def mcp_secrets(self) -> list[tuple[str, SecretKeyRef, str]]:
         """The Secrets of MCP servers' headers and variables: the field naming each, its
@@ -1258,22 +1267,22 @@ class DurableAgentSpec(_Model):
                     )
 
     @model_validator(mode="after")
-    def _no_worker_secret_sent_to_a_server(self) -> DurableAgentSpec:
-        # An MCP server's header or variable read from the worker's environment must not be
-        # one of the worker's own secrets: with the webhook secret a server could approve.
-        own = {*WORKER_SECRET_ENV, *(c.key_variable for _, c in self.model.choices())}
-        notify = self.approvals.notify
-        if notify is not None and notify.url is None:
-            own.add(notify.url_variable)
-        for index, entry in enumerate(self.tools):
-            items = [*entry.mcp.headers, *entry.mcp.env] if entry.mcp else []
-            for item in items:
-                if item.from_worker and item.variable(entry.name) in own:
-                    raise ValueError(
-                        f"spec.tools[{index}].mcp: {item.variable(entry.name)} is a secret of "
-                        "the worker's own, never sent to an MCP server; give the server a "
-                        "credential of its own (a secretRef)"
-                    )
+    def _no_server_given_anothers_secret(self) -> DurableAgentSpec:
+        # A server's header or variable read from the worker's environment is its own: not a
+        # secret of the worker's (with the webhook secret a server could approve), nor another
+        # server's.
+        credentials = self._mcp_credentials()
+        worker = {*WORKER_SECRET_ENV, *self._worker_secret_variables()}
+        taken = Counter(item.variable(entry.name) for _, entry, item in credentials)
+        for index, entry, item in credentials:
+            variable = item.variable(entry.name)
+            if variable in worker or taken[variable] > 1:
+                whose = "of the worker's own" if variable in worker else "of another of its values"
+                raise ValueError(
+                    f"spec.tools[{index}].mcp: {variable} is a secret {whose}, never sent to an "
+                    "MCP server as this one; give each header or variable a credential of its "
+                    "own (a secretRef)"
+                )
         return self
 
     @model_validator(mode="after")

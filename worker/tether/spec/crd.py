@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from ..secret_env import WORKER_SECRET_ENV
 from . import (
     API_VERSION,
     CREDENTIAL_HEADER,
@@ -255,6 +256,27 @@ def _spec_schema() -> Schema:
             + ")",
             "spec.tools[].mcp.env[]: this variable looks like a credential; put it in a Secret "
             "and name it in secretRef",
+        ),
+    )
+    worker_secrets = ", ".join(_cel_string(name) for name in WORKER_SECRET_ENV)
+    for node, where in ((header, "headers"), (mcp["properties"]["env"]["items"], "env")):
+        _add_rules(
+            node["properties"]["env"],
+            _rule(
+                f"!(self in [{worker_secrets}])",
+                f"spec.tools[].mcp.{where}[].env names a secret of the worker's own, never sent "
+                "to an MCP server",
+            ),
+        )
+    sandbox = mcp["properties"]["sandbox"]
+    for paths in ("readPaths", "writePaths"):
+        sandbox["properties"][paths]["items"]["pattern"] = "^/"
+    _add_rules(
+        sandbox,
+        _rule(
+            "!has(self.required) || !self.required || !has(self.enabled) || self.enabled",
+            "spec.tools[].mcp.sandbox: required: true asks for a sandbox that enabled: false "
+            "turns off",
         ),
     )
     for node, where in (

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import fnmatch
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ import re
 import shutil
 import ssl
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from .._optional import extra_imports
 from ..messages import JSON, ImageBlock, TextBlock
 from ..sandbox.config import SandboxConfig
-from ..sandbox.launch import Launch, program_paths, programs_of
+from ..sandbox.launch import Launch, program_paths, refused_path_entries
 from .base import ReplayPolicy, ToolContext, ToolDef, ToolError, ToolOutput, ToolSpec
 from .toolset import ToolsetError
 
@@ -103,9 +103,9 @@ class MCPServer:
     """Confine a stdio server (`tether.sandbox`): it reads the system's directories, its own
     program (`launch.program_paths`) and the files its command names by absolute path; reads
     and writes the `workspace` and a home of its own (its working directory, `HOME` and
-    `TMPDIR`, kept between runs: `server_home`); connects over TCP to `connectPorts` only;
-    holds no capability. None: unconfined (a spec's stdio servers are confined unless their
-    `sandbox` says otherwise)."""
+    `TMPDIR`), made for each connection and removed with it; connects over TCP to
+    `connectPorts` only; holds no capability. None: unconfined (a spec's stdio servers are
+    confined unless their `sandbox` says otherwise)."""
     workspace: str | None = None
     """The directory a confined stdio server reads and writes besides its home."""
 
@@ -167,7 +167,7 @@ class _Connection:
     def _transport(self, stack: AsyncExitStack) -> Any:
         server = self.server
         if server.command:
-            return stdio_client(_stdio_parameters(server))
+            return stdio_client(_stdio_parameters(server, stack))
         assert server.url is not None
         if server.transport == "sse":
             return sse_client(server.url, headers=dict(server.headers), timeout=server.timeout)
@@ -180,40 +180,43 @@ class _Connection:
         return streamable_http_client(server.url, http_client=http)
 
 
-def server_home(server: MCPServer) -> Path:
-    """The home of a confined stdio server, its working directory and the only place besides
-    the workspace it writes: `$XDG_CACHE_HOME/tether/mcp-home/<name>-<digest>` (else
-    `~/.cache/...`), kept between runs so that what `npx` or `uvx` download for it stays. The
-    digest is of its command and workspace: another agent's server of the same name on this
-    machine gets a home of its own."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    identity = json.dumps([list(server.command), server.workspace]).encode()
-    name = f"{_TOOL_NAME.sub('_', server.name)}-{hashlib.sha256(identity).hexdigest()[:16]}"
-    return Path(cache) / "tether" / "mcp-home" / name
+def _homes() -> Path:
+    """Where confined stdio servers' homes are made: `$XDG_CACHE_HOME/tether/mcp-home` (else
+    `~/.cache/...`)."""
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(cache):  # a relative one is to be ignored (XDG)
+        cache = os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "tether" / "mcp-home"
 
 
 def _own_directory(path: Path) -> None:
-    """Make `path` (mode 0700) or find it made: a directory of this user's, not a symlink."""
+    """Make `path` (mode 0700) or find it made: a directory of this user's, not a symlink,
+    that no one else writes."""
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
     found = path.lstat()
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
-        raise ToolsetError(f"{path} is not a directory of this user's (a symlink?)")
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o022:
+        raise ToolsetError(f"{path} is not a directory that only this user writes (a symlink?)")
 
 
-def _home(server: MCPServer, workspace: Path | None) -> Path:
-    home = server_home(server)
-    if workspace is not None:
-        resolved = Path(os.path.realpath(home))
-        if resolved.is_relative_to(workspace) or workspace.is_relative_to(resolved):
-            raise ToolsetError(
-                f"its home {home} and the workspace {workspace} overlap, so the agent's file "
-                "tools could rewrite what the server runs: set XDG_CACHE_HOME or the "
-                "workspace elsewhere"
-            )
-    home.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for directory in (home.parent, home, home / "tmp"):
+def _new_home(server: MCPServer, workspace: Path | None) -> Path:
+    """A home for one connection of a confined stdio server (mode 0700, with its `tmp`),
+    beside no other: what a server writes there reaches no other run or session."""
+    homes = _homes()
+    resolved = Path(os.path.realpath(homes))
+    if workspace is not None and (
+        resolved.is_relative_to(workspace) or workspace.is_relative_to(resolved)
+    ):
+        raise ToolsetError(
+            f"its home, under {homes}, and the workspace {workspace} overlap, so the agent's "
+            "file tools could rewrite what the server runs: set XDG_CACHE_HOME or the "
+            "workspace elsewhere"
+        )
+    homes.parent.parent.mkdir(parents=True, exist_ok=True)  # the user's cache
+    for directory in (homes.parent, homes):
         _own_directory(directory)
+    home = Path(tempfile.mkdtemp(prefix=f"{_TOOL_NAME.sub('_', server.name)}-", dir=homes))
+    (home / "tmp").mkdir(mode=0o700)
     return home
 
 
@@ -221,29 +224,33 @@ _warned: set[str] = set()
 """The servers whose unenforced sandbox has been logged: once a process."""
 
 
-def _stdio_parameters(server: MCPServer) -> StdioServerParameters:
+def _stdio_parameters(server: MCPServer, stack: AsyncExitStack) -> StdioServerParameters:
     """How to start a stdio server: as its command says, or through the sandbox's launcher,
-    its program found on PATH now, in a home of its own."""
+    its program found on PATH now, in a home of its own that `stack` removes."""
     argv, env, sandbox = list(server.command), dict(server.env), server.sandbox
     if sandbox is None:
         return StdioServerParameters(command=argv[0], args=argv[1:], env=env)
-    search_path = env.get("PATH") or os.environ.get("PATH") or os.defpath
-    found = shutil.which(argv[0], path=search_path)
-    if found is None:
-        raise ToolsetError(f"{argv[0]} is not found (PATH, or the worker's directory)")
-    argv[0] = os.path.abspath(found)
+    launched = {**get_default_environment(), **env}
+    search_path = launched.get("PATH") or os.defpath
     workspace = None
     if server.workspace is not None:
         os.makedirs(server.workspace, exist_ok=True)
         workspace = Path(os.path.realpath(server.workspace))
-    home = _home(server, workspace)
-    if workspace is not None:
-        for program in programs_of(argv[0], search_path):
-            if Path(program).is_relative_to(workspace):
-                raise ToolsetError(
-                    f"its program {program} is in the workspace, which the agent's tools write"
-                )
-    readable = program_paths(argv, sandbox.read_paths, search_path)
+    if refused := refused_path_entries(search_path, workspace):
+        raise ToolsetError(
+            f"its PATH holds {', '.join(map(repr, refused))}: a relative directory or one in "
+            "the workspace, where the model could put a program of the same name"
+        )
+    found = shutil.which(argv[0], path=search_path)
+    if found is None:
+        raise ToolsetError(f"{argv[0]} is not found on its PATH ({search_path})")
+    argv[0] = os.path.abspath(found)
+    try:
+        readable = program_paths(argv, sandbox.read_paths, search_path, workspace)
+    except ValueError as error:
+        raise ToolsetError(str(error)) from None
+    home = _new_home(server, workspace)
+    stack.callback(shutil.rmtree, home, ignore_errors=True)
     writable = [str(home), *([str(workspace)] if workspace else [])]
     policy = sandbox.policy(read=readable, write=writable)
     if unenforced := policy.unenforced:
@@ -254,7 +261,7 @@ def _stdio_parameters(server: MCPServer) -> StdioServerParameters:
             _warned.add(server.name)
             log.warning("MCP server %s: the sandbox cannot confine %s", server.name, what)
     own = {"HOME": str(home), "TMPDIR": str(home / "tmp")}
-    launch = Launch(policy, tuple(argv), str(home), {**get_default_environment(), **own, **env})
+    launch = Launch(policy, tuple(argv), str(home), {**launched, **own, **env})
     command, launcher_env = launch.command()
     return StdioServerParameters(command=command[0], args=command[1:], env=launcher_env, cwd="/")
 

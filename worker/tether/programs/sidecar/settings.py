@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from ...errors import ConfigError
-from ...spec import PREVIOUS_SECRET_ENV, SLACK_SIGNING_SECRET_ENV
+from ...secret_env import PREVIOUS_SECRET_ENV, SLACK_SIGNING_SECRET_ENV
 from ..restate_endpoints import split_urls
 
 MIN_SECRET_LENGTH = 16

@@ -38,7 +38,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse
 
 from ...parked import ParkedCall
-from ...spec import SLACK_SIGNING_SECRET_ENV
+from ...secret_env import SLACK_SIGNING_SECRET_ENV
 from ..slack.messages import DECISION_OF_ACTION, Message, decided_message, reply
 from ..slack.signing import (
     ButtonToken,

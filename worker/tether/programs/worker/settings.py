@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from ...errors import ConfigError
-from ...spec import NOTIFY_URL, PREVIOUS_SECRET_ENV, DurableAgent, SpecError, load_agent
+from ...secret_env import PREVIOUS_SECRET_ENV
+from ...spec import NOTIFY_URL, DurableAgent, SpecError, load_agent
 from ..restate_endpoints import split_urls
 from ..restate_identity import identity_keys_from_env
 

@@ -69,6 +69,7 @@ from pydantic.alias_generators import to_camel
 
 from ...sandbox.config import SandboxConfig
 from ...sandbox.policy import Confinement
+from ...secret_env import WORKER_SECRET_ENV
 from ..base import ToolContext, ToolDef, ToolError
 from ..decorator import tool
 
@@ -76,9 +77,7 @@ log = logging.getLogger(__name__)
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-WORKER_SECRETS = frozenset(
-    {"TETHER_WEBHOOK_SECRET", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "TETHER_MODEL_API_KEY"}
-)
+WORKER_SECRETS = frozenset(WORKER_SECRET_ENV)
 """The worker's secrets: never handed to a command (see the module docstring)."""
 MiB = 1024 * 1024
 
