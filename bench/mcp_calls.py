@@ -15,7 +15,9 @@ httptools, no access log):
   defaults, called with `MCPToolset.call("add", ...)`. With the SDK 2.3 on both ends the
   protocol negotiated is 2026-07-28: `server/discover` instead of the initialize handshake, no
   session id, one POST per call answered with plain JSON (not SSE, `json_response` or not);
-- MCP over stdio (unless `--no-stdio`): the same server, launched by `MCPServer(command=...)`.
+- MCP over stdio (unless `--no-stdio`): the same server, launched by `MCPServer(command=...)`,
+  and again confined as a spec's stdio servers are by default (`sandbox=SandboxConfig()`: the
+  launcher `python -m tether.sandbox`, a fresh home per connection).
 
 Two levels, each variant warmed up first:
 
@@ -43,6 +45,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -58,6 +61,7 @@ from typing import Any
 
 LOOPBACK = "127.0.0.1"
 SERVER_KINDS = ("http", "mcp-http", "mcp-stdio")
+"""What `--serve` starts; the confined stdio variant launches the same stdio server."""
 WARMUP_CALLS = 50
 WARMUP_TURNS = 20
 ROUND = 50
@@ -66,6 +70,7 @@ LABELS = {
     "http": "direct HTTP (floor)",
     "mcp-http": "MCP streamable HTTP",
     "mcp-stdio": "MCP stdio",
+    "mcp-stdio-confined": "MCP stdio, sandboxed",
 }
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -384,8 +389,10 @@ async def bench(
     import httpx2
 
     from tether import tool
+    from tether.sandbox.config import SandboxConfig
     from tether.tools.mcp import MCPServer, MCPToolset
 
+    workspace = tempfile.mkdtemp(prefix="tether-bench-workspace-")
     floor_url = f"{servers['http'].url}/add"
     client = httpx2.AsyncClient(timeout=60)
 
@@ -400,19 +407,23 @@ async def bench(
         return await http_add(a, b)
 
     def mcp_config(kind: str) -> MCPServer:
+        command = [sys.executable, os.path.abspath(__file__), "--serve", "mcp-stdio"]
         if kind == "mcp-stdio":
-            command = [sys.executable, __file__, "--serve", "mcp-stdio"]
             return MCPServer(name="bench", command=command)
+        if kind == "mcp-stdio-confined":  # as a spec's stdio servers run, by default
+            return MCPServer(
+                name="bench", command=command, sandbox=SandboxConfig(), workspace=workspace
+            )
         return MCPServer(name="bench", url=f"{servers[kind].url}/mcp")
 
     def pid_of(kind: str) -> Callable[[], int]:
-        if kind == "mcp-stdio":
+        if kind.startswith("mcp-stdio"):
             return stdio_server_pid
         pid = servers[kind].pid
         return lambda: pid
 
     kinds = ["http", "mcp-http"]
-    kinds += ["mcp-stdio"] if args.stdio else []
+    kinds += ["mcp-stdio", "mcp-stdio-confined"] if args.stdio else []
     toolsets = {kind: MCPToolset(mcp_config(kind)) for kind in kinds if kind != "http"}
 
     def calls_variant(kind: str) -> Variant:
@@ -465,6 +476,7 @@ async def bench(
         for toolset in toolsets.values():
             await toolset.aclose()
         await client.aclose()
+        shutil.rmtree(workspace, ignore_errors=True)
     return {"calls": calls, "turns": turns}
 
 

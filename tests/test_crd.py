@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client, config
 from kubernetes.client import ApiClient, ApiException
 
@@ -32,6 +33,7 @@ from tether.spec.crd import (
     durableagent_crd_yaml,
 )
 from tether.testing import wait_until
+from tether_operator.render import spec_document
 
 CHECKED_IN = Path(__file__).resolve().parent.parent / "crds" / "durableagent.yaml"
 
@@ -680,12 +682,8 @@ def test_the_spec_refuses_a_budget_no_call_fits_like_the_api_server(
     parse_agent(agent(name, **roomy))
 
 
-def test_a_stdio_servers_sandbox_is_defaulted_and_keeps_a_null_port_list(
-    api: ApiClient, namespace: str
-) -> None:
-    """`connectPorts: null` (any port) is kept by the API server: a null it does not allow it
-    drops, and the default ports would take its place."""
-    sandbox = {"connectPorts": None, "writePaths": ["/data"]}
+def test_a_stdio_servers_sandbox_is_defaulted_and_kept(api: ApiClient, namespace: str) -> None:
+    sandbox = {"anyPort": True, "writePaths": ["/data"]}
     tools = [
         {"name": "open", "mcp": {"command": ["mcp-server-fetch"], "sandbox": sandbox}},
         {"name": "clock", "mcp": {"command": ["mcp-server-time"]}},
@@ -698,9 +696,31 @@ def test_a_stdio_servers_sandbox_is_defaulted_and_keeps_a_null_port_list(
         "required": False,
     }
     parsed = parse_agent(created).spec.tools
-    assert parsed[0].mcp is not None and parsed[0].mcp.sandbox.connect_ports is None
+    assert parsed[0].mcp is not None and parsed[0].mcp.sandbox.policy().connect_ports is None
     assert parsed[1].mcp is not None and parsed[1].mcp.sandbox.connect_ports == [53, 80, 443]
     assert parsed[1].mcp.sandbox.enabled
+
+
+def test_the_workers_copy_of_a_spec_reads_back_as_the_same_spec() -> None:
+    """The operator writes the normalised spec, defaults included, into the version's
+    ConfigMap (`spec_document`); the worker must read it back as the same spec (a `sandbox`
+    written out for a `url` server made every worker refuse its spec)."""
+    secret = {"name": "API_TOKEN", "secretRef": {"name": "s", "key": "k"}}
+    tools = [
+        {"name": "remote", "mcp": {"url": "http://github-mcp.tools:8080/mcp"}},
+        {
+            "name": "local",
+            "mcp": {
+                "command": ["mcp-server-fetch"],
+                "env": [secret, {"name": "TZ"}],
+                "sandbox": {"anyPort": True, "writePaths": ["/data"]},
+            },
+        },
+        {"name": "sh", "builtin": "shell", "config": {"sandbox": {"connectPorts": None}}},
+    ]
+    agent_ = parse_agent(agent("copied", tools=tools))
+    copy = parse_agent(yaml.safe_load(spec_document(agent_, "agents")))
+    assert copy.spec == agent_.spec
 
 
 def test_a_notify_url_from_a_secret_is_accepted(api: ApiClient, namespace: str) -> None:

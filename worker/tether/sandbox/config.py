@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -41,10 +41,13 @@ class SandboxConfig(BaseModel):
         default_factory=list,
         description="Writable (and readable) paths besides the tool's own (absolute).",
     )
-    connect_ports: list[Annotated[int, Field(ge=1, le=65535)]] | None = Field(
+    connect_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=lambda: list(DEFAULT_PORTS),
         description="TCP ports the programs may connect to (not Restate's ingress or admin "
-        "API, nor the worker's port); null: any.",
+        "API, nor the worker's port).",
+    )
+    any_port: bool = Field(
+        default=False, description="Let the programs connect to any TCP port (no connectPorts)."
     )
     unix_sockets: bool = Field(
         default=False,
@@ -56,6 +59,16 @@ class SandboxConfig(BaseModel):
         description="Refuse to run a program the kernel cannot confine so (instead of a "
         "warning in the log).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_ports_mean_any(cls, data: Any) -> Any:
+        # `connectPorts: null` said "any port" before `anyPort`; a null is dropped in copies.
+        if isinstance(data, dict):
+            for key in ("connectPorts", "connect_ports"):
+                if key in data and data[key] is None:
+                    data = {k: v for k, v in data.items() if k != key} | {"anyPort": True}
+        return data
 
     @field_validator("read_paths", "write_paths")
     @classmethod
@@ -73,10 +86,9 @@ class SandboxConfig(BaseModel):
 
     def policy(self, *, read: Iterable[str] = (), write: Iterable[str] = ()) -> Policy:
         """The policy of these settings with the tool's own paths."""
-        ports = self.connect_ports
         return Policy(
             read=(*self.read_paths, *read),
             write=(*write, *DEVICES, *self.write_paths),
-            connect_ports=None if ports is None else tuple(ports),
+            connect_ports=None if self.any_port else tuple(self.connect_ports),
             unix_sockets=self.unix_sockets,
         )

@@ -86,7 +86,7 @@ def refused_path_entries(search_path: str, workspace: Path | None) -> list[str]:
     return refused
 
 
-def programs_of(program: str, search_path: str) -> list[str]:
+def _programs_of(program: str, search_path: str) -> list[str]:
     """A program (an absolute path) and the interpreter its `#!` line names (through `env`:
     the one on `search_path`), each as named and as resolved."""
     named = [program, *_interpreter(program, search_path)]
@@ -98,14 +98,14 @@ def program_paths(
     argv: Sequence[str], readable: Iterable[str], search_path: str, workspace: Path | None
 ) -> list[str]:
     """What a program (`argv[0]`, an absolute path) reads to start, beyond `readable`: the files
-    of `programs_of`, or the whole installation of one that has a marker (a venv, with the
+    of `_programs_of`, or the whole installation of one that has a marker (a venv, with the
     Python it was made from); and the files its arguments name by absolute path (a script), as
     resolved. Never `/`, the user's home or a directory above it, nor ~/.local or ~/.config
     (where the user's state and credentials are). A `ValueError` for a program in the
     `workspace`, the model's: it would run the model's code with the program's credentials."""
     readable = [os.path.join(p, "") for p in readable]
     granted: list[str] = []
-    for path in programs_of(argv[0], search_path):
+    for path in _programs_of(argv[0], search_path):
         if workspace is not None and Path(path).is_relative_to(workspace):
             raise ValueError(
                 f"its program {path} is in the workspace, which the agent's tools write"

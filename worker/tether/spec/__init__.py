@@ -30,11 +30,7 @@ from ..errors import ConfigError
 from ..output_schema import OUTPUT_TOOL, schema_problem
 from ..periods import PERIODS, Per
 from ..sandbox.config import SandboxConfig
-from ..secret_env import (
-    NOTIFY_URL_ENV,
-    SLACK_SIGNING_SECRET_ENV,
-    WORKER_SECRET_ENV,
-)
+from ..secret_env import NOTIFY_URL_ENV, SLACK_SIGNING_SECRET_ENV, WORKER_SECRET_ENV
 
 API_VERSION = "tether.dev/v1alpha1"
 DURATION = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
@@ -525,10 +521,10 @@ class McpSpec(_Model):
         default_factory=SandboxConfig,
         description="How a stdio server is confined, as the shell built-in's commands are "
         "(Landlock and a seccomp filter): it reads the system's directories (readPaths), its "
-        "own installation and the files its command names by absolute path; reads and writes "
-        "the workspace (its working directory) and a home of its own ($HOME and $TMPDIR, kept "
-        "between runs; writePaths adds more); connects over TCP to connectPorts only (53, 80, "
-        "443: not Restate's ingress). enabled: false runs it unconfined.",
+        "own program and the files its command names by absolute path; reads and writes the "
+        "workspace and a home made for each connection (its working directory, $HOME and "
+        "$TMPDIR; writePaths adds more); connects over TCP to connectPorts only (53, 80, 443: "
+        "not Restate's ingress); holds no capability. enabled: false runs it unconfined.",
     )
 
     @field_validator("url")
@@ -549,7 +545,7 @@ class McpSpec(_Model):
             raise ValueError("`headers` are for a server at a `url`; a stdio server takes `env`")
         if self.url is not None and self.env:
             raise ValueError("`env` is for a stdio server (`command`); a `url` takes `headers`")
-        if self.url is not None and "sandbox" in self.model_fields_set:
+        if self.url is not None and self.sandbox != SandboxConfig():  # the default: harmless
             raise ValueError(
                 "`sandbox` confines a stdio server (`command`); a server at a `url` runs in "
                 "its own process or pod (confine it there, and its reach with a NetworkPolicy)"

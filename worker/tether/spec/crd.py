@@ -63,9 +63,7 @@ def _resolve(node: Schema, defs: dict[str, Schema]) -> Schema:
 
 
 def _without_null(node: Schema, defs: dict[str, Schema]) -> Schema:
-    """`anyOf: [X, {type: null}]` (pydantic's `X | None`) -> `X`; `nullable` where null is not
-    the default, so it means something of its own (the API server drops a null it does not
-    allow, and the default takes its place)."""
+    """`anyOf: [X, {type: null}]` (pydantic's `X | None`) -> `X`."""
     options = node.get("anyOf")
     if not options:
         return node
@@ -76,8 +74,6 @@ def _without_null(node: Schema, defs: dict[str, Schema]) -> Schema:
     merged = {**_resolve(kept[0], defs), **rest}
     if merged.get("default", 0) is None:
         del merged["default"]
-    elif len(kept) < len(options):
-        merged["nullable"] = True
     return merged
 
 
