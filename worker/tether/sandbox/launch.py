@@ -19,7 +19,7 @@ import shutil
 import stat
 import sys
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .policy import Policy
@@ -45,15 +45,7 @@ class Launch:
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The launcher's argv, this interpreter isolated from the PYTHON* variables and the
         user's site, and its environment."""
-        policy = self.policy
-        launch = {
-            "read": policy.read,
-            "write": policy.write,
-            "connect_ports": policy.connect_ports,
-            "unix_sockets": policy.unix_sockets,
-            "argv": self.argv,
-            "cwd": self.cwd,
-        }
+        launch = {**asdict(self.policy), "argv": self.argv, "cwd": self.cwd}
         environ = {LAUNCH_ENV: json.dumps(launch, separators=(",", ":"))}
         for number, (name, value) in enumerate(self.env.items()):
             environ[f"{VARIABLE_PREFIX}{number}"] = f"{name}={value}"

@@ -77,8 +77,6 @@ log = logging.getLogger(__name__)
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-WORKER_SECRETS = frozenset(WORKER_SECRET_ENV)
-"""The worker's secrets: never handed to a command (see the module docstring)."""
 MiB = 1024 * 1024
 
 
@@ -136,7 +134,7 @@ class ShellConfig(_Config):
         for name in value:
             if not ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not an environment variable name")
-            if name in WORKER_SECRETS:
+            if name in WORKER_SECRET_ENV:  # never handed to a command (module docstring)
                 raise ValueError(
                     f"{name} is a secret of the worker and is never passed to a command "
                     "(with it the agent could act as the worker); give the command a "
