@@ -624,7 +624,11 @@ def test_tether_run_forks_a_session_after_an_answer(tmp_path: Path) -> None:
     assert twice.returncode == 2 and "session 's2' exists" in twice.stderr
 
 
-def test_tether_runs_on_one_file_share_the_agents_spend_cap(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zone", [None, "Pacific/Kiritimati"])
+def test_tether_runs_on_one_file_share_the_agents_spend_cap(
+    tmp_path: Path, zone: str | None
+) -> None:
+    cap = {"per": "day", "maxTokens": 400, **({"timeZone": zone} if zone else {})}
     document = {
         "apiVersion": "tether.dev/v1alpha1",
         "kind": "DurableAgent",
@@ -637,7 +641,7 @@ def test_tether_runs_on_one_file_share_the_agents_spend_cap(tmp_path: Path) -> N
                 "script": [{"text": "ok", "usage": {"input": 200, "output": 50}}],
             },
             "webhook": {"secretRef": {"name": "hook", "key": "key"}},  # Kubernetes' signer
-            "limits": {"spendCaps": [{"per": "day", "maxTokens": 400}]},
+            "limits": {"spendCaps": [cap]},
         },
     }
     manifest = tmp_path / "agent.yaml"
@@ -654,6 +658,12 @@ def test_tether_runs_on_one_file_share_the_agents_spend_cap(tmp_path: Path) -> N
     assert run("first")["status"] == "completed"  # 250 tokens spent
     refused = run("second")  # another process: 250 spent + its call's worst case > 400
     assert refused["status"] == "budget_exceeded"
-    assert "the agent's spend cap of 400 tokens a day (UTC) is reached" in refused["error"]
+    assert (
+        f"the agent's spend cap of 400 tokens a day ({zone or 'UTC'}) is reached"
+        in (refused["error"])
+    )
+    # The day of the cap's zone: it resets at midnight there (UTC+14), and says so.
+    midnight = "T00:00:00+14:00 (" if zone else "T00:00:00Z"
+    assert midnight in refused["error"], refused["error"]
     elsewhere = str(state_home(tmp_path) / "other.db")  # another file, another count
     assert run("elsewhere", "--db", elsewhere)["status"] == "completed"

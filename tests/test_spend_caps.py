@@ -52,8 +52,66 @@ def test_a_window_is_the_calendar_period_in_utc_that_holds_the_time() -> None:
     assert Window.of("month", at("2027-02-10")).end == at("2027-03-01")
 
 
+def test_a_window_in_a_time_zone_follows_its_calendar_and_its_clock_changes() -> None:
+    tokyo = Window.of("day", at("2026-12-06T20:00"), "Asia/Tokyo")  # 05:00 on the 7th there
+    assert tokyo == Window(
+        "day:2026-12-07@Asia/Tokyo", at("2026-12-06T15:00"), at("2026-12-07T15:00")
+    )
+    assert Window.zone_of(tokyo.id) == "Asia/Tokyo" and Window.zone_of("day:2026-12-06") is None
+    assert Window.of("hour", at("2026-12-06T20:10"), "Asia/Kolkata") == Window(
+        "hour:2026-12-07T01+0530@Asia/Kolkata", at("2026-12-06T19:30"), at("2026-12-06T20:30")
+    )
+    assert Window.of("month", at("2026-12-31T20:00"), "Asia/Tokyo").id == "month:2027-01@Asia/Tokyo"
+    # New York's clocks go forward on 2026-03-08 and back on 2026-11-01.
+    spring = Window.of("day", at("2026-03-08T12:00"), "America/New_York")
+    autumn = Window.of("day", at("2026-11-01T12:00"), "America/New_York")
+    assert (spring.end - spring.start, autumn.end - autumn.start) == (23 * 3600, 25 * 3600)
+    first = Window.of("hour", at("2026-11-01T05:30"), "America/New_York")  # 01:30 EDT
+    again = Window.of("hour", at("2026-11-01T06:30"), "America/New_York")  # 01:30 EST
+    assert first.end == again.start and first.id != again.id
+    assert Window.of("day", NOON_UTC, "UTC") == Window.of("day", NOON_UTC)  # the same id
+
+
+NOON_UTC = at("2026-12-06T12:00")
 DAY = SpendCap("day", Limits(tokens=1_000))
 NOON = at("2026-12-06T12:00")
+
+
+def test_a_cap_in_a_time_zone_counts_and_resets_by_its_calendar() -> None:
+    tokyo = SpendCap("day", Limits(tokens=1_000), time_zone="Asia/Tokyo")
+    windows = SpendWindows()
+    early = at("2026-12-06T20:00")  # the 6th in UTC, the 7th in Tokyo
+    assert windows.reserve([tokyo], "a", Spend(0, 600), early) is None
+    stored = SpendWindows.of(windows.to_json())  # as Restate and the SQLite file keep it
+    stored.settle("a", Spend(0, 600))
+    assert stored.spent["day:2026-12-07@Asia/Tokyo"] == Spend(0, 600)
+    assert stored.spent["day:2026-12-06"] == Spend(0, 600)  # UTC's count goes on beside it
+    late = at("2026-12-07T14:00")  # a new day in UTC, still the 7th in Tokyo
+    assert stored.reserve([DAY], "utc", Spend(0, 600), late) is None
+    refusal = stored.reserve([tokyo], "b", Spend(0, 600), late)
+    assert refusal is not None and refusal.spent == Spend(0, 600) and refusal.wait_seconds == 3600
+    assert (
+        "spend cap of 1,000 tokens a day (Asia/Tokyo) is reached" in refusal.message()
+        and "resets at 2026-12-08T00:00:00+09:00 (2026-12-07T15:00:00Z)" in refusal.message()
+    )
+    assert refusal == type(refusal).of(refusal.to_json())
+    assert stored.reserve([tokyo], "b", Spend(0, 600), at("2026-12-07T15:00")) is None  # the 8th
+    shown = [w["window"] for w in stored.windows(at("2026-12-07T15:00"))]
+    assert shown == [
+        "hour:2026-12-07T15",
+        "day:2026-12-07",
+        "month:2026-12",
+        "hour:2026-12-08T00+0900@Asia/Tokyo",
+        "day:2026-12-08@Asia/Tokyo",
+        "month:2026-12@Asia/Tokyo",
+    ]
+
+
+def test_a_caps_time_zone_is_an_iana_name() -> None:
+    with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus'"):
+        SpendCap.of({"per": "day", "tokens": 10, "time_zone": "Mars/Olympus"})
+    cap = SpendCap("day", Limits(tokens=10), time_zone="Europe/Paris")
+    assert SpendCap.of(cap.to_json()) == cap
 
 
 def test_a_call_holds_its_worst_case_and_one_that_does_not_fit_is_refused() -> None:
@@ -231,11 +289,13 @@ def test_the_spec_builds_one_gate_for_all_the_agents_models() -> None:
     caps = [
         {"per": "day", "maxTokens": 5_000},
         {"per": "hour", "maxTokens": 500, "onReached": "wait"},
+        {"per": "month", "maxTokens": 50_000, "timeZone": "America/Sao_Paulo"},
     ]
     gate = local_spend_gate(parse_agent(capped(limits={"spendCaps": caps})).spec)
     assert gate is not None and list(gate.caps) == [
         SpendCap("day", Limits(tokens=5_000)),
         SpendCap("hour", Limits(tokens=500), "wait"),
+        SpendCap("month", Limits(tokens=50_000), time_zone="America/Sao_Paulo"),
     ]
     agent = parse_agent(capped(limits={"spendCaps": caps[:1]}))
     provider = provider_from_spec(agent.spec, "", spend=gate)
@@ -253,8 +313,22 @@ def test_the_spec_builds_one_gate_for_all_the_agents_models() -> None:
         ([{"per": "day", "maxCostUsd": 5}], {}, "maxCostUsd needs model.pricing"),
         ([{"per": "day", "maxTokens": 5_000}], {"webhook": None}, "needs spec.webhook"),
         ([{"per": "day", "maxTokens": 5_000, "onReached": "ask"}], {}, "[0].onReached"),
+        (
+            [{"per": "day", "maxTokens": 5_000, "timeZone": "Europe/Pariss"}],
+            {},
+            "unknown time zone 'Europe/Pariss'",
+        ),
     ],
-    ids=["no-limit", "unknown-period", "twice", "below-one-output", "unpriced", "unsigned", "ask"],
+    ids=[
+        "no-limit",
+        "unknown-period",
+        "twice",
+        "below-one-output",
+        "unpriced",
+        "unsigned",
+        "ask",
+        "unknown-zone",
+    ],
 )
 def test_the_spec_refuses_caps_that_cannot_work(
     caps: list[dict[str, Any]], extra: dict[str, Any], says: str

@@ -35,7 +35,7 @@ async def observed(op: Operator, agent: DurableAgent, kept: list[SpendStatus]) -
 
 
 def _status(cap: SpendCapSpec, model: str | None, now: float, spent: dict[str, Any]) -> SpendStatus:
-    window = Window.of(cap.per, now)
+    window = Window.of(cap.per, now, cap.time_zone)
     amount = spent.get(window.key(model)) or {}
     cost, tokens = float(amount.get("cost_usd") or 0.0), int(amount.get("tokens") or 0)
     shares = [

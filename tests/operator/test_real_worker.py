@@ -241,8 +241,10 @@ def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_droppe
     operator = on_node_ports(run_operator)
     manifest = scripted("v1", [{"text": "ok", "usage": {"input": 200, "output": 50}}])
     manifest["spec"]["model"]["maxTokens"] = 100
-    # The agent's cap, and a roomy one of its model's own (by its name).
-    model_cap = {"per": "month", "maxTokens": 1_000_000, "model": "script"}
+    # The agent's cap, and a roomy one of its model's own (by its name), by the calendar of
+    # UTC+14, whose month starts at 10:00 UTC on the day before UTC's.
+    zone = "Pacific/Kiritimati"
+    model_cap = {"per": "month", "maxTokens": 1_000_000, "model": "script", "timeZone": zone}
     caps = [{"per": "day", "maxTokens": 2_000}, model_cap]
     manifest["spec"]["limits"] = {"spendCaps": caps}
 
@@ -271,7 +273,10 @@ def test_the_specs_spend_cap_is_counted_across_runs_and_shown_until_it_is_droppe
         }
         # The model's cap: its calls are the agent's here, counted again as its own.
         assert of_model["model"] == "scripted/script" and of_model["period"].startswith("month:")
-        assert of_model["used"] == spent / 1_000_000
+        assert of_model["period"].endswith(f"@{zone}") and of_model["resetsAt"].endswith(
+            "T10:00:00Z"
+        )
+        assert of_model["used"] == spent / 1_000_000  # counted in the zone's month by Restate
         assert gauges("month", "scripted/script") == {
             "tether_spend_cap_used_ratio": spent / 1_000_000
         }

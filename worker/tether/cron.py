@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from croniter import CroniterError, croniter
+
+from .periods import zone_problem
 
 EXPRESSION_HELP = (
     "five fields (minute hour day-of-month month day-of-week), six with seconds first, or a "
@@ -44,10 +46,8 @@ class Cron:
 
 def cron_problem(expression: str, zone: str) -> str | None:
     """Why `expression` in `zone` names no times, or None."""
-    try:
-        ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a name too long for a path
-        return f"unknown time zone {zone!r}: expected an IANA name such as UTC or Europe/Paris"
+    if (problem := zone_problem(zone)) is not None:
+        return problem
     if not croniter.is_valid(expression, second_at_beginning=_has_seconds(expression)):
         return f"not a cron expression: {expression!r}; expected {EXPRESSION_HELP}"
     try:

@@ -1,4 +1,5 @@
-"""Caps on what all of an agent's runs spend together in a calendar hour, day or month (UTC).
+"""Caps on what all of an agent's runs spend together in a calendar hour, day or month (UTC, or
+a time zone's).
 
 A run's budget (`tether.budget`) bounds one run and its sub-agents; a cap bounds the agent: every
 model call of every run, on every worker and version, first holds its worst case in the agent's
@@ -6,8 +7,9 @@ model call of every run, on every worker and version, first holds its worst case
 to its next fallback model (whose call may fit), and from the last one ends the run with
 `budget_exceeded`, or, under a cap that waits, has the run wait for the period to reset.
 What a call spent counts in the hour, the day and the month it started in, whichever caps are
-set, so versions with other caps share one count; a call also counts for its model, which a
-cap of that model alone (`SpendCap.model`) is held to: a model's cap refuses only its calls.
+set, so versions with other caps share one count: in UTC, and in the time zone of each cap that
+has one when the call was held; a call also counts for its model, which a cap of that model
+alone (`SpendCap.model`) is held to: a model's cap refuses only its calls.
 A hold that is never settled (its worker died mid-call, after the provider may have charged
 it) counts as spent, at its worst case, after `HOLD_SECONDS`; a settle of a hold that is not
 held counts nothing, and a settled hold is remembered while its reserve could be sent again.
@@ -23,9 +25,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
+from zoneinfo import ZoneInfo
 
 from .budget import Limits, Spend
-from .periods import PERIODS, Per, Window
+from .periods import PERIODS, Per, Window, zone_problem
 
 HOLD_SECONDS = 1800.0
 """How long a call's hold stands without a settle (longer than any model call may take); then
@@ -40,15 +43,16 @@ OnReached = Literal["stop", "wait"]
 
 @dataclass(frozen=True)
 class SpendCap:
-    """At most `limits` spent by the agent's calls in each calendar `per` (UTC), or by those of
-    one `model` (`provider/name`). A call that does not fit goes to the run's next fallback
-    model, where there is one; from the last, it ends its run (`on_reached` stop), or the run
-    waits for the next period."""
+    """At most `limits` spent by the agent's calls in each calendar `per` (UTC, or in the IANA
+    `time_zone`), or by those of one `model` (`provider/name`). A call that does not fit goes to
+    the run's next fallback model, where there is one; from the last, it ends its run
+    (`on_reached` stop), or the run waits for the next period."""
 
     per: Per
     limits: Limits
     on_reached: OnReached = "stop"
     model: str | None = None
+    time_zone: str | None = None
 
     def applies_to(self, model: str) -> bool:
         return self.model is None or self.model == model
@@ -59,6 +63,8 @@ class SpendCap:
             data["on_reached"] = self.on_reached
         if self.model is not None:
             data["model"] = self.model
+        if self.time_zone is not None:
+            data["time_zone"] = self.time_zone
         return data
 
     @classmethod
@@ -75,12 +81,23 @@ class SpendCap:
         model = data.get("model")
         if model is not None and not (isinstance(model, str) and model):
             raise ValueError(f"a spend cap's model is a name, not {model!r}")
-        return cls(per, limits, on_reached, model)
+        zone = data.get("time_zone")
+        if zone is not None and (problem := zone_problem(str(zone))) is not None:
+            raise ValueError(f"a spend cap's time zone: {problem}")
+        return cls(per, limits, on_reached, model, None if zone is None else str(zone))
+
+    def window(self, t: float) -> Window:
+        """The cap's period that holds `t`."""
+        return Window.of(self.per, t, self.time_zone)
 
     def describe(self) -> str:
         amount = self.amount(Spend(self.limits.cost_usd or 0.0, self.limits.tokens or 0))
         on = "" if self.model is None else f" on {self.model}"
-        return f"{amount}{on} {'an' if self.per == 'hour' else 'a'} {self.per}"
+        return f"{amount}{on} {'an' if self.per == 'hour' else 'a'} {self.per} ({self.zone})"
+
+    @property
+    def zone(self) -> str:
+        return self.time_zone or "UTC"
 
     def amount(self, spend: Spend) -> str:
         """`spend` in the units the cap sets."""
@@ -110,14 +127,17 @@ class Refusal:
         return max(0.0, self.window.end - self.at)
 
     def message(self) -> str:
-        resets = datetime.fromtimestamp(self.window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         cap = self.cap
+        resets = datetime.fromtimestamp(self.window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if cap.time_zone is not None:  # the zone's clock too: when the people it is for see it
+            local = datetime.fromtimestamp(self.window.end, ZoneInfo(cap.time_zone))
+            resets = f"{local.isoformat(timespec='seconds')} ({resets})"
         then = (
             f"the run waits until it resets at {resets}" if self.waits else f"it resets at {resets}"
         )
         whose = "runs" if cap.model is None else f"runs' calls to {cap.model}"
         return (
-            f"the agent's spend cap of {cap.describe()} (UTC) is reached: this {cap.per} its "
+            f"the agent's spend cap of {cap.describe()} is reached: this {cap.per} its "
             f"{whose} spent {cap.amount(self.spent)}, and calls in flight hold "
             f"{cap.amount(self.held)} more; {then}"
         )
@@ -150,6 +170,8 @@ class _Hold:
     ask: Spend
     at: float
     model: str = ""
+    zones: tuple[str, ...] = ()
+    """The time zones of the agent's caps when the call was held: its windows there count it."""
 
 
 @dataclass
@@ -172,11 +194,12 @@ class SpendWindows:
         self._prune(now)
         if hold in self.held or hold in self.settled:
             return None
+        caps = list(caps)
         refusals = []
         for cap in caps:
             if not cap.applies_to(model):
                 continue
-            window = Window.of(cap.per, now)
+            window = cap.window(now)
             spent = self.spent.get(window.key(cap.model), Spend())
             held = self._held_in(window, cap.model)
             if cap.limits.exceeded_by(spent + held + ask):
@@ -187,7 +210,8 @@ class SpendWindows:
             refusals = [r for r in refusals if r.cap.model is None] or refusals
             stops = [r for r in refusals if not r.waits]
             return max(stops or refusals, key=lambda r: r.window.end)
-        self.held[hold] = _Hold(ask, now, model)
+        zones = {cap.time_zone for cap in caps if cap.time_zone is not None}
+        self.held[hold] = _Hold(ask, now, model, tuple(sorted(zones - {"UTC"})))
         return None
 
     def settle(self, hold: str, actual: Spend, now: float | None = None) -> None:
@@ -205,19 +229,20 @@ class SpendWindows:
     def _count(self, made: _Hold, spent: Spend) -> None:
         """What the call of the hold `made` spent, in the windows it started in: the agent's,
         and its model's."""
-        for per in PERIODS:
-            window = Window.of(per, made.at)
-            for key in (window.id, window.key(made.model)) if made.model else (window.id,):
-                self.spent[key] = self.spent.get(key, Spend()) + spent
+        for zone in (None, *made.zones):
+            for per in PERIODS:
+                window = Window.of(per, made.at, zone)
+                for key in (window.id, window.key(made.model)) if made.model else (window.id,):
+                    self.spent[key] = self.spent.get(key, Spend()) + spent
 
     def windows(self, now: float) -> list[dict[str, Any]]:
-        """Each current window: what was spent in it and what calls in flight hold, and what
-        each model's calls spent."""
+        """Each current window, in UTC and in each time zone counted in: what was spent in it
+        and what calls in flight hold, and what each model's calls spent."""
         self._prune(now)
         keys = {key: Window.split_key(key) for key in self.spent}
         shown = []
-        for per in PERIODS:
-            window = Window.of(per, now)
+        for zone, per in ((zone, per) for zone in self._zones() for per in PERIODS):
+            window = Window.of(per, now, zone)
             models = {
                 model: self.spent[key].to_json()
                 for key, (of, model) in keys.items()
@@ -250,16 +275,33 @@ class SpendWindows:
             made = self.held.pop(hold)
             self._count(made, made.ask)
         self.settled = {k: until for k, until in self.settled.items() if now < until}
-        current = {Window.of(per, now).id for per in PERIODS}
-        current |= {Window.of(per, h.at).id for h in self.held.values() for per in PERIODS}
+        zones = self._zones()
+        current = {Window.of(per, now, zone).id for zone in zones for per in PERIODS}
+        current |= {
+            Window.of(per, h.at, zone).id
+            for h in self.held.values()
+            for zone in zones
+            for per in PERIODS
+        }
         # A model's count (`day:2026-12-06 openai/gpt-5`) goes with its window's.
         self.spent = {k: v for k, v in self.spent.items() if Window.split_key(k)[0] in current}
+
+    def _zones(self) -> list[str | None]:
+        """UTC (None), and each time zone counted in or held for."""
+        named = {Window.zone_of(Window.split_key(key)[0]) for key in self.spent}
+        named |= {zone for h in self.held.values() for zone in h.zones}
+        return [None, *sorted(zone for zone in named if zone is not None)]
 
     def to_json(self) -> dict[str, Any]:
         return {
             "spent": {k: v.to_json() for k, v in self.spent.items()},
             "held": {
-                k: {**h.ask.to_json(), "at": h.at, **({"model": h.model} if h.model else {})}
+                k: {
+                    **h.ask.to_json(),
+                    "at": h.at,
+                    **({"model": h.model} if h.model else {}),
+                    **({"zones": list(h.zones)} if h.zones else {}),
+                }
                 for k, h in self.held.items()
             },
             "settled": self.settled,
@@ -271,7 +313,12 @@ class SpendWindows:
         return cls(
             spent={k: Spend.of(v) for k, v in (data.get("spent") or {}).items()},
             held={
-                k: _Hold(Spend.of(v), float(v["at"]), str(v.get("model") or ""))
+                k: _Hold(
+                    Spend.of(v),
+                    float(v["at"]),
+                    str(v.get("model") or ""),
+                    tuple(str(zone) for zone in v.get("zones") or ()),
+                )
                 for k, v in (data.get("held") or {}).items()
             },
             settled={k: int(t) for k, t in (data.get("settled") or {}).items()},

@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from ..cron import EXPRESSION_HELP, cron_problem
 from ..errors import ConfigError
 from ..output_schema import OUTPUT_TOOL, schema_problem
-from ..periods import PERIODS, Per
+from ..periods import PERIODS, Per, zone_problem
 from ..sandbox.config import SandboxConfig
 from ..secret_env import NOTIFY_URL_ENV, SLACK_SIGNING_SECRET_ENV, WORKER_SECRET_ENV
 
@@ -609,10 +609,19 @@ class ToolSpecEntry(_Model):
 
 class SpendCapSpec(_Model):
     """At most so much spent by all of the agent's runs together in each calendar hour, day or
-    month (UTC), on every worker and version: a model call that does not fit does not start,
-    and its run ends with `budget_exceeded` or waits for the next period."""
+    month (UTC, or `timeZone`'s), on every worker and version: a model call that does not fit
+    does not start, and its run ends with `budget_exceeded` or waits for the next period."""
 
-    per: Per = Field(description="The calendar period in UTC: hour, day or month.")
+    per: Per = Field(description="The calendar period: hour, day or month (in `timeZone`).")
+    # Unset, not "UTC", by default: a new default would change every version's hash.
+    time_zone: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The IANA time zone whose calendar the periods follow (Asia/Tokyo: a day "
+        "from midnight to midnight in Tokyo, 23 or 25 hours where the clocks change). Unset: "
+        "UTC.",
+        examples=["Europe/Paris"],
+    )
     max_cost_usd: float | None = Field(
         default=None,
         gt=0,
@@ -640,6 +649,8 @@ class SpendCapSpec(_Model):
     def _a_limit(self) -> SpendCapSpec:
         if self.max_cost_usd is None and self.max_tokens is None:
             raise ValueError("a spend cap needs maxCostUsd or maxTokens")
+        if self.time_zone is not None and (problem := zone_problem(self.time_zone)) is not None:
+            raise ValueError(problem)
         return self
 
 
@@ -670,11 +681,12 @@ class Limits(_Model):
         default=None,
         max_length=len(PERIODS) * (2 + MAX_FALLBACKS),  # per period: the agent's, each model's
         description="Caps on what all of the agent's runs spend together in each calendar "
-        "hour, day or month (UTC), one per period (and per model, for a model's own): every "
-        "model call holds its worst case first, on Restate across all workers and versions "
-        "(needs spec.webhook, whose key signs the holds), and one that does not fit does not "
-        "start: its run goes to its next fallback model, and from the last one ends with "
-        "budget_exceeded, saying when the period resets, or waits for it (onReached: wait).",
+        "hour, day or month (UTC, or a cap's timeZone), one per period (and per model, for a "
+        "model's own): every model call holds its worst case first, on Restate across all "
+        "workers and versions (needs spec.webhook, whose key signs the holds), and one that "
+        "does not fit does not start: its run goes to its next fallback model, and from the "
+        "last one ends with budget_exceeded, saying when the period resets, or waits for it "
+        "(onReached: wait).",
     )
 
     @model_validator(mode="after")
@@ -1491,11 +1503,13 @@ class SpendStatus(_Model):
     """What the agent's runs spent in the current period of one of its spend caps, as Restate
     counts it (`<agent>-spend/all`); calls in flight are counted once they return."""
 
-    per: Per = Field(description="The cap's period: hour, day or month (UTC).")
+    per: Per = Field(description="The cap's period: hour, day or month (in its time zone).")
     model: str | None = Field(
         default=None, description="The model whose calls the cap counts (provider/name)."
     )
-    period: str = Field(description="The current period (`day:2026-12-06`).")
+    period: str = Field(
+        description="The current period (`day:2026-12-06`; `day:2026-12-07@Asia/Tokyo` in a zone)."
+    )
     resets_at: str = Field(description="When the period ends (RFC 3339).")
     cost_usd: float = Field(default=0.0, ge=0, description="USD spent in it.")
     tokens: int = Field(default=0, ge=0, description="Tokens spent in it.")

@@ -98,6 +98,7 @@ def spend_caps_of(spec: DurableAgentSpec) -> list[SpendCap]:
             Limits(cap.max_cost_usd, cap.max_tokens),
             cap.on_reached or "stop",
             None if cap.model is None else spec.model.label_of(cap.model),
+            cap.time_zone,
         )
         for cap in spec.limits.spend_caps or []
     ]
