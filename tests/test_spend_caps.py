@@ -18,6 +18,7 @@ from tests.test_events import collect
 from tether import create_agent
 from tether.budget import Limits, Spend
 from tether.durable import sqlite_runtime
+from tether.periods import zone_problem
 from tether.programs.worker.spend_client import RestateSpendGate
 from tether.providers import (
     Limited,
@@ -72,6 +73,50 @@ def test_a_window_in_a_time_zone_follows_its_calendar_and_its_clock_changes() ->
     assert Window.of("day", NOON_UTC, "UTC") == Window.of("day", NOON_UTC)  # the same id
 
 
+@pytest.mark.parametrize("zone", ["Australia/Lord_Howe", "America/Havana", "Asia/Kathmandu"])
+def test_a_zones_windows_tile_its_year_whatever_its_clocks_do(zone: str) -> None:
+    """Lord Howe's clocks move by 30 minutes, Havana's go back over midnight, Kathmandu is
+    UTC+5:45: every moment is in exactly one window of each period, one id one window."""
+    for per, step in (("hour", 1200), ("day", 7200), ("month", 7200)):
+        seen: dict[str, Window] = {}
+        previous = None
+        for t in range(int(at("2026-01-01")), int(at("2027-01-01")), step):
+            window = Window.of(per, t, zone)
+            assert window.start <= t < window.end, (window, t)
+            assert seen.setdefault(window.id, window) == window
+            if previous is not None and previous != window:
+                assert previous.end == window.start, (previous, window)
+            previous = window
+
+
+def test_an_hour_cut_by_a_clock_change_and_a_day_of_two_midnights() -> None:
+    # Lord Howe at 02:00+11 on 2026-04-05 goes back to 01:30+10:30: that hour is 30 minutes.
+    back = Window.of("hour", at("2026-04-04T15:10"), "Australia/Lord_Howe")
+    assert back == Window(
+        "hour:2026-04-05T01+1030@Australia/Lord_Howe",
+        at("2026-04-04T15:00"),
+        at("2026-04-04T15:30"),
+    )
+    # Havana's first of two midnights on 2026-11-01 starts the day, in the second one too.
+    assert Window.of("day", at("2026-11-01T05:30"), "America/Havana").start == at(
+        "2026-11-01T04:00"
+    )
+
+
+def test_a_time_zone_is_one_of_the_iana_names_not_the_hosts() -> None:
+    for name in (
+        "localtime",
+        "posixrules",
+        "Factory",
+        "posix/Europe/Paris",
+        "../etc",
+        "Asia/Tokyo ",
+    ):
+        assert zone_problem(name) is not None, name
+    for name in ("UTC", "Etc/GMT+5", "America/Argentina/Buenos_Aires", "Asia/Kathmandu"):
+        assert zone_problem(name) is None, name
+
+
 NOON_UTC = at("2026-12-06T12:00")
 DAY = SpendCap("day", Limits(tokens=1_000))
 NOON = at("2026-12-06T12:00")
@@ -105,6 +150,19 @@ def test_a_cap_in_a_time_zone_counts_and_resets_by_its_calendar() -> None:
         "day:2026-12-08@Asia/Tokyo",
         "month:2026-12@Asia/Tokyo",
     ]
+
+
+def test_a_zone_counts_every_call_once_a_version_named_it() -> None:
+    """A version without the zone (an older one, during a rollout) counts in it too, so the
+    zone's cap neither lets its calls through once settled nor forgets them."""
+    tokyo = SpendCap("day", Limits(tokens=1_000), time_zone="Asia/Tokyo")
+    windows = SpendWindows()
+    assert windows.reserve([tokyo], "new", Spend(0, 100), NOON) is None
+    windows.settle("new", Spend(0, 100))
+    assert windows.reserve([DAY], "old", Spend(0, 800), NOON + 60) is None  # no zone of its own
+    windows.settle("old", Spend(0, 800))
+    assert windows.spent["day:2026-12-06@Asia/Tokyo"] == Spend(0, 900)
+    assert windows.reserve([tokyo], "next", Spend(0, 200), NOON + 120) is not None
 
 
 def test_a_caps_time_zone_is_an_iana_name() -> None:

@@ -99,6 +99,11 @@ class SpendCap:
     def zone(self) -> str:
         return self.time_zone or "UTC"
 
+    @property
+    def in_a_zone(self) -> bool:
+        """Whether the cap's periods are another zone's than UTC's."""
+        return self.zone != "UTC"
+
     def amount(self, spend: Spend) -> str:
         """`spend` in the units the cap sets."""
         amounts = []
@@ -129,8 +134,8 @@ class Refusal:
     def message(self) -> str:
         cap = self.cap
         resets = datetime.fromtimestamp(self.window.end, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        if cap.time_zone is not None:  # the zone's clock too: when the people it is for see it
-            local = datetime.fromtimestamp(self.window.end, ZoneInfo(cap.time_zone))
+        if cap.in_a_zone:  # the zone's clock too: when the people it is for see it
+            local = datetime.fromtimestamp(self.window.end, ZoneInfo(cap.zone))
             resets = f"{local.isoformat(timespec='seconds')} ({resets})"
         then = (
             f"the run waits until it resets at {resets}" if self.waits else f"it resets at {resets}"
@@ -210,8 +215,10 @@ class SpendWindows:
             refusals = [r for r in refusals if r.cap.model is None] or refusals
             stops = [r for r in refusals if not r.waits]
             return max(stops or refusals, key=lambda r: r.window.end)
-        zones = {cap.time_zone for cap in caps if cap.time_zone is not None}
-        self.held[hold] = _Hold(ask, now, model, tuple(sorted(zones - {"UTC"})))
+        # Its caps' zones, and every zone counted in already: versions of other zones, or of
+        # none, keep each zone's count whole from when a version first named it.
+        zones = {cap.zone for cap in caps if cap.in_a_zone} | self._named_zones()
+        self.held[hold] = _Hold(ask, now, model, tuple(sorted(zones)))
         return None
 
     def settle(self, hold: str, actual: Spend, now: float | None = None) -> None:
@@ -241,8 +248,7 @@ class SpendWindows:
         self._prune(now)
         keys = {key: Window.split_key(key) for key in self.spent}
         shown = []
-        for zone, per in ((zone, per) for zone in self._zones() for per in PERIODS):
-            window = Window.of(per, now, zone)
+        for window in (Window.of(per, now, zone) for zone in self._zones() for per in PERIODS):
             models = {
                 model: self.spent[key].to_json()
                 for key, (of, model) in keys.items()
@@ -288,9 +294,12 @@ class SpendWindows:
 
     def _zones(self) -> list[str | None]:
         """UTC (None), and each time zone counted in or held for."""
+        return [None, *sorted(self._named_zones())]
+
+    def _named_zones(self) -> set[str]:
         named = {Window.zone_of(Window.split_key(key)[0]) for key in self.spent}
         named |= {zone for h in self.held.values() for zone in h.zones}
-        return [None, *sorted(zone for zone in named if zone is not None)]
+        return {zone for zone in named if zone is not None}
 
     def to_json(self) -> dict[str, Any]:
         return {

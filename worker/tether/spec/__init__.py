@@ -28,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from ..cron import EXPRESSION_HELP, cron_problem
 from ..errors import ConfigError
 from ..output_schema import OUTPUT_TOOL, schema_problem
-from ..periods import PERIODS, Per, zone_problem
+from ..periods import PERIODS, ZONE_PATTERN, Per, zone_problem
 from ..sandbox.config import SandboxConfig
 from ..secret_env import NOTIFY_URL_ENV, SLACK_SIGNING_SECRET_ENV, WORKER_SECRET_ENV
 
@@ -617,6 +617,7 @@ class SpendCapSpec(_Model):
     time_zone: str | None = Field(
         default=None,
         max_length=64,
+        pattern=ZONE_PATTERN,
         description="The IANA time zone whose calendar the periods follow (Asia/Tokyo: a day "
         "from midnight to midnight in Tokyo, 23 or 25 hours where the clocks change). Unset: "
         "UTC.",
@@ -646,7 +647,7 @@ class SpendCapSpec(_Model):
     )
 
     @model_validator(mode="after")
-    def _a_limit(self) -> SpendCapSpec:
+    def _a_limit_and_a_zone(self) -> SpendCapSpec:
         if self.max_cost_usd is None and self.max_tokens is None:
             raise ValueError("a spend cap needs maxCostUsd or maxTokens")
         if self.time_zone is not None and (problem := zone_problem(self.time_zone)) is not None:
@@ -681,12 +682,12 @@ class Limits(_Model):
         default=None,
         max_length=len(PERIODS) * (2 + MAX_FALLBACKS),  # per period: the agent's, each model's
         description="Caps on what all of the agent's runs spend together in each calendar "
-        "hour, day or month (UTC, or a cap's timeZone), one per period (and per model, for a "
-        "model's own): every model call holds its worst case first, on Restate across all "
-        "workers and versions (needs spec.webhook, whose key signs the holds), and one that "
-        "does not fit does not start: its run goes to its next fallback model, and from the "
-        "last one ends with budget_exceeded, saying when the period resets, or waits for it "
-        "(onReached: wait).",
+        "hour, day or month (UTC, or a cap's timeZone), one per period whatever its zone (and "
+        "per model, for a model's own): every model call holds its worst case first, on "
+        "Restate across all workers and versions (needs spec.webhook, whose key signs the "
+        "holds), and one that does not fit does not start: its run goes to its next fallback "
+        "model, and from the last one ends with budget_exceeded, saying when the period "
+        "resets, or waits for it (onReached: wait).",
     )
 
     @model_validator(mode="after")
