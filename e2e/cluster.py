@@ -43,6 +43,9 @@ class Cluster:
     restate_image: str | None = None
     mcp_image: str | None = None
     """The example MCP server (examples/kubernetes/mcp-clock.yaml); None skips its step."""
+    mcp_stdio_image: str | None = None
+    """Tether's image with that server in it (examples/kubernetes/mcp-stdio.yaml); None skips
+    its step."""
     kubectl_bin: str = "kubectl"
     helm_bin: str = "helm"
     outside_attempts: Callable[[], list[str]] | None = None

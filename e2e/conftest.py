@@ -144,6 +144,7 @@ def cluster(node: KubeNode, images: dict[str, str], helm_path: Path) -> Cluster:
         prometheus_image=images["prometheus"],
         restate_image=images["restate"],
         mcp_image=images["mcp"],
+        mcp_stdio_image=images["mcp_stdio"],
         kubectl_bin=str(plane.bin_dir / "kubectl"),
         helm_bin=str(helm_path),
         outside_attempts=node.outside_attempts,

@@ -24,6 +24,8 @@ The steps, in order (each checks what a user would look at, and times what a use
     and takes it away once the load dropped, while runs go on;
     an agent calls an MCP server that runs next to it (examples/kubernetes/mcp-clock.yaml),
     through the egress rule the operator adds for it;
+    an agent's worker runs its MCP server itself (stdio), confined by the sandbox in its pod
+    (examples/kubernetes/mcp-stdio.yaml);
     every panel of the chart's Grafana dashboard has data in Prometheus;
 10. NetworkPolicy: only the operator reaches Restate's admin API; its ingress, the agents and a
     listed namespace;
@@ -865,18 +867,51 @@ def mcp_tools(p: Platform) -> None:
     if token in config_maps:
         raise StepFailed("the MCP server's token is in a ConfigMap")
 
-    session = f"mcp-{secrets.token_hex(3)}"
-    result = p.result(p.start_run(MCP_AGENT, session, "When is noon UTC in Tokyo?"))
-    if result.get("status") != "completed" or result.get("tool_calls") != 1:
-        raise StepFailed(f"expected a completed run with one MCP call, got {result}")
-    turns = p.session(MCP_AGENT, session)["turns"]
-    [answer] = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
-    converted = json.loads(str(answer["content"])) if not answer.get("is_error") else {}
-    if not converted.get("target", {}).get("datetime", "").endswith("T21:00:00+09:00"):
-        raise StepFailed(f"the MCP call's result is not noon UTC in Tokyo: {answer}")
+    clock_call(p, MCP_AGENT, "When is noon UTC in Tokyo?", "T21:00:00+09:00")
     p.report.time("apply MCP server + agent -> MCP result", time.monotonic() - started)
     labels = f'agent="{MCP_AGENT}",server="clock",tool="convert_time",outcome="ok"'
     p.await_metric(f"sum(tether_mcp_calls_total{{{labels}}})", 1)
+
+
+def clock_call(p: Platform, agent: str, question: str, converted_to: str) -> None:
+    """A run of a clock agent (examples/kubernetes/mcp-*.yaml) completes with one MCP call,
+    whose result converts noon UTC to the time ending in `converted_to`."""
+    session = f"{agent}-{secrets.token_hex(3)}"
+    result = p.result(p.start_run(agent, session, question))
+    if result.get("status") != "completed" or result.get("tool_calls") != 1:
+        raise StepFailed(f"expected a completed run of {agent} with one MCP call, got {result}")
+    turns = p.session(agent, session)["turns"]
+    [answer] = [b for t in turns for b in t["content"] if b["type"] == "tool_result"]
+    converted = json.loads(str(answer["content"])) if not answer.get("is_error") else {}
+    if not converted.get("target", {}).get("datetime", "").endswith(converted_to):
+        raise StepFailed(f"{agent}'s MCP call did not answer {question!r}: {answer}")
+
+
+def mcp_stdio(p: Platform) -> None:
+    """examples/kubernetes/mcp-stdio.yaml: the worker starts its MCP server itself (stdio), in
+    an image made FROM Tether's, confined by the sandbox in the restricted pod (read-only root
+    filesystem, non-root); `required: true` fails the run's listing unless the kernel confines
+    it. The call returns the converted time, and the agent's egress policy gains no rule."""
+    image = p.cluster.mcp_stdio_image
+    if image is None:
+        print("    skipped: no worker image with the MCP server (--mcp-stdio-image)", flush=True)
+        return
+    example = ROOT / "examples" / "kubernetes" / "mcp-stdio.yaml"
+    agent = yaml.safe_load(example.read_text().replace("MCP_STDIO_IMAGE", image))
+    agent["spec"]["webhook"] = {"secretRef": {"name": "e2e-webhook", "key": "secret"}}
+    name = agent["metadata"]["name"]
+    started = time.monotonic()
+    p.kubectl.apply([agent], AGENTS_NS)
+    wait_for(f"{name} Ready", lambda: p.ready(name), 300)
+    clock_call(p, name, "When is noon UTC in Kolkata?", "T17:30:00+05:30")
+    p.report.time("apply agent with a stdio MCP server -> MCP result", time.monotonic() - started)
+    egress = {
+        who: p.kubectl.json("-n", AGENTS_NS, "get", "networkpolicy", f"{who}-egress")
+        for who in (name, CLERK)
+    }
+    if egress[name]["spec"]["egress"] != egress[CLERK]["spec"]["egress"]:  # DNS, Restate
+        raise StepFailed(f"a stdio MCP server changed the agent's egress: {egress[name]}")
+    p.kubectl("-n", AGENTS_NS, "delete", "durableagent", name, "--wait=false")
 
 
 def alerts_evaluate(p: Platform) -> None:
@@ -1360,6 +1395,7 @@ def steps() -> list[Step]:
         ("a run fans out to sub-agents; a schedule starts runs", fan_out),
         ("the operator adds a worker pod under load; it runs its share", scale_out_under_load),
         ("an agent calls the MCP server next to it", mcp_tools),
+        ("an agent runs its MCP server in its own pod, confined", mcp_stdio),
         ("every panel of the Grafana dashboard has data", dashboard_has_data),
         ("the chart's alerts evaluate; the cut-off calls fired one", alerts_evaluate),
         ("NetworkPolicy in front of Restate's admin API", network_policy),
@@ -1395,6 +1431,9 @@ def main() -> int:
     parser.add_argument("--prometheus-image", required=True)
     parser.add_argument("--restate-image", help="default: the chart's")
     parser.add_argument("--mcp-image", help="the example MCP server's; without it, no MCP step")
+    parser.add_argument(
+        "--mcp-stdio-image", help="Tether's with that server in it; without it, no stdio step"
+    )
     parser.add_argument("--report", type=Path, help="write the timings here as JSON")
     args = parser.parse_args()
     cluster = Cluster(
@@ -1404,6 +1443,7 @@ def main() -> int:
         prometheus_image=args.prometheus_image,
         restate_image=args.restate_image,
         mcp_image=args.mcp_image,
+        mcp_stdio_image=args.mcp_stdio_image,
     )
     try:
         report = run_all(cluster)

@@ -12,6 +12,7 @@
 #   $TETHER_IMAGE (tether:e2e)      the project's Dockerfile, unchanged, FROM the stand-in
 #   tether-e2e/restate:<v>          the restate-server binary from npm, on the Debian base
 #   tether-e2e/mcp-server-time:<v>  the example MCP server (mcp-server-time behind mcp-proxy)
+#   tether-e2e/tether-mcp-stdio:<v> $TETHER_IMAGE with that server in /opt/server (stdio)
 #   tether-e2e/pause:<v>, tether-e2e/coredns:<v>, tether-e2e/prometheus:<v>
 #                                   one static binary each (scripts/build-node.sh), FROM scratch
 #
@@ -170,6 +171,15 @@ ENTRYPOINT [\"/opt/proxy/bin/mcp-proxy\", \"--host\", \"0.0.0.0\", \"--port\", \
 " "$mcp_context/mcp-server-time.txt" "$mcp_context/mcp-proxy.txt"
 rm -rf "$mcp_context"
 
+# The worker of examples/kubernetes/mcp-stdio.yaml: Tether's image with the same server in
+# /opt/server, which the worker starts itself (stdio), confined by its sandbox.
+mcp_stdio_image=tether-e2e/tether-mcp-stdio:$mcp_time_version
+build "$mcp_stdio_image" "$( (docker image inspect -f '{{.Id}}' "$TETHER_IMAGE"; label_of "$mcp_image") | sha256sum | cut -c1-64)" "
+FROM $mcp_image AS server
+FROM $TETHER_IMAGE
+COPY --from=server /opt/server /opt/server
+"
+
 node_bin=$(bash "$ROOT/scripts/build-node.sh")
 for name in pause coredns prometheus; do
   [[ -x $node_bin/$name ]] || die "$node_bin/$name is missing after scripts/build-node.sh"
@@ -190,4 +200,5 @@ pause=$pause
 coredns=$coredns
 prometheus=$prometheus
 mcp=$mcp_image
+mcp_stdio=$mcp_stdio_image
 EOF
