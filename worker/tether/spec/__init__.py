@@ -1130,7 +1130,10 @@ class ScheduleSpec(_Model):
         examples=["0 9 * * 1-5"],
     )
     time_zone: str = Field(
-        default="UTC", description="The IANA time zone the cron expression is read in."
+        default="UTC",
+        max_length=64,
+        pattern=ZONE_PATTERN,
+        description="The IANA time zone the cron expression is read in.",
     )
     prompt: str = Field(min_length=1, description="The task each run is given.")
     session: str | None = Field(
