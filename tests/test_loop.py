@@ -269,6 +269,51 @@ async def test_a_token_budget_never_lets_a_call_start_that_could_pass_it() -> No
     assert state.spent.tokens == stats.total_tokens and state.held == {}
 
 
+@pytest.mark.parametrize(
+    ("error", "counted"),
+    [
+        (ProviderError("the stream broke", provider="p", retryable=True), True),
+        (ProviderError("read timed out", provider="p", code="timeout", retryable=True), True),
+        (ProviderError("overloaded", provider="p", status=429, retryable=True), False),
+        (ProviderError("refused", provider="p", code="connection_error", retryable=True), False),
+    ],
+    ids=["stream-broke", "timeout", "429", "not-reached"],
+)
+async def test_a_failed_call_the_provider_may_have_charged_counts_its_worst_case(
+    error: ProviderError, counted: bool
+) -> None:
+    """The run's budget counts a call that failed after the provider had it (its worst case:
+    what it generated is unknown, and may be billed) as spend caps do; a refusal with an error
+    status, or a call that never reached the provider, counts nothing."""
+    provider = FlakyProvider([{"text": "done", "usage": {"input": 60, "output": 40}}], 1, error)
+    behavior = {"max_tokens": 5000, "max_output_tokens": 100, "max_retries": 1}
+    agent = create_agent(provider=provider, behavior=behavior)
+    stats = await agent.run("go")
+    assert stats.status == "completed" and provider.attempts == 2
+    ledger = agent.durable.stores.budget
+    assert isinstance(ledger, MemoryLedger)
+    state = ledger.state(str(stats.run_id))
+    assert state.held == {}
+    failed = state.spent.tokens - stats.total_tokens  # what the failed call counts
+    # its worst case: its 100 output tokens and a bound of its input (its few bytes)
+    assert 100 < failed < 500 if counted else failed == 0
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+async def test_a_charged_failure_leaves_less_of_the_budget_for_the_next_call(ledger: bool) -> None:
+    """With a ledger (sub-agents, the embedded runtimes) or without (a run alone on Restate):
+    a call's worst case is ~200 tokens; after one failed call counted at it, a retry under 350
+    could pass the budget, so it does not start."""
+    broke = ProviderError("the stream broke", provider="p", retryable=True)
+    provider = FlakyProvider([{"text": "done", "usage": {"input": 60, "output": 40}}], 1, broke)
+    behavior = {"max_tokens": 350, "max_output_tokens": 100, "max_retries": 1}
+    agent = create_agent(provider=provider, behavior=behavior)
+    if not ledger:
+        agent.durable.stores.budget = None
+    stats = await agent.run("go")
+    assert stats.status == "budget_exceeded" and provider.attempts == 1
+
+
 def answering(*answers: Any) -> tuple[list[dict[str, Any]], Any]:
     """A `wait` that answers with `answers` in turn, and what it was asked."""
     from tether.tools.human import Answer
@@ -412,6 +457,19 @@ async def test_abort_during_a_model_call() -> None:
     agent.abort()
     stats = await asyncio.wait_for(run, 5)
     assert stats.status == "aborted" and aborted
+
+
+async def test_a_call_aborted_mid_answer_counts_its_worst_case_in_the_budget() -> None:
+    provider = BlockingProvider([{"text": "never"}])
+    agent = create_agent(provider=provider, behavior={"max_tokens": 5000, "max_output_tokens": 100})
+    run = asyncio.create_task(agent.run("hi"))
+    await provider.entered.wait()  # the provider has it: what it generated may be billed
+    agent.abort()
+    stats = await asyncio.wait_for(run, 5)
+    ledger = agent.durable.stores.budget
+    assert isinstance(ledger, MemoryLedger) and stats.status == "aborted"
+    state = ledger.state(str(stats.run_id))
+    assert state.held == {} and state.spent.tokens > 100  # its output, and its input's bound
 
 
 async def test_an_external_signal_aborts_a_running_tool() -> None:

@@ -7,8 +7,8 @@ model call of every run, on every worker and version, first holds its worst case
 to its next fallback model (whose call may fit), and from the last one ends the run with
 `budget_exceeded`, or, under a cap that waits, has the run wait for the period to reset.
 What a call spent counts in the hour, the day and the month it started in, whichever caps are
-set, so versions with other caps share one count: in UTC, and in the time zone of each cap that
-has one when the call was held; a call also counts for its model, which a cap of that model
+set, so versions with other caps share one count: in UTC, and in each time zone a version's
+cap named since its count began; a call also counts for its model, which a cap of that model
 alone (`SpendCap.model`) is held to: a model's cap refuses only its calls.
 A hold that is never settled (its worker died mid-call, after the provider may have charged
 it) counts as spent, at its worst case, after `HOLD_SECONDS`; a settle of a hold that is not
@@ -176,7 +176,8 @@ class _Hold:
     at: float
     model: str = ""
     zones: tuple[str, ...] = ()
-    """The time zones of the agent's caps when the call was held: its windows there count it."""
+    """The time zones counted in when the call was held (its version's caps', and those counted
+    in already): its windows there count it."""
 
 
 @dataclass

@@ -93,6 +93,9 @@ class AgentRun:
         self.limits = Limits(behavior.max_cost_usd, behavior.max_tokens)
         self.ledger: BudgetLedger | None = None
         self.budget_tree: str | None = None
+        self._charged = Spend()
+        """The worst cases of the run's failed calls the provider may have charged (journaled
+        as `charged`): counted by its budget beside what its answered calls spent."""
 
     # The loop ------------------------------------------------------------------------------
 
@@ -332,10 +335,10 @@ class AgentRun:
             events[0] |= {"provider": response["provider"], "model": response["model"]}
         if not self.limits:
             return events
-        behavior, stats = self.behavior, self.stats
+        behavior, spent_so_far = self.behavior, self._spent()
         budgets = [
-            ("cost_usd", behavior.max_cost_usd, stats.total_cost_usd),
-            ("tokens", behavior.max_tokens, stats.total_tokens),
+            ("cost_usd", behavior.max_cost_usd, spent_so_far.cost_usd),
+            ("tokens", behavior.max_tokens, spent_so_far.tokens),
         ]
         for kind, limit, spent in budgets:
             # Once per run and budget: the turn that first crosses 80% of it.
@@ -377,8 +380,7 @@ class AgentRun:
             return "max_turns"
         if worst is None or (self.ledger is not None and self.agent.budget_tree):
             return "continue"  # a sub-agent's call fits if its tree's ledger holds room for it
-        spent = Spend(self.stats.total_cost_usd, self.stats.total_tokens)
-        if self.limits.exceeded_by(spent + worst):
+        if self.limits.exceeded_by(self._spent() + worst):
             return "budget_exceeded"  # the call could pass the budget: it does not start
         return "continue"
 
@@ -406,7 +408,9 @@ class AgentRun:
                 self._model_fn(turn, attempt, retries, worst, granted, look_first, model),
             )
             if budgeted:
-                await self._settle(name, result)
+                if result.get("charged") and worst is not None:
+                    self._charged += worst
+                await self._settle(name, result, worst)
             if result.get("decision") == "budget_exceeded" and await self._more_budget(
                 f"{BUDGET_TOOL}:{turn}:{attempt}", worst
             ):
@@ -463,7 +467,7 @@ class AgentRun:
             # Whether the turn happens at all is decided in its model step, not a step of its
             # own: a stop (aborted, max turns, budget) is journaled in place of the model's
             # answer, so a replay takes the same path even if the budgets in the code changed.
-            decision = self._decide(worst) if not retries else "continue"
+            decision = self._decide(worst)  # a retry too: a charged failure leaves less room
             if decision == "continue" and not granted:
                 decision = "budget_exceeded"  # the ledger holds no room for this call
             if decision != "continue":
@@ -508,8 +512,8 @@ class AgentRun:
             started = now_ms()
             try:
                 response = await self.abort.race(provider.complete(request, on_text))
-            except Aborted:
-                return {"aborted": True, "at": now_ms()}
+            except Aborted:  # cut off mid-call: what the provider generated may be charged
+                return {"aborted": True, "charged": True, "at": now_ms()}
             except ProviderError as error:
                 capped = isinstance(error, SpendCapReached)
                 if cooldown is not None and error.retryable and not capped:
@@ -532,6 +536,8 @@ class AgentRun:
                     failed |= {"fallback": fallback, **self._which(provider)}
                 if capped:  # not made: not the model's fault (also when it falls back)
                     failed["capped"] = True
+                if error.may_have_charged:  # the run's budget counts its worst case
+                    failed["charged"] = True
                 await hooks.call(
                     "turn:error",
                     {"turn": turn, "run_id": self.run_id, **self._which(provider), **failed},
@@ -619,7 +625,7 @@ class AgentRun:
         raised = Limits(
             _plus(limits.cost_usd, behavior.max_cost_usd), _plus(limits.tokens, behavior.max_tokens)
         )
-        spent = Spend(self.stats.total_cost_usd, self.stats.total_tokens)
+        spent = self._spent()
         request = {  # what the person reads: the amounts of the budgets that are set
             "spent": _set(spent.to_json(), limits),
             "budget": _set(limits.to_json(), limits),
@@ -650,6 +656,11 @@ class AgentRun:
         await self._publish(event("budget_raised", self.run_id, at, **request))
         return True
 
+    def _spent(self) -> Spend:
+        """What the run's budget counts as spent: its calls' usage (its sub-agents' too), and the
+        worst cases of its failed calls the provider may have charged."""
+        return Spend(self.stats.total_cost_usd, self.stats.total_tokens) + self._charged
+
     def _ledger_key(self, name: str) -> str:
         return f"{self.run_id}/{name}"
 
@@ -661,13 +672,16 @@ class AgentRun:
         limits = self.limits if self.limits and not self.agent.budget_tree else None
         return await self.ledger.reserve(self.budget_tree, self._ledger_key(name), worst, limits)
 
-    async def _settle(self, name: str, result: dict[str, Any]) -> None:
-        """Count what the call spent (nothing, when it did not happen) and free its hold."""
+    async def _settle(self, name: str, result: dict[str, Any], worst: Spend | None) -> None:
+        """Count what the call spent (nothing, when it did not happen; its worst case, when it
+        failed after the provider may have charged it) and free its hold."""
         if self.ledger is None or self.budget_tree is None:
             return
         actual = Spend()
         if "content" in result:
             actual = Spend(float(result.get("cost") or 0.0), usage_tokens(result["usage"]))
+        elif result.get("charged"):
+            actual = worst or Spend()
         await self.ledger.settle(self.budget_tree, self._ledger_key(name), actual)
 
     async def _request(self, turn: int, provider: Provider, max_output: int) -> ModelRequest:

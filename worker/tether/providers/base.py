@@ -65,6 +65,12 @@ class ModelResponse:
     stop_reason: str = "end_turn"
 
 
+NOT_SENT_CODES = frozenset(
+    {"connection_error", "missing_api_key", "spend_cap", "spend_unheld", "script_exhausted"}
+)
+"""Failures before the provider had the request: nothing it could charge."""
+
+
 class ProviderError(TetherError):
     """A failed model call. `retryable` marks 429s, 5xx, timeouts and cut streams: the loop
     retries those with a journaled backoff; anything else ends the run with status `error`."""
@@ -85,6 +91,13 @@ class ProviderError(TetherError):
         self.code = code
         self.retryable = retryable
         self.retry_after = retry_after
+
+    @property
+    def may_have_charged(self) -> bool:
+        """Whether the provider may have charged the call for what it generated: it had the
+        request and did not refuse it with an error status (it timed out, its stream broke or
+        carried an error)."""
+        return self.status in (None, 200) and self.code not in NOT_SENT_CODES
 
 
 class ContextWindowExceededError(ProviderError):

@@ -22,7 +22,10 @@ from .base import ModelRequest, ModelResponse, Pricing, ProviderError, TextCallb
 
 
 class ScriptExhaustedError(ProviderError):
-    """The conversation asked for more responses than the script has."""
+    """The conversation asked for more responses than the script has (nothing was sent)."""
+
+    def __init__(self, message: str, *, provider: str) -> None:
+        super().__init__(message, provider=provider, code="script_exhausted")
 
 
 DEFAULT_SCRIPT = "*"

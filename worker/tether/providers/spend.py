@@ -151,10 +151,6 @@ def spent(response: ModelResponse, pricing: Pricing | None) -> Spend:
     return Spend(cost, usage_tokens(dict(response.usage)))
 
 
-NOT_STARTED_CODES = frozenset({"connection_error", "missing_api_key"})
-"""Failures before the provider had the request: nothing it could charge."""
-
-
 def failed_spend(held: Held, sent: bool, error: BaseException | None) -> Spend:
     """What a call that did not answer may have cost: nothing when it was not sent, or the
     provider refused it with an error status or was not reached; else (it timed out, its
@@ -162,8 +158,6 @@ def failed_spend(held: Held, sent: bool, error: BaseException | None) -> Spend:
     case, as the provider may have charged for what it generated."""
     if not sent:
         return Spend()
-    if isinstance(error, ProviderError) and (
-        error.status not in (None, 200) or error.code in NOT_STARTED_CODES
-    ):
+    if isinstance(error, ProviderError) and not error.may_have_charged:
         return Spend()
     return held.worst

@@ -50,6 +50,7 @@ class RestateSpendGate:
             "Restate): it is "
             "not sent until they can",
             provider="spend caps",
+            code="spend_unheld",
             retryable=True,
         )
 
