@@ -34,10 +34,6 @@ def zone_problem(zone: str) -> str | None:
     return None
 
 
-def _zone(zone: str | None) -> tzinfo:
-    return UTC if zone in (None, "UTC") else ZoneInfo(zone)
-
-
 @dataclass(frozen=True)
 class Window:
     """One calendar period: its id (`day:2026-12-06`, or `day:2026-12-07@Asia/Tokyo` in a zone)
@@ -50,11 +46,12 @@ class Window:
     @classmethod
     def of(cls, per: Per, t: float, zone: str | None = None) -> Window:
         """The `per` that holds `t` in `zone` (None: UTC)."""
-        at = datetime.fromtimestamp(t, _zone(zone))
+        zone = None if zone == "UTC" else zone  # UTC's windows keep their ids of before zones
+        at = datetime.fromtimestamp(t, UTC if zone is None else ZoneInfo(zone))
         if per == "hour":
             start_ts, end_ts = _hour(at, t)
             # In a zone, with its offset: the hour its clocks go back repeats on the clock.
-            name = at.strftime("%Y-%m-%dT%H" if zone in (None, "UTC") else "%Y-%m-%dT%H%z")
+            name = at.strftime("%Y-%m-%dT%H" if zone is None else "%Y-%m-%dT%H%z")
         elif per == "day":
             # fold=0: the first of two midnights, where the clocks go back over one
             start = at.replace(hour=0, minute=0, second=0, microsecond=0, fold=0)
@@ -69,7 +66,7 @@ class Window:
             )
             end_ts = _midnight(first, start.tzinfo)
             name = start.strftime("%Y-%m")
-        if zone not in (None, "UTC"):
+        if zone is not None:
             name = f"{name}{ZONE_MARK}{zone}"
         return cls(f"{per}:{name}", start_ts, end_ts)
 
