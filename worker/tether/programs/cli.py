@@ -53,8 +53,44 @@ def _run_parser(commands: Any) -> None:
     )
     run.add_argument("--workspace", default=".", help="directory the file tools may use")
     run.add_argument("--script", help="scripted model file used when no API key is set")
+    run.add_argument(
+        "--script-delay",
+        type=float,
+        metavar="SECONDS",
+        help="how long each call of the scripted model file takes (default: its `delay`)",
+    )
     run.add_argument("--json", action="store_true", help="print the final stats as JSON")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _crashtest_parser(commands: Any) -> None:
+    crashtest = commands.add_parser(
+        "crashtest",
+        help="kill an agent's run at every journal boundary and inside every tool call, resume "
+        "it, and check that nothing was lost or done twice",
+        description="Runs the agent twice without a crash (the runs must agree), then once per "
+        "kill point: SIGKILLed after each commit of its SQLite journal and inside each tool call "
+        "(its body done, its result not journaled), then resumed. Each resumed run must end as "
+        "the clean one did, with no model call paid twice, no `replay: unsafe` tool body run "
+        "twice, every call answered once, and the clean run's transcript and files, but for "
+        "calls reported to the model as interrupted. The model is the scripted one (API keys "
+        "are dropped); the tools run for real, once per kill, in copies of --workspace. "
+        "Exits 1 if a kill point fails.",
+    )
+    crashtest.add_argument("spec", help="DurableAgent manifest (YAML)")
+    crashtest.add_argument("--prompt", required=True, help="the task")
+    crashtest.add_argument(
+        "--workspace", default=".", help="directory copied for every run (default: %(default)s)"
+    )
+    crashtest.add_argument("--script", help="scripted model file (default: SPEC's .script.yaml)")
+    crashtest.add_argument(
+        "--max-kills", type=int, metavar="N", help="at most N kill points, spread evenly"
+    )
+    crashtest.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: %(default)s)"
+    )
+    crashtest.add_argument("--keep", metavar="DIR", help="keep every run's files in DIR")
+    crashtest.add_argument("--json", action="store_true", help="print the trials as JSON only")
 
 
 def _answer_parser(commands: Any) -> None:
@@ -235,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tether", description="Durable AI agents.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _run_parser(commands)
+    _crashtest_parser(commands)
     _answer_parser(commands)
     _waiting_parser(commands)
     _worker_parser(commands)
@@ -490,6 +527,10 @@ def main(argv: list[str] | None = None) -> None:
             from .run import run_command
 
             code = run_command(args, dict(os.environ))
+        elif args.command == "crashtest":
+            from .crashtest import crashtest_command
+
+            code = crashtest_command(args, dict(os.environ))
         elif args.command == "answer":
             code = answer_command(args)
         elif args.command == "waiting":

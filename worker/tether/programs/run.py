@@ -66,10 +66,12 @@ def choose_provider(
     script: str | None,
     env: dict[str, str],
     spend: SpendGate | None = None,
+    script_delay: float | None = None,
 ) -> tuple[Provider, list[Fallback], str]:
     """The provider to use, its fallbacks and a line saying why: the spec's models if the
     first one's key is set, else whichever of ANTHROPIC_API_KEY / OPENAI_API_KEY is set, else
-    the example's script; all held to `spend`, the spec's spend caps."""
+    the example's script (its calls `script_delay` seconds long, when given); all held to
+    `spend`, the spec's spend caps."""
     key = api_key_for(spec, env)
     if spec.model.provider == "scripted" or key:
         fallbacks = fallbacks_from_spec(spec, env, spend=spend)
@@ -103,7 +105,9 @@ def choose_provider(
         )
     responses, delay = load_script(script_path)
     return (
-        scripted(responses, model="scripted", delay=delay),
+        scripted(
+            responses, model="scripted", delay=delay if script_delay is None else script_delay
+        ),
         [],
         f"model: scripted, from {script_path} (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)",
     )
@@ -163,7 +167,10 @@ def _describe(counter: Counter[str]) -> str:
     return f"{counter.total()}" + (f" ({parts})" if parts else "")
 
 
-def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
+def run_command(
+    args: argparse.Namespace, env: dict[str, str], *, hooks: HooksInit | None = None
+) -> int:
+    """`tether run`; `hooks` watch the run beside the progress output's (`tether crashtest`)."""
     spec_path = Path(args.spec)
     manifest = load_agent(spec_path)
     # `python:` tools of an example may sit next to its manifest.
@@ -171,7 +178,9 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
     spec = manifest.spec
     caps = spend_caps_of(spec)  # counted in the runs' file, with every run of the agent there
     spend = SqliteSpendGate(args.db, manifest.metadata.name, caps) if caps else None
-    provider, fallbacks, provider_note = choose_provider(spec, spec_path, args.script, env, spend)
+    provider, fallbacks, provider_note = choose_provider(
+        spec, spec_path, args.script, env, spend, args.script_delay
+    )
     refuse_state_in_workspace(Path(args.db), Path(args.workspace), "the runs' database", "--db")
     Path(args.db).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     answers = Database(args.db)
@@ -200,20 +209,21 @@ def run_command(args: argparse.Namespace, env: dict[str, str]) -> int:
 
             tracing = tracing_from_env(env, service_name=manifest.metadata.name)
 
-        def trace_hooks(durable: DurableRuntime) -> HooksInit:
-            if tracing is None:
-                return {}
-            return tracing.hooks(
-                agent=manifest.metadata.name,
-                provider=provider.name,
-                model=provider.model,
-                durable=durable,
-                attributes={"tether.cli.run_id": args.run_id},
-            )
+        def run_hooks(durable: DurableRuntime) -> dict[str, list[HookFn]]:
+            traced: HooksInit = {}
+            if tracing is not None:
+                traced = tracing.hooks(
+                    agent=manifest.metadata.name,
+                    provider=provider.name,
+                    model=provider.model,
+                    durable=durable,
+                    attributes={"tether.cli.run_id": args.run_id},
+                )
+            return merge_hooks(progress.hooks(), traced, hooks or {})
 
         try:
             models = (provider, fallbacks)
-            running = _run(args, spec, models, tools, book, wait, progress, trace_hooks)
+            running = _run(args, spec, models, tools, book, wait, progress, run_hooks)
             return asyncio.run(running)
         finally:
             if tracing is not None:
@@ -261,7 +271,7 @@ async def _run(
     book: AnswerBook,
     wait: Wait,
     progress: Progress,
-    trace_hooks: Callable[[DurableRuntime], HooksInit],
+    run_hooks: Callable[[DurableRuntime], dict[str, list[HookFn]]],
 ) -> int:
     with sqlite_runtime(args.db, args.run_id) as durable:
         if durable.resuming:
@@ -293,7 +303,7 @@ async def _run(
             durable=durable,
             session=session,
             behavior=behavior_from_spec(spec),
-            hooks=merge_hooks(progress.hooks(), trace_hooks(durable)),
+            hooks=run_hooks(durable),
             wait=wait,  # for more budget (`limits.onExhausted: ask`), as the approvals wait
         )
         try:

@@ -1,0 +1,146 @@
+"""`tether crashtest`: real processes SIGKILLed at every boundary of a small agent's run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TETHER = [sys.executable, "-m", "tether"]
+
+TOOLS = '''
+from pathlib import Path
+import time
+
+from tether import tool
+
+
+@tool
+async def charge(amount: int) -> str:
+    """Charge a card: not safe to repeat."""
+    with Path("charges.log").open("a") as f:
+        f.write(f"charged {amount}\\n")
+    return f"charged {amount}"
+
+
+@tool(replay="safe")
+async def lookup(item: str) -> str:
+    """Read-only."""
+    return f"{item}: in stock"
+
+
+@tool(replay="safe")
+async def now() -> str:
+    """Not the same twice."""
+    return str(time.time_ns())
+'''
+
+SCRIPT = [
+    {"text": "Looking.", "tool_calls": [{"name": "lookup", "input": {"item": "a"}}]},
+    {"text": "Paying.", "tool_calls": [{"name": "charge", "input": {"amount": 5}}]},
+    {"text": "Done."},
+]
+
+
+def agent(tmp_path: Path, script: list[Any] = SCRIPT, **overrides: Any) -> Path:
+    (tmp_path / "shop_tools.py").write_text(TOOLS)
+    tools = [
+        {"name": name, "python": f"shop_tools:{name}", **overrides.get(name, {})}
+        for name in ("charge", "lookup", "now")
+    ]
+    document = {
+        "apiVersion": "tether.dev/v1alpha1",
+        "kind": "DurableAgent",
+        "metadata": {"name": "shop"},
+        "spec": {"model": {"provider": "scripted", "name": "s", "script": script}, "tools": tools},
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(document))
+    (tmp_path / "workspace").mkdir(exist_ok=True)
+    return path
+
+
+def crashtest(spec: Path, *extra: str, env: dict[str, str] | None = None) -> Any:
+    done = subprocess.run(
+        [*TETHER, "crashtest", str(spec), "--prompt", "buy a", "--jobs", "2", *extra],
+        cwd=spec.parent / "workspace",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return done
+
+
+def trials(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
+    return {t["kill"]: t for t in json.loads(done.stdout.splitlines()[-1])["trials"]}
+
+
+def test_every_kill_of_a_correct_agent_passes(tmp_path: Path) -> None:
+    done = crashtest(agent(tmp_path), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["status"] == "completed"
+    found = trials(done)
+    # Every commit of the clean run and both tool calls are kill points.
+    assert len(found) == report["commits"] + 2 >= 12
+    assert all(t["ok"] for t in found.values())
+    inside_charge = found["inside charge [call_1_0]"]
+    assert inside_charge["notes"][0] == "reported to the model as interrupted: ['call_1_0']"
+    assert found["inside lookup [call_0_0]"]["notes"] == [
+        "ran again (replay: safe): ['lookup [call_0_0]']"
+    ]
+    # The user's workspace is copied, never written.
+    assert list((tmp_path / "workspace").iterdir()) == []
+
+
+def test_a_safe_tool_that_is_not_safe_to_repeat_fails(tmp_path: Path) -> None:
+    done = crashtest(agent(tmp_path, charge={"replay": "safe"}), "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    inside = trials(done)["inside charge [call_1_0]"]
+    assert not inside["ok"]
+    assert inside["problems"] == [
+        "files unlike the clean run's: ['charges.log'] after ['charge [call_1_0]'] ran again: "
+        "a replay: safe tool must be safe to run twice"
+    ]
+
+
+def test_a_runtime_that_runs_an_unsafe_call_again_fails(tmp_path: Path) -> None:
+    """Without the intent an unsafe call journals before its body, a crash inside it runs it
+    again: crashtest says so (a runtime broken on purpose, through sitecustomize)."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "sitecustomize.py").write_text(
+        "from tether.agent.tool_calls import ToolCallExecutor\n"
+        "ToolCallExecutor._needs_intent = lambda self, call: False\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(broken))
+    done = crashtest(agent(tmp_path), "--json", env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    inside = trials(done)["inside charge [call_1_0]"]
+    assert "charge [call_1_0] (replay: unsafe) ran 2 times" in inside["problems"]
+
+
+def test_an_agent_that_is_not_deterministic_is_refused(tmp_path: Path) -> None:
+    script = [{"tool_calls": [{"name": "now", "input": {}}]}, {"text": "Done."}]
+    done = crashtest(agent(tmp_path, script))
+    assert done.returncode == 2
+    assert "two runs without a crash differ (turn 3 (user) differs" in done.stderr
+    assert "the agent must be deterministic" in done.stderr
+
+
+def test_a_real_model_without_a_script_is_refused(tmp_path: Path) -> None:
+    spec = agent(tmp_path)
+    document = yaml.safe_load(spec.read_text())
+    document["spec"]["model"] = {"provider": "anthropic", "name": "claude-sonnet-4-5"}
+    spec.write_text(yaml.safe_dump(document))
+    env = dict(os.environ, ANTHROPIC_API_KEY="sk-never-used")
+    done = crashtest(spec, env=env)
+    assert done.returncode == 2
+    assert "crashtest runs the agent against a scripted model" in done.stderr
+    assert "pass --script" in done.stderr
