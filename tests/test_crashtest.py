@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from tether.testing import crash_test
+
 TETHER = [sys.executable, "-m", "tether"]
 
 TOOLS = '''
@@ -143,4 +145,59 @@ def test_a_real_model_without_a_script_is_refused(tmp_path: Path) -> None:
     done = crashtest(spec, env=env)
     assert done.returncode == 2
     assert "crashtest runs the agent against a scripted model" in done.stderr
-    assert "pass --script" in done.stderr
+    assert "pass one (--script)" in done.stderr
+
+
+def test_kills_around_a_persons_answers_pass(tmp_path: Path) -> None:
+    """A run that asks a person, then waits for approval of an unsafe call: killed before and
+    after each answer is recorded and inside the approved call's body."""
+    script = [
+        {"tool_calls": [{"name": "ask", "input": {"question": "How much?"}}]},
+        {"text": "Paying.", "tool_calls": [{"name": "charge", "input": {"amount": 5}}]},
+        {"text": "Done."},
+    ]
+    spec = agent(tmp_path, script, charge={"requireApproval": True})
+    document = yaml.safe_load(spec.read_text())
+    document["spec"]["tools"].append({"name": "ask", "builtin": "ask_human"})
+    spec.write_text(yaml.safe_dump(document))
+    parked = crashtest(spec, "--json", "--max-kills", "4")
+    assert parked.returncode == 0, parked.stdout + parked.stderr
+    assert json.loads(parked.stdout.splitlines()[-1])["status"] == "parked"
+
+    done = crashtest(spec, "--json", "--approve", "--human-answer", '"5"')
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["status"] == "completed"
+    found = trials(done)
+    answers = [kill for kill in found if ", before the answer to " in kill]
+    assert [kill.split(", before ")[1] for kill in answers] == [
+        "the answer to ask [call_0_0]",
+        "the answer to charge [call_1_0]",
+    ]
+    # The approved body is counted (its hooks fire on replays too: it is wrapped).
+    assert found["inside charge [call_1_0]"]["notes"] == [
+        "reported to the model as interrupted: ['call_1_0']"
+    ]
+
+
+def test_a_sub_agents_calls_are_killed_in_too(tmp_path: Path) -> None:
+    """Through the Python API: a sub-agent's unsafe call, of the same call id as its parent's
+    spawn, is killed in and counted apart."""
+    spawn = {"task": "pay", "agent": "payer"}
+    script = {
+        "buy a": [{"tool_calls": [{"name": "spawn", "input": spawn}]}, {"text": "bought"}],
+        "pay": [{"tool_calls": [{"name": "charge", "input": {"amount": 7}}]}, {"text": "paid"}],
+    }
+    spec = agent(tmp_path)
+    document = yaml.safe_load(spec.read_text())
+    document["spec"]["model"]["script"] = script
+    payer = {"name": "payer", "description": "Pays.", "tools": ["charge"]}
+    document["spec"]["subagents"] = {"maxDepth": 1, "agents": [payer]}
+    spec.write_text(yaml.safe_dump(document))
+    report = crash_test(spec, "buy a", workspace=tmp_path / "workspace", jobs=2)
+    assert report.status == "completed"
+    assert not report.failed, report.describe()
+    [inside] = [t for t in report.trials if t.kill == "inside charge [call_0_0]"]
+    assert inside.notes == ["reported to the model as interrupted: ['call_0_0']"]
+    # Both processes' model calls: the parent's two and the child's two, none made again.
+    assert report.model_calls == 4

@@ -13,6 +13,14 @@ stop at exit, process groups and temporary directories included:
   sidecar next to it (``tether.programs.dev.DevStack``): start runs, list the calls parked for a
   person, answer them with signed webhooks, read the session.
 
+And :func:`crash_test` (``tether crashtest``): the agent's run on the embedded SQLite runtime,
+SIGKILLed after every commit of its journal and inside every tool call, each time resumed and
+compared with a clean run; a :class:`CrashReport` says which kill points failed and why::
+
+    def test_every_crash_is_survived(tmp_path):
+        report = crash_test("agent.yaml", "ship it", workspace=tmp_path, approve=True)
+        assert not report.failed, report.describe()
+
 And :class:`ServiceFront`, a port that routes to your worker's replicas as a Kubernetes Service
 does, a dead replica's address refusing, to test how soon a run is back after its worker dies.
 
@@ -62,6 +70,7 @@ import yaml
 
 from .errors import TetherError
 from .parked import ParkedCall
+from .programs.crashtest import CrashReport, CrashtestError, crash_test
 from .programs.dev import DevStack
 from .programs.lifecycle import Lifecycle
 from .programs.local_http import Response, request
@@ -79,11 +88,14 @@ __all__ = [
     "ALWAYS_SUSPEND_ENV",
     "FAST_RETRY_ENV",
     "AgentHarness",
+    "CrashReport",
+    "CrashtestError",
     "HarnessError",
     "HypercornWorker",
     "RestateHarness",
     "Served",
     "ServiceFront",
+    "crash_test",
     "group_alive",
     "wait_until",
 ]

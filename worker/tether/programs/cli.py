@@ -84,11 +84,18 @@ def _crashtest_parser(commands: Any) -> None:
     )
     crashtest.add_argument("--script", help="scripted model file (default: SPEC's .script.yaml)")
     crashtest.add_argument(
-        "--max-kills", type=int, metavar="N", help="at most N kill points, spread evenly"
+        "--approve",
+        action="store_true",
+        help="approve every call that waits for approval (and every request for more budget), "
+        "then resume the run (default: a parked run ends the run, to be compared parked)",
     )
     crashtest.add_argument(
-        "--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: %(default)s)"
+        "--human-answer", metavar="JSON", help="answer every ask_human call with JSON, then resume"
     )
+    crashtest.add_argument(
+        "--max-kills", type=int, metavar="N", help="at most N kill points, spread evenly"
+    )
+    crashtest.add_argument("--jobs", type=int, help="runs at once (default: the CPUs)")
     crashtest.add_argument("--keep", metavar="DIR", help="keep every run's files in DIR")
     crashtest.add_argument("--json", action="store_true", help="print the trials as JSON only")
 
@@ -530,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "crashtest":
             from .crashtest import crashtest_command
 
-            code = crashtest_command(args, dict(os.environ))
+            code = crashtest_command(args)
         elif args.command == "answer":
             code = answer_command(args)
         elif args.command == "waiting":

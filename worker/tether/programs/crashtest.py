@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -39,33 +40,41 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .._sqlite import Database
 from ..durable import run_status
-from ..session import load_session
+from ..durable.answers import AnswerBook
+from ..session import INTERRUPTED_RESULT, load_session
 from ..session.sqlite import sqlite_store
 from ..spec import DEFAULT_KEY_ENV, SpecError, load_agent
+from ..tools.base import ToolContext, ToolDef, ToolOutput
+from .run import PARKED_EXIT, run_command
 
 RUN_ID = "crashtest"
 Process = subprocess.CompletedProcess[str]
 CHILD_TIMEOUT_S = 300.0
+MAX_STARTS = 100
+"""Of one run: its kill, then its parks answered (each a start)."""
 
 
 # The child: `tether run` with a recorder -------------------------------------------------------
 
 
 class Recorder:
-    """Appends what the run does to `path`, one fsynced line per event."""
+    """Appends what the run does to `path`, one fsynced line per event, and kills the process
+    group at the trial's kill point. Commits are counted across the run's processes (a run
+    resumed after a park goes on counting), so a kill point names one moment of the run."""
 
     def __init__(self, path: Path, kill_after_commit: int | None, kill_in_call: str | None):
         self.path = path
         self.kill_after_commit = kill_after_commit
-        self.kill_in_call = kill_in_call
-        self.commits = 0
+        self.kill_in_call = kill_in_call  # RUN/CALL
+        self.commits = Events.read(path).commits
+        self.wrapped: set[str] = set()  # tools whose bodies `wrap` counts
 
     def note(self, *words: object) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -75,8 +84,9 @@ class Recorder:
         finally:
             os.close(fd)
 
-    def die(self) -> None:
-        os.killpg(0, signal.SIGKILL)  # the whole group, as a pod dies: tools' processes too
+    def die_in(self, run_id: str, call_id: str) -> None:
+        if f"{run_id}/{call_id}" == self.kill_in_call:
+            os.killpg(0, signal.SIGKILL)  # the whole group, as a pod dies: tools' processes too
 
     def count_commits(self) -> None:
         commit = Database.execute_commit
@@ -89,22 +99,37 @@ class Recorder:
                 recorder.commits += 1
                 recorder.note("commit", recorder.commits)
                 if recorder.commits == recorder.kill_after_commit:
-                    recorder.die()
+                    os.killpg(0, signal.SIGKILL)
 
         Database.execute_commit = counted  # type: ignore[method-assign,assignment]
 
+    def wrap(self, tool: ToolDef) -> ToolDef:
+        """A built-in or `python` tool whose body is counted as it starts, and killed in as it
+        ends (an approval gate's too, whose hooks fire on replays)."""
+        self.wrapped.add(tool.name)
+        execute, uses_context = tool.execute, tool.uses_context
+
+        async def counted(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+            self.note("tool", ctx.run_id, ctx.call_id, tool.name, tool.replay)
+            try:
+                return await execute(arguments, ctx if uses_context else cast(ToolContext, None))
+            finally:
+                self.die_in(ctx.run_id, ctx.call_id)
+
+        return dataclasses.replace(tool, execute=counted, uses_context=True)
+
     def hooks(self) -> dict[str, Any]:
         def tool_before(payload: dict[str, Any]) -> None:
-            # A self-journaled tool's hook fires on replays too: its body cannot be counted so.
-            if not payload.get("self_journaled"):
+            # An MCP tool's call (a self-journaled one's hook fires on replays too: not counted).
+            if payload["name"] not in self.wrapped and not payload.get("self_journaled"):
                 self.note("tool", payload["run_id"], payload["call_id"], payload["name"],
                           payload.get("replay", "unsafe"))  # fmt: skip
 
         def tool_after(payload: dict[str, Any]) -> None:
-            if payload["outcome"] == "interrupted":  # a crash cut it off: reported so
-                self.note("cut", payload["run_id"], payload["call_id"])
-            if f"{payload['run_id']}/{payload['call_id']}" == self.kill_in_call:
-                self.die()
+            if payload["outcome"] == "interrupted" or INTERRUPTED_RESULT in str(payload["result"]):
+                self.note("cut", payload["run_id"], payload["call_id"])  # a crash cut it off
+            if payload["name"] not in self.wrapped and not payload.get("self_journaled"):
+                self.die_in(payload["run_id"], payload["call_id"])
 
         def spawn_start(payload: dict[str, Any]) -> None:
             for name, fn in hooks.items():  # sub-agents' calls are counted too, at every depth
@@ -118,25 +143,45 @@ class Recorder:
         }
         return hooks
 
+    def answer(self, db_path: str, approve: bool, human: Any) -> None:
+        """Answer the run's waiting calls: approvals (and requests for more budget) with an
+        approval, `ask_human` calls with `human` (when given)."""
+        db = Database(db_path)
+        try:
+            book = AnswerBook(db)
+            for call in book.waiting(RUN_ID):
+                if call.kind == "approval" and approve:
+                    value = {"approved": True, "by": "crashtest"}
+                elif call.kind == "ask_human" and human is not None:
+                    value = human
+                else:
+                    continue
+                self.note("answer", call.tool, call.call_id)
+                book.answer(RUN_ID, call.call_key, value)
+        finally:
+            db.close()
+
 
 def child_main(argv: list[str] | None = None) -> int:
-    from .cli import USER_ERRORS, build_parser
-    from .run import run_command
+    from .cli import USER_ERRORS, build_parser  # cli imports this module when asked for it
 
     parser = argparse.ArgumentParser(prog="python -m tether.programs.crashtest")
     parser.add_argument("--events", type=Path, required=True)
     parser.add_argument("--kill-after-commit", type=int)
     parser.add_argument("--kill-in-call", metavar="RUN/CALL")
+    parser.add_argument("--approve", action="store_true")
+    parser.add_argument("--human-answer", type=json.loads)
     own, rest = parser.parse_known_args(argv)
     args = build_parser().parse_args(["run", *rest])
     recorder = Recorder(own.events, own.kill_after_commit, own.kill_in_call)
     recorder.count_commits()
     try:
-        code = run_command(args, dict(os.environ), hooks=recorder.hooks())
+        code = run_command(args, dict(os.environ), hooks=recorder.hooks(), wrap_tool=recorder.wrap)
     except USER_ERRORS as error:
         print(f"tether: {error}", file=sys.stderr)
         return 2
-    recorder.note("exit", code)
+    if code == PARKED_EXIT:
+        recorder.answer(args.db, own.approve, own.human_answer)
     return code
 
 
@@ -177,6 +222,10 @@ class Events:
                 events.after_commit.setdefault(last_commit, f"{name} [{call}]")
             elif kind == "cut":
                 events.cut.add(words[1])
+            elif kind == "answer":
+                events.after_commit.setdefault(
+                    last_commit, f"the answer to {words[0]} [{words[1]}]"
+                )
         return events
 
 
@@ -198,6 +247,15 @@ class Trial:
     def to_json(self) -> dict[str, Any]:
         return {"kill": self.kill, "ok": not self.problems, "problems": self.problems,
                 "notes": self.notes}  # fmt: skip
+
+
+def _waiting(db: Path) -> bool:
+    """Whether a call of the run waits for a person (one the child did not answer)."""
+    book = Database(db)
+    try:
+        return bool(AnswerBook(book).waiting(RUN_ID))
+    finally:
+        book.close()
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -261,32 +319,39 @@ def _first_difference(a: list[tuple[str, Any]], b: list[tuple[str, Any]], cut: s
 class Crashtest:
     """The trials of one agent: a template workspace, a prompt, a scratch directory."""
 
-    def __init__(self, args: argparse.Namespace, env: dict[str, str], scratch: Path) -> None:
-        self.scratch = scratch
-        # The runs start in copies of the workspace: paths are taken from here first.
-        self.spec = Path(args.spec).resolve()
-        self.prompt: str = args.prompt
-        spec = load_agent(self.spec).spec
-        script = (
-            Path(args.script).resolve() if args.script else self.spec.with_suffix(".script.yaml")
-        )
-        self.script = script if args.script else None
-        if spec.model.provider != "scripted" and not script.exists():
+    def __init__(
+        self,
+        spec: Path,
+        prompt: str,
+        workspace: Path,
+        scratch: Path,
+        *,
+        script: Path | None,
+        answers: list[str],
+        env: Mapping[str, str],
+    ) -> None:
+        self.spec, self.prompt, self.template, self.scratch = spec, prompt, workspace, scratch
+        self.script, self.answers = script, answers
+        model = load_agent(spec).spec.model
+        if (
+            model.provider != "scripted"
+            and not (script or spec.with_suffix(".script.yaml")).exists()
+        ):
             raise CrashtestError(
                 f"crashtest runs the agent against a scripted model, so that every kill sees the "
-                f"same answers and none is paid for: {self.spec} names {spec.model.label} and "
-                f"there is no {script}; pass --script"
+                f"same answers and none is paid for: {spec} names {model.label} and there is no "
+                f"{script or spec.with_suffix('.script.yaml')}: pass one (--script)"
             )
-        secret = {spec.model.api_key_env, *DEFAULT_KEY_ENV.values()}
+        secret = {model.api_key_env, *DEFAULT_KEY_ENV.values()}
         # Without the keys `tether run` takes the script; traces would be sent once per process.
         self.env = {
             k: v for k, v in env.items() if k not in secret and not k.startswith("OTEL_EXPORTER")
         }
-        self.template = Path(args.workspace)
 
     def _command(self, db: Path, workspace: Path, events: Path, *kill: str) -> list[str]:
         command = [sys.executable, "-m", "tether.programs.crashtest", "--events", str(events)]
-        command += [*kill, str(self.spec), "--run-id", RUN_ID, "--prompt", self.prompt]
+        command += [*kill, *self.answers]
+        command += [str(self.spec), "--run-id", RUN_ID, "--prompt", self.prompt]
         command += ["--db", str(db), "--workspace", str(workspace), "--quiet"]
         command += ["--script-delay", "0"]
         return command + (["--script", str(self.script)] if self.script else [])
@@ -314,15 +379,18 @@ class Crashtest:
         return subprocess.CompletedProcess(command, process.returncode, out, err)
 
     def run(self, name: str, *kill: str) -> tuple[bool, Process, Events, Outcome]:
-        """One run in a fresh copy of the workspace: killed at `kill` (whether it was), then
-        resumed; without `kill`, just run."""
+        """One run in a fresh copy of the workspace, to its end: started again after the kill
+        at `kill` (and whether it came) and after every park the child answered."""
         home = self.scratch / name
         workspace, db, events = home / "workspace", home / "runs.db", home / "events"
         shutil.copytree(self.template, workspace, symlinks=True)
-        done = self._process(self._command(db, workspace, events, *kill), workspace)
-        killed = done.returncode == -signal.SIGKILL
-        if kill and killed:
-            done = self._process(self._command(db, workspace, events), workspace)
+        killed, flag = False, list(kill)
+        for _ in range(MAX_STARTS):
+            done = self._process(self._command(db, workspace, events, *flag), workspace)
+            if flag and done.returncode == -signal.SIGKILL:
+                killed, flag = True, []
+            elif done.returncode != PARKED_EXIT or not self.answers or _waiting(db):
+                break
         return killed, done, Events.read(events), _outcome(db, workspace)
 
     def reference(self) -> tuple[Events, Outcome]:
@@ -376,7 +444,7 @@ class Crashtest:
             elif count > 1:
                 reran.append(f"{name} [{key[1]}]")
         unanswered = _unanswered(outcome.transcript)
-        if unanswered:
+        if unanswered != _unanswered(ref_outcome.transcript):  # a parked run waits on its last
             trial.problems.append(f"tool calls not answered exactly once: {unanswered}")
         if cut:
             trial.notes.append(f"reported to the model as interrupted: {sorted(cut)}")
@@ -419,44 +487,112 @@ def _spread(items: list[Any], most: int | None) -> list[Any]:
     return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)]
 
 
-def crashtest_command(args: argparse.Namespace, env: dict[str, str]) -> int:
-    def say(line: str) -> None:
-        if not args.json:
-            print(line, flush=True)
+@dataclass
+class CrashReport:
+    """What `crash_test` found: how the clean run ended and one trial per kill point."""
 
-    scratch = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tether-crashtest-"))
+    status: str | None
+    commits: int
+    model_calls: int
+    tool_calls: int
+    trials: list[Trial]
+
+    @property
+    def failed(self) -> list[Trial]:
+        return [trial for trial in self.trials if trial.problems]
+
+    def describe(self) -> str:
+        lines = [
+            f"the clean run: {self.status}, {self.model_calls} model calls, {self.tool_calls} "
+            f"tool calls, {self.commits} commits"
+        ]
+        for trial in self.trials:
+            mark = "FAILED" if trial.problems else "ok"
+            lines.append(f"  {trial.kill}: {mark}" + "".join(f"; {n}" for n in trial.notes))
+            lines += [f"    - {problem}" for problem in trial.problems]
+        failed = len(self.failed)
+        lines.append(f"{len(self.trials)} kills: {len(self.trials) - failed} ok, {failed} failed")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "commits": self.commits,
+                "trials": [t.to_json() for t in self.trials]}  # fmt: skip
+
+
+def crash_test(
+    spec: str | Path,
+    prompt: str,
+    *,
+    workspace: str | Path = ".",
+    script: str | Path | None = None,
+    approve: bool = False,
+    human_answer: Any = None,
+    max_kills: int | None = None,
+    jobs: int | None = None,
+    keep: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    say: Callable[[str], None] = lambda line: None,
+) -> CrashReport:
+    """Kill the run of the agent of `spec` at every point (at most `max_kills`, spread evenly),
+    `jobs` runs at once in copies of `workspace`, and report each (see the module). `approve`
+    approves every call that waits for approval, `human_answer` (any JSON value) answers every
+    `ask_human` call; without them a parked run ends there, compared parked. Raises
+    `CrashtestError` when the agent cannot be compared so."""
+    answers = ["--approve"] if approve else []
+    if human_answer is not None:
+        answers += ["--human-answer", json.dumps(human_answer)]
+    scratch = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="tether-crashtest-"))
     scratch.mkdir(parents=True, exist_ok=True)
     try:
-        test = Crashtest(args, env, scratch)
-        say(f"crashtest {args.spec}: two runs without a crash ...")
+        test = Crashtest(
+            Path(spec).resolve(),  # the runs start in copies of the workspace
+            prompt,
+            Path(workspace),
+            scratch,
+            script=Path(script).resolve() if script else None,
+            answers=answers,
+            env=os.environ if env is None else env,
+        )
+        say(f"crashtest {spec}: two runs without a crash ...")
         ref = test.reference()
         events, outcome = ref
-        say(
-            f"  both {outcome.status}: {events.models.total()} model calls, "
-            f"{events.bodies.total()} tool calls, {events.commits} commits"
-        )
-        kills = _spread(list(test.kills(events)), args.max_kills)
-        say(f"killing it at {len(kills)} points, {args.jobs} at a time ...")
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        kills = _spread(list(test.kills(events)), max_kills)
+        jobs = jobs or os.cpu_count() or 1
+        say(f"  both {outcome.status}; killing it at {len(kills)} points, {jobs} at a time ...")
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
             trials = list(
                 pool.map(
                     lambda n, kill: test.trial(n, kill[0], kill[1], ref), range(len(kills)), kills
                 )
             )
-        for trial in trials:
-            mark = "ok" if not trial.problems else "FAILED"
-            say(f"  {trial.kill}: {mark}" + "".join(f"; {n}" for n in trial.notes))
-            for problem in trial.problems:
-                say(f"    - {problem}")
-        failed = sum(1 for t in trials if t.problems)
-        say(f"{len(trials)} kills: {len(trials) - failed} ok, {failed} failed")
-        if args.json:
-            print(json.dumps({"status": outcome.status, "commits": events.commits,
-                              "trials": [t.to_json() for t in trials]}))  # fmt: skip
-        return 1 if failed else 0
+        return CrashReport(
+            outcome.status, events.commits, events.models.total(), events.bodies.total(), trials
+        )
     finally:
-        if not args.keep:
+        if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def crashtest_command(args: argparse.Namespace) -> int:
+    """`tether crashtest`: exits 1 if a kill point failed."""
+    try:
+        human = None if args.human_answer is None else json.loads(args.human_answer)
+    except ValueError:
+        raise CrashtestError(f"--human-answer is not JSON: {args.human_answer!r}") from None
+    report = crash_test(
+        args.spec,
+        args.prompt,
+        workspace=args.workspace,
+        script=args.script,
+        approve=args.approve,
+        human_answer=human,
+        max_kills=args.max_kills,
+        jobs=args.jobs,
+        keep=args.keep,
+        say=(lambda line: None) if args.json else (lambda line: print(line, flush=True)),
+    )
+    print(json.dumps(report.to_json()) if args.json else report.describe(), flush=True)
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

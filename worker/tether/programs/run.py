@@ -168,9 +168,14 @@ def _describe(counter: Counter[str]) -> str:
 
 
 def run_command(
-    args: argparse.Namespace, env: dict[str, str], *, hooks: HooksInit | None = None
+    args: argparse.Namespace,
+    env: dict[str, str],
+    *,
+    hooks: HooksInit | None = None,
+    wrap_tool: Callable[[ToolDef], ToolDef] | None = None,
 ) -> int:
-    """`tether run`; `hooks` watch the run beside the progress output's (`tether crashtest`)."""
+    """`tether run`; `hooks` watch the run beside the progress output's and `wrap_tool` wraps
+    the spec's built-in and `python` tools (`tether crashtest`)."""
     spec_path = Path(args.spec)
     manifest = load_agent(spec_path)
     # `python:` tools of an example may sit next to its manifest.
@@ -190,7 +195,7 @@ def run_command(
         # Built before the run is opened: a tool the spec gets wrong fails here, touching nothing.
         check_subagents(spec)
         parking = parking_with(wait, spec.approvals.on_timeout)
-        tools = tools_from_spec(spec, args.workspace, parking, env=env)
+        tools = tools_from_spec(spec, args.workspace, parking, env=env, wrap=wrap_tool)
         if spec.subagents is not None:  # in-process children, journaled in the run's scopes
             children = spec.subagents
             spawn = spawn_tool(

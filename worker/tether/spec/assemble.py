@@ -334,7 +334,8 @@ class SpecTools:
     `parking` (`tether worker`: Restate awakeables; `tether run`: the embedded answers), and a
     toolset per `mcp` entry (its connection). Built-in file tools are confined to `workspace`;
     an `mcp` entry's header credentials are read from `env`, and `observe` is told of its
-    calls."""
+    calls. `wrap` is given each built-in and `python` tool as built, before an approval gate
+    (`tether crashtest` counts their bodies so)."""
 
     def __init__(
         self,
@@ -343,15 +344,16 @@ class SpecTools:
         *,
         env: Mapping[str, str] | None = None,
         observe: CallObserver | None = None,
+        wrap: Callable[[ToolDef], ToolDef] | None = None,
     ) -> None:
         self._env = env or {}
         self._observe = observe
         root = Workspace(workspace)
         self._workspace = str(root.root)
-        self._entries = [
-            (entry, None if entry.builtin == "ask_human" or entry.mcp else _built(entry, root))
-            for entry in spec.tools
-        ]
+        self._entries: list[tuple[ToolSpecEntry, ToolDef | None]] = []
+        for entry in spec.tools:
+            built = None if entry.builtin == "ask_human" or entry.mcp else _built(entry, root)
+            self._entries.append((entry, wrap(built) if wrap and built else built))
 
     def for_run(self, parking: ParkingTool | None = None) -> list[ToolDef | Toolset]:
         tools: list[ToolDef | Toolset] = []
@@ -402,9 +404,10 @@ def tools_from_spec(
     *,
     env: Mapping[str, str] | None = None,
     observe: CallObserver | None = None,
+    wrap: Callable[[ToolDef], ToolDef] | None = None,
 ) -> list[ToolDef | Toolset]:
     """The spec's tools for one run (see `SpecTools`)."""
-    return SpecTools(spec, workspace, env=env, observe=observe).for_run(parking)
+    return SpecTools(spec, workspace, env=env, observe=observe, wrap=wrap).for_run(parking)
 
 
 def mcp_toolset(
