@@ -18,7 +18,7 @@ from tests.test_events import collect
 from tether import create_agent
 from tether.budget import Limits, Spend
 from tether.durable import sqlite_runtime
-from tether.periods import zone_problem
+from tether.periods import UTC_NAMES, zone_problem
 from tether.programs.worker.spend_client import RestateSpendGate
 from tether.providers import (
     Limited,
@@ -170,6 +170,20 @@ def test_a_caps_time_zone_is_an_iana_name() -> None:
         SpendCap.of({"per": "day", "tokens": 10, "time_zone": "Mars/Olympus"})
     cap = SpendCap("day", Limits(tokens=10), time_zone="Europe/Paris")
     assert SpendCap.of(cap.to_json()) == cap
+
+
+@pytest.mark.parametrize("zone", ["Etc/UTC", "Zulu", "GMT", "Etc/GMT-0"])
+def test_a_cap_in_another_name_of_utc_counts_with_utcs(zone: str) -> None:
+    """One count for UTC's day however a version names it: a version that says Etc/UTC and one
+    that says nothing share the cap's 1,000 tokens."""
+    assert all(zone_problem(name) is None for name in UTC_NAMES)  # each a real name of UTC
+    named = SpendCap.of({"per": "day", "tokens": 1_000, "time_zone": zone})
+    assert named == DAY and named.describe() == DAY.describe()
+    windows = SpendWindows()
+    assert windows.reserve([named], "a", Spend(0, 600), NOON) is None
+    windows.settle("a", Spend(0, 600))
+    assert list(windows.spent) == ["hour:2026-12-06T12", "day:2026-12-06", "month:2026-12"]
+    assert windows.reserve([DAY], "b", Spend(0, 600), NOON + 60) is not None
 
 
 def test_a_call_holds_its_worst_case_and_one_that_does_not_fit_is_refused() -> None:

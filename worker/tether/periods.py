@@ -23,6 +23,11 @@ _HOST_ZONES = ("localtime", "posixrules", "Factory", "posix/", "right/")
 differ from host to host: a worker and the operator could read them differently."""
 
 
+_UTC = ("UTC", "UCT", "Universal", "Zulu", "GMT", "GMT0", "GMT+0", "GMT-0", "Greenwich")
+UTC_NAMES = frozenset(_UTC + tuple(f"Etc/{name}" for name in _UTC))
+"""The names of UTC's clock (offset 0, never changed): a period in them is UTC's."""
+
+
 def zone_problem(zone: str) -> str | None:
     """Why `zone` is not an IANA time zone name, or None."""
     try:

@@ -28,7 +28,7 @@ from typing import Any, Literal, get_args
 from zoneinfo import ZoneInfo
 
 from .budget import Limits, Spend
-from .periods import PERIODS, Per, Window, zone_problem
+from .periods import PERIODS, UTC_NAMES, Per, Window, zone_problem
 
 HOLD_SECONDS = 1800.0
 """How long a call's hold stands without a settle (longer than any model call may take); then
@@ -53,6 +53,10 @@ class SpendCap:
     on_reached: OnReached = "stop"
     model: str | None = None
     time_zone: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.time_zone in UTC_NAMES:  # Etc/UTC's day is UTC's: one count, not two
+            object.__setattr__(self, "time_zone", None)
 
     def applies_to(self, model: str) -> bool:
         return self.model is None or self.model == model

@@ -8,10 +8,13 @@ deterministic enough to compare against (a tool that returns the time, a script 
 something else). Then one trial per kill point, each in a fresh copy of the workspace and a file
 of its own:
 
-- after each commit of the run's SQLite file (a step boundary), the process group is
-  SIGKILLed from inside, right after the commit, and the same command resumes the run;
+- after each commit of the run's SQLite file (a step boundary, a person's answer included),
+  the process group is SIGKILLed from inside, right after the commit;
 - inside each tool call, after its body returned and before its result is journaled: the
   moment a crash makes the outcome unknown.
+
+The same command then starts the run again until it ends (a park the child answered, with
+`approve` or `human_answer`, is started again too; one it did not ends the run, parked).
 
 Each resumed run must end as the clean one did, with no model call made again once its answer
 was journaled, no `replay: unsafe` tool body run twice, every tool call answered exactly once,
@@ -240,6 +243,8 @@ class Outcome:
 
 @dataclass
 class Trial:
+    """One kill point: where, what went wrong (nothing: it passed) and what is worth saying."""
+
     kill: str
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
