@@ -9,14 +9,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from tether.testing import crash_test
+from tether.testing import CrashtestError, crash_test
 
 TETHER = [sys.executable, "-m", "tether"]
 
 TOOLS = '''
 from pathlib import Path
+import os
 import time
 
 from tether import tool
@@ -37,13 +39,22 @@ async def lookup(item: str) -> str:
 
 
 @tool(replay="safe")
+async def where() -> str:
+    """The working directory: each run's own, which crashtest writes as <workspace>."""
+    return os.getcwd()
+
+
+@tool(replay="safe")
 async def now() -> str:
     """Not the same twice."""
     return str(time.time_ns())
 '''
 
 SCRIPT = [
-    {"text": "Looking.", "tool_calls": [{"name": "lookup", "input": {"item": "a"}}]},
+    {
+        "text": "Looking.",
+        "tool_calls": [{"name": "lookup", "input": {"item": "a"}}, {"name": "where", "input": {}}],
+    },
     {"text": "Paying.", "tool_calls": [{"name": "charge", "input": {"amount": 5}}]},
     {"text": "Done."},
 ]
@@ -53,7 +64,7 @@ def agent(tmp_path: Path, script: list[Any] = SCRIPT, **overrides: Any) -> Path:
     (tmp_path / "shop_tools.py").write_text(TOOLS)
     tools = [
         {"name": name, "python": f"shop_tools:{name}", **overrides.get(name, {})}
-        for name in ("charge", "lookup", "now")
+        for name in ("charge", "lookup", "where", "now")
     ]
     document = {
         "apiVersion": "tether.dev/v1alpha1",
@@ -89,8 +100,8 @@ def test_every_kill_of_a_correct_agent_passes(tmp_path: Path) -> None:
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["status"] == "completed"
     found = trials(done)
-    # Every commit of the clean run and both tool calls are kill points.
-    assert len(found) == report["commits"] + 2 >= 12
+    # Every commit of the clean run and every tool call are kill points.
+    assert len(found) == report["commits"] + 3 >= 12
     assert all(t["ok"] for t in found.values())
     inside_charge = found["inside charge [call_1_0]"]
     assert inside_charge["notes"][0] == "reported to the model as interrupted: ['call_1_0']"
@@ -146,6 +157,25 @@ def test_a_real_model_without_a_script_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "crashtest runs the agent against a scripted model" in done.stderr
     assert "pass one (--script)" in done.stderr
+
+
+def test_what_cannot_work_is_refused_before_any_run(tmp_path: Path) -> None:
+    spec = agent(tmp_path)
+    document = yaml.safe_load(spec.read_text())
+    real = {"provider": "openai", "name": "gpt-4o"}
+    document["spec"]["model"]["fallbacks"] = [real]
+    spec.write_text(yaml.safe_dump(document))
+    with pytest.raises(CrashtestError, match=r"has spec.model.fallbacks\[0\] \(openai/gpt-4o\)"):
+        crash_test(spec, "buy a", workspace=tmp_path / "workspace")
+    with pytest.raises(CrashtestError, match="is inside the workspace"):
+        crash_test(spec, "buy a", workspace=tmp_path, keep=tmp_path / "runs")
+    with pytest.raises(CrashtestError, match="is not a directory"):
+        crash_test(spec, "buy a", workspace=tmp_path / "nowhere")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "agent.yaml",
+        "shop_tools.py",
+        "workspace",
+    ]
 
 
 def test_kills_around_a_persons_answers_pass(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import ConfigError
 
@@ -59,6 +59,10 @@ class Database:
     or staged to ride on the next commit, so a step result and the state it implies land in one
     transaction."""
 
+    committed: ClassVar[Callable[[Sequence[tuple[str, Params]]], None] | None] = None
+    """Told of every transaction of the process once it is committed, with its writes (none
+    for `exclusive`'s): `tether crashtest` kills its runs there, at each boundary."""
+
     def __init__(self, path: str | Path, *, synchronous: Synchronous = "FULL") -> None:
         self.path = str(path)
         self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -108,6 +112,8 @@ class Database:
             except BaseException:
                 writer.execute("ROLLBACK")
                 raise
+        if Database.committed is not None:
+            Database.committed(batch)
 
     def exclusive(self, work: Callable[[sqlite3.Cursor], T]) -> T:
         """`work` in one write transaction, begun at once: what it reads, no other process
@@ -121,7 +127,9 @@ class Database:
             except BaseException:
                 writer.execute("ROLLBACK")
                 raise
-            return result
+        if Database.committed is not None:
+            Database.committed(())
+        return result
 
     def close(self) -> None:
         with self._lock:

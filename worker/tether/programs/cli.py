@@ -93,7 +93,10 @@ def _crashtest_parser(commands: Any) -> None:
         "--human-answer", metavar="JSON", help="answer every ask_human call with JSON, then resume"
     )
     crashtest.add_argument(
-        "--max-kills", type=int, metavar="N", help="at most N kill points, spread evenly"
+        "--max-kills",
+        type=int,
+        metavar="N",
+        help="at most N kill points after commits, spread evenly (those inside calls: all)",
     )
     crashtest.add_argument("--jobs", type=int, help="runs at once (default: the CPUs)")
     crashtest.add_argument("--keep", metavar="DIR", help="keep every run's files in DIR")

@@ -9,29 +9,29 @@ something else). Then one trial per kill point, each in a fresh copy of the work
 of its own:
 
 - after each commit of the run's SQLite file (a step boundary, a person's answer included),
-  the process group is SIGKILLed from inside, right after the commit;
+  the process and all it started are SIGKILLed from inside, right after the commit;
 - inside each tool call, after its body returned and before its result is journaled: the
   moment a crash makes the outcome unknown.
 
 The same command then starts the run again until it ends (a park the child answered, with
 `approve` or `human_answer`, is started again too; one it did not ends the run, parked).
 
-Each resumed run must end as the clean one did, with no model call made again once its answer
-was journaled, no `replay: unsafe` tool body run twice, every tool call answered exactly once,
-and the same transcript and workspace files as the clean run's, except where a call the crash
-cut off was reported to the model as interrupted. A `replay: safe` tool that runs again must
-leave the same transcript and files: that is what `safe` promises, and where it does not, the
-trial fails naming the tool.
+Each run must end as the clean one did, with no model call made again once its answer was
+journaled, no `replay: unsafe` tool body run twice, no result journaled before the kill lost
+(reported as interrupted, or its body run again), every tool call answered exactly once, and
+the same transcripts (the run's and its sub-agents') and workspace files as the clean run's,
+except where a call the crash cut off was reported to the model as interrupted. A `replay:
+safe` tool that runs again must leave the same transcript and files: that is what `safe`
+promises, and where it does not, the trial fails naming the tool.
 
 The child processes (`python -m tether.programs.crashtest`) are `tether run` with a recorder:
-its hooks and a commit counter append one line per event to a file of the trial's (fsynced, so
-a SIGKILL loses none of them).
+a commit observer (`Database.committed`), a wrapper of the spec's tools and hooks append one
+line per event to a file of the trial's (fsynced, so a SIGKILL loses none of them).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -42,35 +42,53 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from .._sqlite import Database
+from .._sqlite import Database, Params
 from ..durable import run_status
 from ..durable.answers import AnswerBook
-from ..session import INTERRUPTED_RESULT, load_session
-from ..session.sqlite import sqlite_store
-from ..spec import DEFAULT_KEY_ENV, SpecError, load_agent
+from ..errors import ConfigError
+from ..session import INTERRUPTED_RESULT
+from ..spec import DEFAULT_KEY_ENV, load_agent
 from ..tools.base import ToolContext, ToolDef, ToolOutput
-from .run import PARKED_EXIT, run_command
+from .run import PARKED_EXIT, run_command, script_file
 
 RUN_ID = "crashtest"
-Process = subprocess.CompletedProcess[str]
 CHILD_TIMEOUT_S = 300.0
 MAX_STARTS = 100
 """Of one run: its kill, then its parks answered (each a start)."""
+WORKSPACE_MARK = "<workspace>"
+"""Each run's workspace path, in what is compared: every run has a directory of its own."""
 
 
 # The child: `tether run` with a recorder -------------------------------------------------------
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 class Recorder:
     """Appends what the run does to `path`, one fsynced line per event, and kills the process
-    group at the trial's kill point. Commits are counted across the run's processes (a run
-    resumed after a park goes on counting), so a kill point names one moment of the run."""
+    at the trial's kill point. Commits are counted across the run's processes (a run resumed
+    after a park goes on counting), so a kill point names one moment of the run."""
 
     def __init__(self, path: Path, kill_after_commit: int | None, kill_in_call: str | None):
         self.path = path
@@ -78,6 +96,7 @@ class Recorder:
         self.kill_in_call = kill_in_call  # RUN/CALL
         self.commits = Events.read(path).commits
         self.wrapped: set[str] = set()  # tools whose bodies `wrap` counts
+        self._lock = threading.Lock()  # commits come from the threads that make them
 
     def note(self, *words: object) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -87,28 +106,33 @@ class Recorder:
         finally:
             os.close(fd)
 
-    def die_in(self, run_id: str, call_id: str) -> None:
+    def kill(self) -> None:
+        """As a pod dies: this process and all it started, in its group or in sessions of
+        their own (`shell` commands)."""
+        self.note("kill")
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+        os.killpg(0, signal.SIGKILL)
+
+    def _kill_in(self, run_id: str, call_id: str) -> None:
         if f"{run_id}/{call_id}" == self.kill_in_call:
-            os.killpg(0, signal.SIGKILL)  # the whole group, as a pod dies: tools' processes too
+            self.kill()
 
-    def count_commits(self) -> None:
-        commit = Database.execute_commit
-        recorder = self
-
-        def counted(db: Database, writes: Any = ()) -> None:
-            empty = not (db._staged or writes)  # nothing to commit: no boundary
-            commit(db, writes)
-            if not empty:
-                recorder.commits += 1
-                recorder.note("commit", recorder.commits)
-                if recorder.commits == recorder.kill_after_commit:
-                    os.killpg(0, signal.SIGKILL)
-
-        Database.execute_commit = counted  # type: ignore[method-assign,assignment]
+    def committed(self, writes: Sequence[tuple[str, Params]]) -> None:
+        steps = [p[4] for sql, p in writes if sql.startswith("INSERT INTO tether_steps")]
+        with self._lock:
+            self.commits += 1
+            self.note("commit", self.commits, *steps)
+            if self.commits == self.kill_after_commit:
+                self.kill()
 
     def wrap(self, tool: ToolDef) -> ToolDef:
         """A built-in or `python` tool whose body is counted as it starts, and killed in as it
-        ends (an approval gate's too, whose hooks fire on replays)."""
+        ends (an approval gate's too, whose hooks fire on replays). A self-journaled one runs
+        again on every replay: not counted."""
+        if tool.self_journaled:
+            return tool
         self.wrapped.add(tool.name)
         execute, uses_context = tool.execute, tool.uses_context
 
@@ -117,46 +141,51 @@ class Recorder:
             try:
                 return await execute(arguments, ctx if uses_context else cast(ToolContext, None))
             finally:
-                self.die_in(ctx.run_id, ctx.call_id)
+                self._kill_in(ctx.run_id, ctx.call_id)
 
         return dataclasses.replace(tool, execute=counted, uses_context=True)
 
     def hooks(self) -> dict[str, Any]:
+        def counted_here(payload: dict[str, Any]) -> bool:
+            # An MCP tool's call (a self-journaled one's hooks fire on replays too: not counted).
+            return payload["name"] not in self.wrapped and not payload.get("self_journaled")
+
         def tool_before(payload: dict[str, Any]) -> None:
-            # An MCP tool's call (a self-journaled one's hook fires on replays too: not counted).
-            if payload["name"] not in self.wrapped and not payload.get("self_journaled"):
+            if counted_here(payload):
                 self.note("tool", payload["run_id"], payload["call_id"], payload["name"],
                           payload.get("replay", "unsafe"))  # fmt: skip
 
         def tool_after(payload: dict[str, Any]) -> None:
+            # Cut off by a crash: sub-agents' transcripts are not kept, so it is said here.
             if payload["outcome"] == "interrupted" or INTERRUPTED_RESULT in str(payload["result"]):
-                self.note("cut", payload["run_id"], payload["call_id"])  # a crash cut it off
-            if payload["name"] not in self.wrapped and not payload.get("self_journaled"):
-                self.die_in(payload["run_id"], payload["call_id"])
-
-        def spawn_start(payload: dict[str, Any]) -> None:
-            for name, fn in hooks.items():  # sub-agents' calls are counted too, at every depth
-                payload["hooks"].setdefault(name, []).append(fn)
+                self.note("cut", payload["run_id"], payload["call_id"])
+            if counted_here(payload):
+                self._kill_in(payload["run_id"], payload["call_id"])
 
         hooks: dict[str, Any] = {
             "turn:after": lambda payload: self.note("model", payload["run_id"], payload["turn"]),
             "tool:before": tool_before,
             "tool:after": tool_after,
-            "spawn:start": spawn_start,
         }
+
+        def spawn_start(payload: dict[str, Any]) -> None:
+            for name, fn in hooks.items():  # sub-agents' calls are counted too, at every depth
+                payload["hooks"].setdefault(name, []).append(fn)
+
+        hooks["spawn:start"] = spawn_start
         return hooks
 
-    def answer(self, db_path: str, approve: bool, human: Any) -> None:
+    def answer(self, db_path: str, approve: bool, human: str | None) -> None:
         """Answer the run's waiting calls: approvals (and requests for more budget) with an
-        approval, `ask_human` calls with `human` (when given)."""
+        approval, `ask_human` calls with `human` (JSON, when given)."""
         db = Database(db_path)
         try:
             book = AnswerBook(db)
             for call in book.waiting(RUN_ID):
                 if call.kind == "approval" and approve:
-                    value = {"approved": True, "by": "crashtest"}
+                    value: Any = {"approved": True, "by": "crashtest"}
                 elif call.kind == "ask_human" and human is not None:
-                    value = human
+                    value = json.loads(human)
                 else:
                     continue
                 self.note("answer", call.tool, call.call_id)
@@ -167,17 +196,21 @@ class Recorder:
 
 def child_main(argv: list[str] | None = None) -> int:
     from .cli import USER_ERRORS, build_parser  # cli imports this module when asked for it
+    from .hardening import make_undumpable
+    from .redact import install as install_redaction
 
+    make_undumpable()  # as `tether run`
+    install_redaction()
     parser = argparse.ArgumentParser(prog="python -m tether.programs.crashtest")
     parser.add_argument("--events", type=Path, required=True)
     parser.add_argument("--kill-after-commit", type=int)
     parser.add_argument("--kill-in-call", metavar="RUN/CALL")
     parser.add_argument("--approve", action="store_true")
-    parser.add_argument("--human-answer", type=json.loads)
+    parser.add_argument("--human-answer", metavar="JSON")
     own, rest = parser.parse_known_args(argv)
     args = build_parser().parse_args(["run", *rest])
     recorder = Recorder(own.events, own.kill_after_commit, own.kill_in_call)
-    recorder.count_commits()
+    Database.committed = recorder.committed
     try:
         code = run_command(args, dict(os.environ), hooks=recorder.hooks(), wrap_tool=recorder.wrap)
     except USER_ERRORS as error:
@@ -191,8 +224,9 @@ def child_main(argv: list[str] | None = None) -> int:
 # The driver ----------------------------------------------------------------------------------
 
 
-class CrashtestError(SpecError):
-    """The agent cannot be crash-tested as it is (no scripted model, runs that differ)."""
+class CrashtestError(ConfigError):
+    """The agent cannot be crash-tested as it is (no scripted model, runs that differ), or the
+    crash test cannot run as asked."""
 
 
 @dataclass
@@ -203,42 +237,80 @@ class Events:
     models: Counter[tuple[str, str]] = field(default_factory=Counter)
     bodies: Counter[tuple[str, str]] = field(default_factory=Counter)
     tools: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # name, replay
-    cut: set[str] = field(default_factory=set)  # calls reported to the model as interrupted
     after_commit: dict[int, str] = field(default_factory=dict)  # the first event after each
+    cut: set[tuple[str, str]] = field(default_factory=set)  # reported as interrupted
+    killed: bool = False
+    journaled_before_kill: set[str] = field(default_factory=set)  # step names
 
     @classmethod
     def read(cls, path: Path) -> Events:
         events = cls()
         lines = path.read_text().splitlines() if path.exists() else []
-        last_commit = 0
         for line in lines:
             kind, *words = line.split(" ")
-            if kind == "commit":
-                events.commits = last_commit = int(words[0])
+            if kind == "kill":
+                events.killed = True
+            elif kind == "commit":
+                events.commits = int(words[0])
+                if not events.killed:
+                    events.journaled_before_kill.update(words[1:])
             elif kind == "model":
                 events.models[(words[0], words[1])] += 1
-                events.after_commit.setdefault(last_commit, f"model call {int(words[1]) + 1}")
+                events.after_commit.setdefault(events.commits, f"model call {int(words[1]) + 1}")
             elif kind == "tool":
                 run, call, name, replay = words
                 events.bodies[(run, call)] += 1
                 events.tools[(run, call)] = (name, replay)
-                events.after_commit.setdefault(last_commit, f"{name} [{call}]")
+                events.after_commit.setdefault(events.commits, f"{name} [{call}]")
             elif kind == "cut":
-                events.cut.add(words[1])
+                events.cut.add((words[0], words[1]))
             elif kind == "answer":
-                events.after_commit.setdefault(
-                    last_commit, f"the answer to {words[0]} [{words[1]}]"
-                )
+                answer = f"the answer to {words[0]} [{words[1]}]"
+                events.after_commit.setdefault(events.commits, answer)
         return events
+
+    @property
+    def top_run(self) -> str | None:
+        """The run's own id (its first model call's), not a sub-agent's."""
+        return next(iter(self.models), ("",))[0] or None
+
+    def journaled(self, call: str) -> bool:
+        """Whether the result of `call` was journaled before the kill."""
+        return bool({f"tool:{call}", f"approved:{call}"} & self.journaled_before_kill)
+
+
+Transcript = list[tuple[str, Any]]
 
 
 @dataclass
 class Outcome:
-    """A run as it ended: its status, its transcript and the files it left."""
+    """A run as it ended: its status, its sessions' transcripts and the files it left."""
 
     status: str | None
-    transcript: list[tuple[str, Any]]
+    sessions: dict[str, Transcript]  # `tether run`'s: the run's own (sub-agents' are not kept)
     files: dict[str, bytes]
+
+    def calls(self) -> set[str]:
+        """The ids of the run's own tool calls."""
+        return {
+            block["id"]
+            for transcript in self.sessions.values()
+            for role, content in transcript
+            if role == "assistant" and isinstance(content, list)
+            for block in content
+            if block.get("type") == "tool_use"
+        }
+
+
+@dataclass
+class Ran:
+    """What became of one run: whether the kill came, its last start, and the outcome."""
+
+    killed: bool
+    last: subprocess.CompletedProcess[str]
+    events: Events
+    outcome: Outcome
+    starts: int
 
 
 @dataclass
@@ -254,42 +326,65 @@ class Trial:
                 "notes": self.notes}  # fmt: skip
 
 
-def _waiting(db: Path) -> bool:
-    """Whether a call of the run waits for a person (one the child did not answer)."""
+def _outcome(db: Path, workspace: Path) -> Outcome:
+    """The run's outcome, its workspace's path written as `WORKSPACE_MARK` (each run has its
+    own: a tool that prints `pwd` says the same in every run)."""
+    paths = sorted({str(workspace), str(workspace.resolve())}, key=len, reverse=True)
+
+    def marked(text: str) -> str:
+        for path in paths:
+            text = text.replace(path, WORKSPACE_MARK)
+        return text
+
+    sessions: dict[str, Transcript] = {}
     book = Database(db)
     try:
-        return bool(AnswerBook(book).waiting(RUN_ID))
+        rows = book.query(
+            "SELECT session_id, role, content FROM tether_turns ORDER BY session_id, position"
+        )
     finally:
         book.close()
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {
-        str(path.relative_to(root)): path.read_bytes()
-        for path in sorted(root.rglob("*"))
+    for session, role, content in rows:
+        sessions.setdefault(session, []).append((role, json.loads(marked(content))))
+    files = {
+        str(path.relative_to(workspace)): marked(path.read_bytes().decode("latin-1")).encode(
+            "latin-1"
+        )
+        for path in sorted(workspace.rglob("*"))
         if path.is_file() and not path.is_symlink()
+    }
+    return Outcome(run_status(db, RUN_ID), sessions, files)
+
+
+def _results(transcript: Transcript) -> dict[str, str]:
+    """Each tool call's result in `transcript`, as text."""
+    return {
+        block["tool_use_id"]: json.dumps(block.get("content"))
+        for role, content in transcript
+        if role == "user" and isinstance(content, list)
+        for block in content
+        if block.get("type") == "tool_result"
     }
 
 
-def _outcome(db: Path, workspace: Path) -> Outcome:
-    store = sqlite_store(db)
-    try:
-        session = asyncio.run(load_session(store, RUN_ID))  # `tether run`'s session: the run's id
-    finally:
-        store.db.close()
-    turns: list[tuple[str, Any]] = [(t.role, t.content) for t in session.turns] if session else []
-    return Outcome(run_status(db, RUN_ID), turns, _files(workspace))
+def _cut(reference: Outcome, outcome: Outcome) -> dict[str, set[str]]:
+    """Per session, the calls reported as interrupted where the clean run had their result."""
+    cut: dict[str, set[str]] = {}
+    for session, transcript in outcome.sessions.items():
+        before = _results(reference.sessions.get(session, []))
+        for call, result in _results(transcript).items():
+            if INTERRUPTED_RESULT in result and INTERRUPTED_RESULT not in before.get(call, ""):
+                cut.setdefault(session, set()).add(call)
+    return cut
 
 
-def _unanswered(transcript: list[tuple[str, Any]]) -> list[str]:
+def _unanswered(transcript: Transcript) -> list[str]:
     """Tool calls not answered exactly once, in the turn after theirs."""
     wrong = []
     for i, (role, content) in enumerate(transcript):
         if role != "assistant" or not isinstance(content, list):
             continue
         calls = [b["id"] for b in content if b.get("type") == "tool_use"]
-        if not calls:
-            continue
         after = transcript[i + 1][1] if i + 1 < len(transcript) else []
         answers = Counter(
             b["tool_use_id"]
@@ -300,7 +395,7 @@ def _unanswered(transcript: list[tuple[str, Any]]) -> list[str]:
     return wrong
 
 
-def _first_difference(a: list[tuple[str, Any]], b: list[tuple[str, Any]], cut: set[str]) -> str:
+def _first_difference(a: Transcript, b: Transcript, cut: set[str]) -> str:
     """Where transcript `b` departs from `a`, results of the calls in `cut` aside ("" if never)."""
 
     def plain(content: Any) -> Any:
@@ -321,6 +416,24 @@ def _first_difference(a: list[tuple[str, Any]], b: list[tuple[str, Any]], cut: s
     return ""
 
 
+def _differences(a: Outcome, b: Outcome, cut: dict[str, set[str]]) -> list[str]:
+    """Where `b`'s sessions depart from `a`'s (the run's first), calls in `cut` aside."""
+    found = []
+    for session in sorted(set(a.sessions) | set(b.sessions), key=lambda s: s != RUN_ID):
+        ours = a.sessions.get(session, [])
+        differs = _first_difference(ours, b.sessions.get(session, []), cut.get(session, set()))
+        if differs:
+            found.append(
+                differs if session == RUN_ID else f"sub-agent session {session}: {differs}"
+            )
+    return found
+
+
+def _changed_files(a: Outcome, b: Outcome) -> list[str]:
+    names = set(a.files) | set(b.files)
+    return sorted(name for name in names if a.files.get(name) != b.files.get(name))
+
+
 class Crashtest:
     """The trials of one agent: a template workspace, a prompt, a scratch directory."""
 
@@ -338,158 +451,219 @@ class Crashtest:
         self.spec, self.prompt, self.template, self.scratch = spec, prompt, workspace, scratch
         self.script, self.answers = script, answers
         model = load_agent(spec).spec.model
-        if (
-            model.provider != "scripted"
-            and not (script or spec.with_suffix(".script.yaml")).exists()
-        ):
+        if model.provider == "scripted":
+            real = [f"{path} ({m.label})" for path, m in model.choices() if m.key_variable]
+            if real:
+                raise CrashtestError(
+                    f"crashtest runs every model scripted, so that no kill pays a real one: "
+                    f"{spec} has {', '.join(real)}"
+                )
+        elif not script_file(spec, script).exists():
             raise CrashtestError(
                 f"crashtest runs the agent against a scripted model, so that every kill sees the "
                 f"same answers and none is paid for: {spec} names {model.label} and there is no "
-                f"{script or spec.with_suffix('.script.yaml')}: pass one (--script)"
+                f"{script_file(spec, script)}: pass one (--script)"
             )
-        secret = {model.api_key_env, *DEFAULT_KEY_ENV.values()}
+        keys = {m.key_variable for _, m in model.choices()} | set(DEFAULT_KEY_ENV.values())
         # Without the keys `tether run` takes the script; traces would be sent once per process.
         self.env = {
-            k: v for k, v in env.items() if k not in secret and not k.startswith("OTEL_EXPORTER")
+            k: v for k, v in env.items() if k not in keys and not k.startswith("OTEL_EXPORTER")
         }
+        self.env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written beside the user's modules
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
 
     def _command(self, db: Path, workspace: Path, events: Path, *kill: str) -> list[str]:
-        command = [sys.executable, "-m", "tether.programs.crashtest", "--events", str(events)]
-        command += [*kill, *self.answers]
+        # -P: the workspace (the working directory) is not where modules are imported from, as
+        # for `tether run`; a file the agent wrote there cannot stand for one.
+        command = [sys.executable, "-P", "-m", "tether.programs.crashtest"]
+        command += ["--events", str(events), *kill, *self.answers]
         command += [str(self.spec), "--run-id", RUN_ID, "--prompt", self.prompt]
         command += ["--db", str(db), "--workspace", str(workspace), "--quiet"]
         command += ["--script-delay", "0"]
         return command + (["--script", str(self.script)] if self.script else [])
 
-    def _process(self, command: list[str], workspace: Path) -> Process:
-        process = subprocess.Popen(
-            command,
-            cwd=workspace,  # as `tether run` in the workspace: tools' relative paths land there
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+    def _process(self, command: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+        """`command` in `home`'s workspace, its output in `home` (no pipe that a process it
+        left behind could hold open), its process group killed once it is done."""
+        with (home / "output").open("ab") as output:
+            process = subprocess.Popen(
+                command,
+                cwd=home / "workspace",  # as `tether run` there: tools' relative paths land there
+                env=self.env,
+                stdout=output,
+                stderr=output,
+                start_new_session=True,
+            )
+        with self._lock:
+            self._running.add(process)
         try:
-            out, err = process.communicate(timeout=CHILD_TIMEOUT_S)
+            process.wait(timeout=CHILD_TIMEOUT_S)
+            timed_out = False
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            out, err = process.communicate()
-            err += f"\ntether crashtest: killed after {CHILD_TIMEOUT_S:.0f} s"
-        finally:  # what the run started outlives it in its group only until here
+            timed_out = True
+        finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        return subprocess.CompletedProcess(command, process.returncode, out, err)
+            with self._lock:
+                self._running.discard(process)
+        said = (home / "output").read_text(errors="replace")[-2000:]
+        if timed_out:
+            said += f"\ntether crashtest: killed after {CHILD_TIMEOUT_S:.0f} s"
+        return subprocess.CompletedProcess(command, process.returncode, "", said)
 
-    def run(self, name: str, *kill: str) -> tuple[bool, Process, Events, Outcome]:
+    def stop(self) -> None:
+        """Kill the runs in progress (interrupted)."""
+        with self._lock:
+            for process in self._running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+
+    def run(self, name: str, *kill: str) -> Ran:
         """One run in a fresh copy of the workspace, to its end: started again after the kill
-        at `kill` (and whether it came) and after every park the child answered."""
+        at `kill` and after every park the child answered."""
         home = self.scratch / name
         workspace, db, events = home / "workspace", home / "runs.db", home / "events"
         shutil.copytree(self.template, workspace, symlinks=True)
-        killed, flag = False, list(kill)
-        for _ in range(MAX_STARTS):
-            done = self._process(self._command(db, workspace, events, *flag), workspace)
-            if flag and done.returncode == -signal.SIGKILL:
-                killed, flag = True, []
+        flag, starts = list(kill), 0
+        while True:
+            done = self._process(self._command(db, workspace, events, *flag), home)
+            starts += 1
+            if flag and Events.read(events).killed:
+                flag = []
             elif done.returncode != PARKED_EXIT or not self.answers or _waiting(db):
                 break
-        return killed, done, Events.read(events), _outcome(db, workspace)
+            if starts == MAX_STARTS:
+                break
+        return Ran(
+            bool(kill) and not flag, done, Events.read(events), _outcome(db, workspace), starts
+        )
 
-    def reference(self) -> tuple[Events, Outcome]:
-        _, done, events, outcome = self.run("clean-1")
-        if outcome.status is None or done.returncode not in (0, 1, 3):
-            raise CrashtestError(f"the run without a crash failed:\n{done.stderr.strip()}")
-        _, _, again_events, again = self.run("clean-2")
-        differs = _first_difference(outcome.transcript, again.transcript, set())
-        files = sorted(set(outcome.files.items()) ^ set(again.files.items()))
-        if differs or files or again_events.commits != events.commits:
-            what = (
-                differs
-                or (f"files {sorted({f for f, _ in files})}" if files else "")
-                or (f"{events.commits} commits against {again_events.commits}")
-            )
+    def reference(self) -> Ran:
+        ran = self.run("clean-1")
+        if ran.outcome.status is None or ran.last.returncode not in (0, 1, PARKED_EXIT):
+            raise CrashtestError(f"the run without a crash failed:\n{ran.last.stderr.strip()}")
+        again = self.run("clean-2")
+        what = _differences(ran.outcome, again.outcome, {})
+        files = _changed_files(ran.outcome, again.outcome)
+        if files:
+            what.append(f"files {files}")
+        if again.events.commits != ran.events.commits:
+            what.append(f"{ran.events.commits} commits against {again.events.commits}")
+        if what:
             raise CrashtestError(
-                f"two runs without a crash differ ({what}): crashtest compares every crash with "
-                "a clean run, so the agent must be deterministic: a scripted model, tools that "
-                "return and write the same for the same input"
+                f"two runs without a crash differ ({'; '.join(what)}): crashtest compares every "
+                "crash with a clean run, so the agent must be deterministic: a scripted model, "
+                "tools that return and write the same for the same input"
             )
-        return events, outcome
+        return ran
 
-    def trial(self, number: int, kill: str, flag: list[str], ref: tuple[Events, Outcome]) -> Trial:
-        ref_events, ref_outcome = ref
-        trial = Trial(kill)
-        killed, done, events, outcome = self.run(f"kill-{number}", *flag)
-        if not killed:
+    def trial(self, number: int, kill: Kill, ref: Ran) -> Trial:
+        trial = Trial(kill.label)
+        ran = self.run(f"kill-{number}", *kill.flag)
+        events, outcome = ran.events, ran.outcome
+        if not ran.killed:
             trial.problems.append(
-                f"the run never got there (exit {done.returncode}, {events.commits} commits; the "
-                f"clean run made {ref_events.commits}): it does not take the clean run's path"
+                f"the run never got there (exit {ran.last.returncode}, {events.commits} commits; "
+                f"the clean run made {ref.events.commits}): it does not take the clean run's "
+                f"path: {ran.last.stderr.strip()[-400:]}"
             )
             return trial
-        if done.returncode not in (0, 1, 3):
-            trial.problems.append(f"the resumed run failed (exit {done.returncode}): "
-                                  f"{done.stderr.strip()[-400:]}")  # fmt: skip
+        if ran.starts == MAX_STARTS:
+            trial.problems.append(f"the run did not end in {MAX_STARTS} starts")
             return trial
-        if outcome.status != ref_outcome.status:
+        if ran.last.returncode not in (0, 1, PARKED_EXIT):
+            trial.problems.append(f"the resumed run failed (exit {ran.last.returncode}): "
+                                  f"{ran.last.stderr.strip()[-400:]}")  # fmt: skip
+            return trial
+        if outcome.status != ref.outcome.status:
             trial.problems.append(
-                f"the run ended {outcome.status}, the clean run {ref_outcome.status}"
+                f"the run ended {outcome.status}, the clean run {ref.outcome.status}"
             )
-        again = +(events.models - ref_events.models)
+        again = +(events.models - ref.events.models)
         if again:
             trial.problems.append(f"{again.total()} model call(s) made again after their answer "
                                   "was journaled (paid twice)")  # fmt: skip
-        cut = events.cut
+        # Call ids repeat in sub-agents: a lost result is told only of ids that do not.
+        calls = {(ref.events.top_run, call) for call in ref.outcome.calls()} | set(ref.events.tools)
+        once = {call for call, n in Counter(call for _, call in calls).items() if n == 1}
+        cut = _cut(ref.outcome, outcome)
+        all_cut = sorted(set().union(*cut.values()) | {call for _, call in events.cut})
+        lost = [call for call in all_cut if call in once and events.journaled(call)]
+        if lost:
+            trial.problems.append(f"reported as interrupted though their results were journaled "
+                                  f"before the kill (lost): {lost}")  # fmt: skip
         reran = []
-        for key, count in sorted(events.bodies.items()):
-            name, replay = events.tools[key]
+        for (run, call), count in sorted(events.bodies.items()):
+            name, replay = events.tools[(run, call)]
             if count > 1 and replay == "unsafe":
-                trial.problems.append(f"{name} [{key[1]}] (replay: unsafe) ran {count} times")
+                trial.problems.append(f"{name} [{call}] (replay: unsafe) ran {count} times")
+            elif count > 1 and call in once and events.journaled(call):
+                trial.problems.append(f"{name} [{call}] ran again though its result was "
+                                      "journaled before the kill")  # fmt: skip
             elif count > 1:
-                reran.append(f"{name} [{key[1]}]")
-        unanswered = _unanswered(outcome.transcript)
-        if unanswered != _unanswered(ref_outcome.transcript):  # a parked run waits on its last
-            trial.problems.append(f"tool calls not answered exactly once: {unanswered}")
-        if cut:
-            trial.notes.append(f"reported to the model as interrupted: {sorted(cut)}")
+                reran.append(f"{name} [{call}]")
+        for session, transcript in outcome.sessions.items():
+            unanswered = _unanswered(transcript)
+            if unanswered != _unanswered(ref.outcome.sessions.get(session, [])):
+                trial.problems.append(f"tool calls not answered exactly once: {unanswered}")
+        if all_cut:
+            trial.notes.append(f"reported to the model as interrupted: {all_cut}")
         if reran:
             trial.notes.append(f"ran again (replay: safe): {reran}")
-        differs = _first_difference(ref_outcome.transcript, outcome.transcript, cut)
-        files = sorted(
-            name
-            for name in set(ref_outcome.files) | set(outcome.files)
-            if ref_outcome.files.get(name) != outcome.files.get(name)
-        )
-        if files and cut:
-            trial.notes.append(f"files unlike the clean run's, after a cut call: {files}")
         why = (
             f" after {reran} ran again: a replay: safe tool must be safe to run twice"
             if reran
             else ""
         )
-        if differs:
+        for differs in _differences(ref.outcome, outcome, cut):
             trial.problems.append(f"the transcript is not the clean run's: {differs}{why}")
-        if files and not cut:
+        files = _changed_files(ref.outcome, outcome)
+        # A cut call's effect may or may not have happened; one killed inside happened whole.
+        unknown = set(all_cut) - {kill.call}
+        if files and unknown:
+            trial.notes.append(f"files unlike the clean run's, after a cut call: {files}")
+        elif files:
             trial.problems.append(f"files unlike the clean run's: {files}{why}")
         return trial
 
-    def kills(self, events: Events) -> Iterator[tuple[str, list[str]]]:
-        for n in range(1, events.commits + 1):
+    def kills(self, ref: Ran, most_commits: int | None) -> list[Kill]:
+        """After each commit (at most `most_commits` of them, spread evenly), and inside each
+        tool call."""
+        events = ref.events
+        commits = list(range(1, events.commits + 1))
+        if most_commits is not None and len(commits) > most_commits:
+            step = (len(commits) - 1) / max(1, most_commits - 1)
+            commits = sorted({commits[round(i * step)] for i in range(most_commits)})
+        found = []
+        for n in commits:
             before = events.after_commit.get(n)
             where = f"after commit {n}" + (f", before {before}" if before else "")
-            yield where, ["--kill-after-commit", str(n)]
+            found.append(Kill(where, ["--kill-after-commit", str(n)]))
+        ids = Counter(call for _, call in events.tools)
         for (run, call), (name, _) in events.tools.items():
-            yield f"inside {name} [{call}]", ["--kill-in-call", f"{run}/{call}"]
+            of = f" of run {run[:8]}" if ids[call] > 1 else ""
+            found.append(
+                Kill(f"inside {name} [{call}]{of}", ["--kill-in-call", f"{run}/{call}"], call)
+            )
+        return found
 
 
-def _spread(items: list[Any], most: int | None) -> list[Any]:
-    """At most `most` of `items`, evenly spread, the first and last included."""
-    if most is None or len(items) <= most:
-        return items
-    if most < 2:
-        return items[:most]
-    return [items[round(i * (len(items) - 1) / (most - 1))] for i in range(most)]
+@dataclass(frozen=True)
+class Kill:
+    label: str
+    flag: list[str]
+    call: str | None = None  # the call killed inside
+
+
+def _waiting(db: Path) -> bool:
+    """Whether a call of the run waits for a person (one the child did not answer)."""
+    file = Database(db)
+    try:
+        return bool(AnswerBook(file).waiting(RUN_ID))
+    finally:
+        file.close()
 
 
 @dataclass
@@ -520,8 +694,28 @@ class CrashReport:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "commits": self.commits,
+        return {"status": self.status, "commits": self.commits, "model_calls": self.model_calls,
+                "tool_calls": self.tool_calls,
                 "trials": [t.to_json() for t in self.trials]}  # fmt: skip
+
+
+def _scratch(workspace: Path, keep: str | Path | None) -> Path:
+    """Where the runs go: `keep` (new or empty) or a temporary directory, never inside the
+    workspace (each run's copy would copy the ones before)."""
+    if not workspace.is_dir():
+        raise CrashtestError(f"the workspace {workspace} is not a directory")
+    scratch = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="tether-crashtest-"))
+    if scratch.resolve().is_relative_to(workspace.resolve()):
+        if not keep:
+            scratch.rmdir()
+        raise CrashtestError(
+            f"{scratch} is inside the workspace {workspace}: every run copies the workspace, so "
+            "the runs' directory must be elsewhere (--keep, or TMPDIR)"
+        )
+    if keep and scratch.exists() and any(scratch.iterdir()):
+        raise CrashtestError(f"--keep {scratch} is not empty")
+    scratch.mkdir(parents=True, exist_ok=True)
+    return scratch
 
 
 def crash_test(
@@ -538,16 +732,17 @@ def crash_test(
     env: Mapping[str, str] | None = None,
     say: Callable[[str], None] = lambda line: None,
 ) -> CrashReport:
-    """Kill the run of the agent of `spec` at every point (at most `max_kills`, spread evenly),
-    `jobs` runs at once in copies of `workspace`, and report each (see the module). `approve`
-    approves every call that waits for approval, `human_answer` (any JSON value) answers every
-    `ask_human` call; without them a parked run ends there, compared parked. Raises
-    `CrashtestError` when the agent cannot be compared so."""
+    """Kill the run of the agent of `spec` after each commit (at most `max_kills` of them,
+    spread evenly) and inside each tool call, `jobs` runs at once in copies of `workspace`, and
+    report each (see the module). `approve` approves every call that waits for approval,
+    `human_answer` (any JSON value) answers every `ask_human` call; without them a parked run
+    ends there, compared parked. Raises `CrashtestError` when the agent cannot be compared so."""
+    if max_kills is not None and max_kills < 0:
+        raise CrashtestError(f"max_kills is a number of kill points, not {max_kills}")
     answers = ["--approve"] if approve else []
     if human_answer is not None:
         answers += ["--human-answer", json.dumps(human_answer)]
-    scratch = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="tether-crashtest-"))
-    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = _scratch(Path(workspace), keep)
     try:
         test = Crashtest(
             Path(spec).resolve(),  # the runs start in copies of the workspace
@@ -560,18 +755,25 @@ def crash_test(
         )
         say(f"crashtest {spec}: two runs without a crash ...")
         ref = test.reference()
-        events, outcome = ref
-        kills = _spread(list(test.kills(events)), max_kills)
+        kills = test.kills(ref, max_kills)
         jobs = jobs or os.cpu_count() or 1
-        say(f"  both {outcome.status}; killing it at {len(kills)} points, {jobs} at a time ...")
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        say(f"  both {ref.outcome.status}; killing it at {len(kills)} points, {jobs} at a time ...")
+        pool = concurrent.futures.ThreadPoolExecutor(jobs)
+        try:
             trials = list(
-                pool.map(
-                    lambda n, kill: test.trial(n, kill[0], kill[1], ref), range(len(kills)), kills
-                )
+                pool.map(lambda n, kill: test.trial(n, kill, ref), range(len(kills)), kills)
             )
+        except BaseException:  # Ctrl-C: no trial after this one, none left running
+            pool.shutdown(wait=False, cancel_futures=True)
+            test.stop()
+            raise
+        pool.shutdown()
         return CrashReport(
-            outcome.status, events.commits, events.models.total(), events.bodies.total(), trials
+            ref.outcome.status,
+            ref.events.commits,
+            ref.events.models.total(),
+            ref.events.bodies.total(),
+            trials,
         )
     finally:
         if not keep:

@@ -60,6 +60,11 @@ PARKED_EXIT = 3
 """Exit code of `tether run` when the run stopped to wait for a person."""
 
 
+def script_file(spec_path: Path, script: str | Path | None) -> Path:
+    """The scripted model's file: `script`, or the one beside the manifest."""
+    return Path(script) if script else spec_path.with_suffix(".script.yaml")
+
+
 def choose_provider(
     spec: DurableAgentSpec,
     spec_path: Path,
@@ -97,7 +102,7 @@ def choose_provider(
                 [],
                 f"model: {provider}/{DEFAULT_MODELS[provider]} ({variable} is set)",
             )
-    script_path = Path(script) if script else spec_path.with_suffix(".script.yaml")
+    script_path = script_file(spec_path, script)
     if not script_path.exists():
         raise SpecError(
             f"no API key: set {DEFAULT_KEY_ENV[spec.model.provider]} (or the other provider's "
