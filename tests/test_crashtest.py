@@ -40,7 +40,9 @@ async def lookup(item: str) -> str:
 
 @tool(replay="safe")
 async def where() -> str:
-    """The working directory: each run's own, which crashtest writes as <workspace>."""
+    """The working directory, also in a file: each run's own, which crashtest compares as
+    <workspace>."""
+    Path("where.txt").write_text(os.getcwd())
     return os.getcwd()
 
 
@@ -113,8 +115,10 @@ def test_every_kill_of_a_correct_agent_passes(tmp_path: Path) -> None:
 
 
 def test_a_safe_tool_that_is_not_safe_to_repeat_fails(tmp_path: Path) -> None:
-    done = crashtest(agent(tmp_path, charge={"replay": "safe"}), "--json")
+    spec = agent(tmp_path, charge={"replay": "safe"})
+    done = crashtest(spec, "--json", "--keep", "../runs")  # relative to where it is run
     assert done.returncode == 1, done.stdout + done.stderr
+    assert (tmp_path / "runs" / "clean-1" / "runs.db").exists()
     inside = trials(done)["inside charge [call_1_0]"]
     assert not inside["ok"]
     assert inside["problems"] == [
@@ -137,6 +141,43 @@ def test_a_runtime_that_runs_an_unsafe_call_again_fails(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     inside = trials(done)["inside charge [call_1_0]"]
     assert "charge [call_1_0] (replay: unsafe) ran 2 times" in inside["problems"]
+
+
+def test_a_result_lost_by_the_journal_fails(tmp_path: Path) -> None:
+    """A journal that loses `charge`'s result when it is read again (a runtime broken on
+    purpose): the resumed run reports the call as interrupted though its result was journaled
+    before the kill, and crashtest says it was lost."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "sitecustomize.py").write_text(
+        "import sqlite3\n"
+        "from tether.durable import sqlite\n"
+        "load, record = sqlite.SqliteJournal.__init__, sqlite.SqliteJournal.record\n"
+        "def lossy(self, *args):\n"
+        "    load(self, *args)\n"
+        "    for key, entry in list(self._entries.items()):\n"
+        "        if entry.name == 'tool:call_1_0':\n"
+        "            del self._entries[key]\n"
+        "def again(self, scope, seq, entry):\n"
+        "    try:\n"
+        "        record(self, scope, seq, entry)\n"
+        "    except sqlite3.IntegrityError:\n"
+        "        self._entries[(scope, seq)] = entry\n"
+        "sqlite.SqliteJournal.__init__, sqlite.SqliteJournal.record = lossy, again\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(broken))
+    done = crashtest(agent(tmp_path), "--json", env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    failed = [t for t in trials(done).values() if not t["ok"]]
+    assert failed and all(
+        t["problems"]
+        == [
+            "reported as interrupted though their results were journaled before the kill "
+            "(lost): ['call_1_0']"
+        ]
+        for t in failed
+    ), failed
+    assert all(t["kill"].startswith("after commit ") for t in failed)
 
 
 def test_an_agent_that_is_not_deterministic_is_refused(tmp_path: Path) -> None:

@@ -61,7 +61,8 @@ class Database:
 
     committed: ClassVar[Callable[[Sequence[tuple[str, Params]]], None] | None] = None
     """Told of every transaction of the process once it is committed, with its writes (none
-    for `exclusive`'s): `tether crashtest` kills its runs there, at each boundary."""
+    for `exclusive`'s): `tether crashtest` kills its runs there, at each boundary. It must not
+    raise: the transaction is committed."""
 
     def __init__(self, path: str | Path, *, synchronous: Synchronous = "FULL") -> None:
         self.path = str(path)

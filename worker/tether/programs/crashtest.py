@@ -19,8 +19,9 @@ The same command then starts the run again until it ends (a park the child answe
 Each run must end as the clean one did, with no model call made again once its answer was
 journaled, no `replay: unsafe` tool body run twice, no result journaled before the kill lost
 (reported as interrupted, or its body run again), every tool call answered exactly once, and
-the same transcripts (the run's and its sub-agents') and workspace files as the clean run's,
-except where a call the crash cut off was reported to the model as interrupted. A `replay:
+the same transcript and workspace files as the clean run's, except where a call the crash cut
+off was reported to the model as interrupted (sub-agents' transcripts are not kept: their calls
+are counted and killed in, their turns not compared). A `replay:
 safe` tool that runs again must leave the same transcript and files: that is what `safe`
 promises, and where it does not, the trial fails naming the tool.
 
@@ -110,9 +111,13 @@ class Recorder:
         """As a pod dies: this process and all it started, in its group or in sessions of
         their own (`shell` commands)."""
         self.note("kill")
+        groups = set()
         for pid in _descendants(os.getpid()):
             with contextlib.suppress(OSError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
+                groups.add(os.getpgid(pid))
+        for group in groups - {os.getpgrp()}:  # before its own, which this process is in
+            with contextlib.suppress(OSError):
+                os.killpg(group, signal.SIGKILL)
         os.killpg(0, signal.SIGKILL)
 
     def _kill_in(self, run_id: str, call_id: str) -> None:
@@ -162,8 +167,12 @@ class Recorder:
             if counted_here(payload):
                 self._kill_in(payload["run_id"], payload["call_id"])
 
+        def turn_after(payload: dict[str, Any]) -> None:  # a model call answered, and its calls
+            calls = [b["id"] for b in payload["content"] if b["type"] == "tool_use"]
+            self.note("model", payload["run_id"], payload["turn"], *calls)
+
         hooks: dict[str, Any] = {
-            "turn:after": lambda payload: self.note("model", payload["run_id"], payload["turn"]),
+            "turn:after": turn_after,
             "tool:before": tool_before,
             "tool:after": tool_after,
         }
@@ -235,6 +244,7 @@ class Events:
 
     commits: int = 0
     models: Counter[tuple[str, str]] = field(default_factory=Counter)
+    calls: set[tuple[str, str]] = field(default_factory=set)  # (run, call) the models made
     bodies: Counter[tuple[str, str]] = field(default_factory=Counter)
     tools: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # name, replay
     after_commit: dict[int, str] = field(default_factory=dict)  # the first event after each
@@ -256,6 +266,7 @@ class Events:
                     events.journaled_before_kill.update(words[1:])
             elif kind == "model":
                 events.models[(words[0], words[1])] += 1
+                events.calls.update((words[0], call) for call in words[2:])
                 events.after_commit.setdefault(events.commits, f"model call {int(words[1]) + 1}")
             elif kind == "tool":
                 run, call, name, replay = words
@@ -269,14 +280,14 @@ class Events:
                 events.after_commit.setdefault(events.commits, answer)
         return events
 
-    @property
-    def top_run(self) -> str | None:
-        """The run's own id (its first model call's), not a sub-agent's."""
-        return next(iter(self.models), ("",))[0] or None
-
     def journaled(self, call: str) -> bool:
-        """Whether the result of `call` was journaled before the kill."""
+        """Whether the result of a call `call` was journaled before the kill (step names carry
+        no run: with ids that repeat in sub-agents, ask only of ids that do not)."""
         return bool({f"tool:{call}", f"approved:{call}"} & self.journaled_before_kill)
+
+    def unique_calls(self) -> set[str]:
+        """The ids of calls that no other run of the tree has."""
+        return {call for call, n in Counter(c for _, c in self.calls).items() if n == 1}
 
 
 Transcript = list[tuple[str, Any]]
@@ -284,33 +295,23 @@ Transcript = list[tuple[str, Any]]
 
 @dataclass
 class Outcome:
-    """A run as it ended: its status, its sessions' transcripts and the files it left."""
+    """A run as it ended: its status, its transcript and the files it left."""
 
     status: str | None
-    sessions: dict[str, Transcript]  # `tether run`'s: the run's own (sub-agents' are not kept)
+    transcript: Transcript  # the run's session (`tether run` keeps no sub-agent's)
     files: dict[str, bytes]
-
-    def calls(self) -> set[str]:
-        """The ids of the run's own tool calls."""
-        return {
-            block["id"]
-            for transcript in self.sessions.values()
-            for role, content in transcript
-            if role == "assistant" and isinstance(content, list)
-            for block in content
-            if block.get("type") == "tool_use"
-        }
 
 
 @dataclass
 class Ran:
-    """What became of one run: whether the kill came, its last start, and the outcome."""
+    """What became of one run: whether the kill came, its last start, the outcome, and
+    whether it was stopped at `MAX_STARTS`."""
 
     killed: bool
     last: subprocess.CompletedProcess[str]
     events: Events
     outcome: Outcome
-    starts: int
+    exhausted: bool
 
 
 @dataclass
@@ -331,29 +332,26 @@ def _outcome(db: Path, workspace: Path) -> Outcome:
     own: a tool that prints `pwd` says the same in every run)."""
     paths = sorted({str(workspace), str(workspace.resolve())}, key=len, reverse=True)
 
-    def marked(text: str) -> str:
+    def marked(data: bytes) -> bytes:
         for path in paths:
-            text = text.replace(path, WORKSPACE_MARK)
-        return text
+            data = data.replace(os.fsencode(path), WORKSPACE_MARK.encode())
+        return data
 
-    sessions: dict[str, Transcript] = {}
-    book = Database(db)
+    file = Database(db)
     try:
-        rows = book.query(
-            "SELECT session_id, role, content FROM tether_turns ORDER BY session_id, position"
+        rows = file.query(
+            "SELECT role, content FROM tether_turns WHERE session_id = ? ORDER BY position",
+            (RUN_ID,),  # `tether run`'s session: the run's id
         )
     finally:
-        book.close()
-    for session, role, content in rows:
-        sessions.setdefault(session, []).append((role, json.loads(marked(content))))
+        file.close()
+    transcript = [(role, json.loads(marked(content.encode()))) for role, content in rows]
     files = {
-        str(path.relative_to(workspace)): marked(path.read_bytes().decode("latin-1")).encode(
-            "latin-1"
-        )
+        str(path.relative_to(workspace)): marked(path.read_bytes())
         for path in sorted(workspace.rglob("*"))
         if path.is_file() and not path.is_symlink()
     }
-    return Outcome(run_status(db, RUN_ID), sessions, files)
+    return Outcome(run_status(db, RUN_ID), transcript, files)
 
 
 def _results(transcript: Transcript) -> dict[str, str]:
@@ -367,15 +365,14 @@ def _results(transcript: Transcript) -> dict[str, str]:
     }
 
 
-def _cut(reference: Outcome, outcome: Outcome) -> dict[str, set[str]]:
-    """Per session, the calls reported as interrupted where the clean run had their result."""
-    cut: dict[str, set[str]] = {}
-    for session, transcript in outcome.sessions.items():
-        before = _results(reference.sessions.get(session, []))
-        for call, result in _results(transcript).items():
-            if INTERRUPTED_RESULT in result and INTERRUPTED_RESULT not in before.get(call, ""):
-                cut.setdefault(session, set()).add(call)
-    return cut
+def _cut(reference: Outcome, outcome: Outcome) -> set[str]:
+    """The calls reported as interrupted where the clean run had their result."""
+    before = _results(reference.transcript)
+    return {
+        call
+        for call, result in _results(outcome.transcript).items()
+        if INTERRUPTED_RESULT in result and INTERRUPTED_RESULT not in before.get(call, "")
+    }
 
 
 def _unanswered(transcript: Transcript) -> list[str]:
@@ -414,19 +411,6 @@ def _first_difference(a: Transcript, b: Transcript, cut: set[str]) -> str:
     if len(a) != len(b):
         return f"{len(b)} turns, against {len(a)}"
     return ""
-
-
-def _differences(a: Outcome, b: Outcome, cut: dict[str, set[str]]) -> list[str]:
-    """Where `b`'s sessions depart from `a`'s (the run's first), calls in `cut` aside."""
-    found = []
-    for session in sorted(set(a.sessions) | set(b.sessions), key=lambda s: s != RUN_ID):
-        ours = a.sessions.get(session, [])
-        differs = _first_difference(ours, b.sessions.get(session, []), cut.get(session, set()))
-        if differs:
-            found.append(
-                differs if session == RUN_ID else f"sub-agent session {session}: {differs}"
-            )
-    return found
 
 
 def _changed_files(a: Outcome, b: Outcome) -> list[str]:
@@ -471,6 +455,7 @@ class Crashtest:
         }
         self.env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written beside the user's modules
         self._running: set[subprocess.Popen[bytes]] = set()
+        self._stopping = False
         self._lock = threading.Lock()
 
     def _command(self, db: Path, workspace: Path, events: Path, *kill: str) -> list[str]:
@@ -486,7 +471,9 @@ class Crashtest:
     def _process(self, command: list[str], home: Path) -> subprocess.CompletedProcess[str]:
         """`command` in `home`'s workspace, its output in `home` (no pipe that a process it
         left behind could hold open), its process group killed once it is done."""
-        with (home / "output").open("ab") as output:
+        with self._lock, (home / "output").open("ab") as output:
+            if self._stopping:
+                raise CrashtestError("stopped")
             process = subprocess.Popen(
                 command,
                 cwd=home / "workspace",  # as `tether run` there: tools' relative paths land there
@@ -495,7 +482,6 @@ class Crashtest:
                 stderr=output,
                 start_new_session=True,
             )
-        with self._lock:
             self._running.add(process)
         try:
             process.wait(timeout=CHILD_TIMEOUT_S)
@@ -514,8 +500,9 @@ class Crashtest:
         return subprocess.CompletedProcess(command, process.returncode, "", said)
 
     def stop(self) -> None:
-        """Kill the runs in progress (interrupted)."""
+        """Kill the runs in progress and start none (interrupted)."""
         with self._lock:
+            self._stopping = True
             for process in self._running:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
@@ -526,26 +513,26 @@ class Crashtest:
         home = self.scratch / name
         workspace, db, events = home / "workspace", home / "runs.db", home / "events"
         shutil.copytree(self.template, workspace, symlinks=True)
-        flag, starts = list(kill), 0
-        while True:
+        flag, exhausted = list(kill), True
+        for _ in range(MAX_STARTS):
             done = self._process(self._command(db, workspace, events, *flag), home)
-            starts += 1
             if flag and Events.read(events).killed:
                 flag = []
             elif done.returncode != PARKED_EXIT or not self.answers or _waiting(db):
+                exhausted = False
                 break
-            if starts == MAX_STARTS:
-                break
-        return Ran(
-            bool(kill) and not flag, done, Events.read(events), _outcome(db, workspace), starts
-        )
+        killed = bool(kill) and not flag
+        return Ran(killed, done, Events.read(events), _outcome(db, workspace), exhausted)
 
     def reference(self) -> Ran:
         ran = self.run("clean-1")
+        if ran.exhausted:
+            raise CrashtestError(f"the run without a crash did not end in {MAX_STARTS} starts")
         if ran.outcome.status is None or ran.last.returncode not in (0, 1, PARKED_EXIT):
             raise CrashtestError(f"the run without a crash failed:\n{ran.last.stderr.strip()}")
         again = self.run("clean-2")
-        what = _differences(ran.outcome, again.outcome, {})
+        differs = _first_difference(ran.outcome.transcript, again.outcome.transcript, set())
+        what = [differs] if differs else []
         files = _changed_files(ran.outcome, again.outcome)
         if files:
             what.append(f"files {files}")
@@ -570,7 +557,7 @@ class Crashtest:
                 f"path: {ran.last.stderr.strip()[-400:]}"
             )
             return trial
-        if ran.starts == MAX_STARTS:
+        if ran.exhausted:
             trial.problems.append(f"the run did not end in {MAX_STARTS} starts")
             return trial
         if ran.last.returncode not in (0, 1, PARKED_EXIT):
@@ -585,12 +572,9 @@ class Crashtest:
         if again:
             trial.problems.append(f"{again.total()} model call(s) made again after their answer "
                                   "was journaled (paid twice)")  # fmt: skip
-        # Call ids repeat in sub-agents: a lost result is told only of ids that do not.
-        calls = {(ref.events.top_run, call) for call in ref.outcome.calls()} | set(ref.events.tools)
-        once = {call for call, n in Counter(call for _, call in calls).items() if n == 1}
-        cut = _cut(ref.outcome, outcome)
-        all_cut = sorted(set().union(*cut.values()) | {call for _, call in events.cut})
-        lost = [call for call in all_cut if call in once and events.journaled(call)]
+        once = ref.events.unique_calls()
+        cut = sorted({call for _, call in events.cut})
+        lost = [call for call in cut if call in once and events.journaled(call)]
         if lost:
             trial.problems.append(f"reported as interrupted though their results were journaled "
                                   f"before the kill (lost): {lost}")  # fmt: skip
@@ -604,12 +588,11 @@ class Crashtest:
                                       "journaled before the kill")  # fmt: skip
             elif count > 1:
                 reran.append(f"{name} [{call}]")
-        for session, transcript in outcome.sessions.items():
-            unanswered = _unanswered(transcript)
-            if unanswered != _unanswered(ref.outcome.sessions.get(session, [])):
-                trial.problems.append(f"tool calls not answered exactly once: {unanswered}")
-        if all_cut:
-            trial.notes.append(f"reported to the model as interrupted: {all_cut}")
+        unanswered = _unanswered(outcome.transcript)
+        if unanswered != _unanswered(ref.outcome.transcript):  # a parked run waits on its last
+            trial.problems.append(f"tool calls not answered exactly once: {unanswered}")
+        if cut:
+            trial.notes.append(f"reported to the model as interrupted: {cut}")
         if reran:
             trial.notes.append(f"ran again (replay: safe): {reran}")
         why = (
@@ -617,11 +600,14 @@ class Crashtest:
             if reran
             else ""
         )
-        for differs in _differences(ref.outcome, outcome, cut):
+        differs = _first_difference(
+            ref.outcome.transcript, outcome.transcript, _cut(ref.outcome, outcome)
+        )
+        if differs:
             trial.problems.append(f"the transcript is not the clean run's: {differs}{why}")
         files = _changed_files(ref.outcome, outcome)
         # A cut call's effect may or may not have happened; one killed inside happened whole.
-        unknown = set(all_cut) - {kill.call}
+        unknown = events.cut - {kill.call}
         if files and unknown:
             trial.notes.append(f"files unlike the clean run's, after a cut call: {files}")
         elif files:
@@ -644,9 +630,8 @@ class Crashtest:
         ids = Counter(call for _, call in events.tools)
         for (run, call), (name, _) in events.tools.items():
             of = f" of run {run[:8]}" if ids[call] > 1 else ""
-            found.append(
-                Kill(f"inside {name} [{call}]{of}", ["--kill-in-call", f"{run}/{call}"], call)
-            )
+            flag = ["--kill-in-call", f"{run}/{call}"]
+            found.append(Kill(f"inside {name} [{call}]{of}", flag, (run, call)))
         return found
 
 
@@ -654,7 +639,7 @@ class Crashtest:
 class Kill:
     label: str
     flag: list[str]
-    call: str | None = None  # the call killed inside
+    call: tuple[str, str] | None = None  # the (run, call) killed inside
 
 
 def _waiting(db: Path) -> bool:
@@ -704,8 +689,9 @@ def _scratch(workspace: Path, keep: str | Path | None) -> Path:
     workspace (each run's copy would copy the ones before)."""
     if not workspace.is_dir():
         raise CrashtestError(f"the workspace {workspace} is not a directory")
-    scratch = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="tether-crashtest-"))
-    if scratch.resolve().is_relative_to(workspace.resolve()):
+    # Resolved: the runs start in their workspaces, where a relative path means another place.
+    scratch = Path(keep or tempfile.mkdtemp(prefix="tether-crashtest-")).resolve()
+    if scratch.is_relative_to(workspace.resolve()):
         if not keep:
             scratch.rmdir()
         raise CrashtestError(
@@ -772,7 +758,7 @@ def crash_test(
             ref.outcome.status,
             ref.events.commits,
             ref.events.models.total(),
-            ref.events.bodies.total(),
+            len(ref.events.calls),
             trials,
         )
     finally:
