@@ -334,8 +334,8 @@ class SpecTools:
     `parking` (`tether worker`: Restate awakeables; `tether run`: the embedded answers), and a
     toolset per `mcp` entry (its connection). Built-in file tools are confined to `workspace`;
     an `mcp` entry's header credentials are read from `env`, and `observe` is told of its
-    calls. `wrap` is given each built-in and `python` tool as built, before an approval gate
-    (`tether crashtest` counts their bodies so)."""
+    calls. `wrap` is given each tool as built (an MCP server's as listed), before an approval
+    gate (`tether crashtest` counts their bodies so)."""
 
     def __init__(
         self,
@@ -348,6 +348,7 @@ class SpecTools:
     ) -> None:
         self._env = env or {}
         self._observe = observe
+        self._wrap = wrap
         root = Workspace(workspace)
         self._workspace = str(root.root)
         self._entries: list[tuple[ToolSpecEntry, ToolDef | None]] = []
@@ -364,7 +365,11 @@ class SpecTools:
                     "tools with a `parking` function for the runtime"
                 )
             if entry.mcp is not None:
-                tools.append(mcp_toolset(entry, self._env, parking, self._observe, self._workspace))
+                tools.append(
+                    mcp_toolset(
+                        entry, self._env, parking, self._observe, self._workspace, self._wrap
+                    )
+                )
             elif built is None or entry.require_approval:  # `ask_human`, or an approval gate
                 assert parking is not None
                 tools.append(parking(entry, built))
@@ -416,6 +421,7 @@ def mcp_toolset(
     parking: ParkingTool | None,
     observe: CallObserver | None,
     workspace: str,
+    wrap: Callable[[ToolDef], ToolDef] | None = None,
 ) -> Toolset:
     """The toolset of an `mcp` entry, its headers' and variables' credentials read from `env`;
     a stdio server confined to `workspace` and its own paths unless its `sandbox` is off."""
@@ -463,4 +469,4 @@ def mcp_toolset(
         assert parking is not None
         return parking(entry, tool)
 
-    return MCPToolset(server, approval=approval if parking else None, observe=observe)
+    return MCPToolset(server, approval=approval if parking else None, observe=observe, wrap=wrap)

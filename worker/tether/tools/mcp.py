@@ -270,7 +270,8 @@ class MCPToolset:
     """The tools of one MCP server, as a `Toolset`.
 
     `approval` wraps a tool whose calls wait for a person (the spec's `requireApproval`);
-    `observe` is told of each live call.
+    `observe` is told of each live call; `wrap` is given each tool as made, before `approval`
+    (`tether crashtest` counts the calls' bodies so).
     """
 
     def __init__(
@@ -279,6 +280,7 @@ class MCPToolset:
         *,
         approval: Callable[[ToolDef], ToolDef] | None = None,
         observe: CallObserver | None = None,
+        wrap: Callable[[ToolDef], ToolDef] | None = None,
     ) -> None:
         wants_approval = server.require_approval or any(
             o.require_approval for o in server.tools.values()
@@ -291,6 +293,7 @@ class MCPToolset:
         self.name = server.name
         self._approval = approval
         self._observe = observe
+        self._wrap = wrap
         self._connection: _Connection | None = None
         self._lock = asyncio.Lock()
 
@@ -361,6 +364,8 @@ class MCPToolset:
             is_concurrency_safe=bool(entry["read_only"]),
             replay=replay,
         )
+        if self._wrap is not None:
+            tool = self._wrap(tool)
         approval = (
             override.require_approval
             if override.require_approval is not None

@@ -1,7 +1,8 @@
 """The child of a crash test: `tether run` with a recorder (`python -m tether.programs.crashtest`).
 
-A commit observer (`Database.committed`), a wrapper of the spec's tools and hooks append what
-the run does to the trial's events file, and kill the process tree at the trial's kill point.
+A commit observer (`Database.committed`), a wrapper of the spec's tools (MCP servers' too) and
+hooks append what the run does to the trial's events file, and kill the process tree at the
+trial's kill point.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class Recorder:
         self.kill_after_commit = kill_after_commit
         self.kill_in_call = kill_in_call  # RUN/CALL
         self.commits = Events.read(path).commits
-        self.wrapped: set[str] = set()  # tools whose bodies `wrap` counts
         self._lock = threading.Lock()  # commits come from the threads that make them
 
     def note(self, *words: object) -> None:
@@ -89,12 +89,11 @@ class Recorder:
                 self.kill()
 
     def wrap(self, tool: ToolDef) -> ToolDef:
-        """A built-in or `python` tool whose body is counted as it starts, and killed in as it
-        ends (an approval gate's too, whose hooks fire on replays). A self-journaled one runs
-        again on every replay: not counted."""
+        """A tool of the spec (built-in, `python` or an MCP server's) whose body is counted as
+        it starts, and killed in as it ends; given before an approval gate, whose hooks fire on
+        replays. A self-journaled one runs again on every replay: not counted."""
         if tool.self_journaled:
             return tool
-        self.wrapped.add(tool.name)
         execute, uses_context = tool.execute, tool.uses_context
 
         async def counted(arguments: dict[str, Any], ctx: ToolContext) -> ToolOutput:
@@ -107,31 +106,16 @@ class Recorder:
         return dataclasses.replace(tool, execute=counted, uses_context=True)
 
     def hooks(self) -> dict[str, Any]:
-        def counted_here(payload: dict[str, Any]) -> bool:
-            # An MCP tool's call (a self-journaled one's hooks fire on replays too: not counted).
-            return payload["name"] not in self.wrapped and not payload.get("self_journaled")
-
-        def tool_before(payload: dict[str, Any]) -> None:
-            if counted_here(payload):
-                self.note("tool", payload["run_id"], payload["call_id"], payload["name"],
-                          payload.get("replay", "unsafe"))  # fmt: skip
+        def turn_after(payload: dict[str, Any]) -> None:  # a model call answered, and its calls
+            calls = [b["id"] for b in payload["content"] if b["type"] == "tool_use"]
+            self.note("model", payload["run_id"], payload["turn"], *calls)
 
         def tool_after(payload: dict[str, Any]) -> None:
             # Cut off by a crash: sub-agents' transcripts are not kept, so it is said here.
             if payload["outcome"] == "interrupted" or INTERRUPTED_RESULT in str(payload["result"]):
                 self.note("cut", payload["run_id"], payload["call_id"])
-            if counted_here(payload):
-                self._kill_in(payload["run_id"], payload["call_id"])
 
-        def turn_after(payload: dict[str, Any]) -> None:  # a model call answered, and its calls
-            calls = [b["id"] for b in payload["content"] if b["type"] == "tool_use"]
-            self.note("model", payload["run_id"], payload["turn"], *calls)
-
-        hooks: dict[str, Any] = {
-            "turn:after": turn_after,
-            "tool:before": tool_before,
-            "tool:after": tool_after,
-        }
+        hooks: dict[str, Any] = {"turn:after": turn_after, "tool:after": tool_after}
 
         def spawn_start(payload: dict[str, Any]) -> None:
             for name, fn in hooks.items():  # sub-agents' calls are counted too, at every depth
