@@ -180,7 +180,7 @@ def run_command(
     wrap_tool: Callable[[ToolDef], ToolDef] | None = None,
 ) -> int:
     """`tether run`; `hooks` watch the run beside the progress output's and `wrap_tool` wraps
-    the spec's built-in and `python` tools (`tether crashtest`)."""
+    the spec's tools, MCP servers' included (`tether crashtest`)."""
     spec_path = Path(args.spec)
     manifest = load_agent(spec_path)
     # `python:` tools of an example may sit next to its manifest.
