@@ -272,3 +272,57 @@ def test_a_sub_agents_calls_are_killed_in_too(tmp_path: Path) -> None:
     assert inside.notes == ["reported to the model as interrupted: ['call_0_0']"]
     # Both processes' model calls: the parent's two and the child's two, none made again.
     assert report.model_calls == 4
+
+
+AGAIN = ", then after its recovery's first step"
+
+
+def test_a_second_kill_finds_a_recovery_that_one_kill_does_not(tmp_path: Path) -> None:
+    """A journal whose steps after a resume never reach the file (a runtime broken on
+    purpose): one kill passes everywhere, since the recovery keeps them in memory to its end;
+    `--twice` kills the recovery after its first step, and the run resumed from the file runs
+    its calls again."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "sitecustomize.py").write_text(
+        "from tether.durable import sqlite\n"
+        "load, record = sqlite.SqliteJournal.__init__, sqlite.SqliteJournal.record\n"
+        "def resumed(self, db, run_id):\n"
+        "    load(self, db, run_id)\n"
+        "    self.resumed = len(self._entries) > 0\n"
+        "def elsewhere(self, scope, seq, entry):\n"
+        "    run_id = self._run_id\n"
+        "    if self.resumed:\n"
+        "        self._run_id = run_id + '/lost'\n"
+        "    try:\n"
+        "        record(self, scope, seq, entry)\n"
+        "    finally:\n"
+        "        self._run_id = run_id\n"
+        "sqlite.SqliteJournal.__init__, sqlite.SqliteJournal.record = resumed, elsewhere\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(broken))
+    done = crashtest(agent(tmp_path), "--twice", "--max-kills", "5", env=env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    # Each trial is said as it ends, the failed ones named again at the end.
+    said = done.stdout.splitlines()
+    assert sum(line.startswith("  [") for line in said) == 16
+    assert "16 kills: " in done.stdout
+    failed = [line.split(": ", 1)[1] for line in said if line.startswith("  FAILED: ")]
+    assert failed and all(kill.endswith(AGAIN) for kill in failed), done.stdout
+    assert "lookup [call_0_0] ran again though its result was journaled before" in done.stdout
+
+
+def test_a_correct_agent_survives_a_second_kill(tmp_path: Path) -> None:
+    report = crash_test(
+        agent(tmp_path), "buy a", workspace=tmp_path / "workspace", max_kills=5, twice=True
+    )
+    assert not report.failed, report.describe()
+    found = {trial.kill: trial for trial in report.trials}
+    assert len(found) == 2 * (5 + 3)
+    # Killed inside `charge`, then after its recovery journaled the call as interrupted.
+    assert found[f"inside charge [call_1_0]{AGAIN}"].notes == [
+        "reported to the model as interrupted: ['call_1_0']"
+    ]
+    # After the answer the recovery has nothing to journal.
+    last = f"after commit {report.commits}{AGAIN}"
+    assert found[last].notes == ["its recovery journaled no step: killed once"]

@@ -98,6 +98,12 @@ def _crashtest_parser(commands: Any) -> None:
         metavar="N",
         help="at most N kill points after commits, spread evenly (those inside calls: all)",
     )
+    crashtest.add_argument(
+        "--twice",
+        action="store_true",
+        help="also try each kill point with a second kill, after the first step its recovery "
+        "journals (twice the runs)",
+    )
     crashtest.add_argument("--jobs", type=int, help="runs at once (default: the CPUs)")
     crashtest.add_argument("--keep", metavar="DIR", help="keep every run's files in DIR")
     crashtest.add_argument("--json", action="store_true", help="print the trials as JSON only")

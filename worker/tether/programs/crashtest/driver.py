@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -40,10 +41,10 @@ class CrashtestError(ConfigError):
 
 @dataclass
 class Ran:
-    """What became of one run: whether the kill came, its last start, the outcome, and
+    """What became of one run: how many of its kills came, its last start, the outcome, and
     whether it was stopped at `MAX_STARTS`."""
 
-    killed: bool
+    kills: int
     last: subprocess.CompletedProcess[str]
     events: Events
     outcome: Outcome
@@ -57,6 +58,12 @@ class Trial:
     kill: str
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        mark = "FAILED" if self.problems else "ok"
+        return [f"{self.kill}: {mark}" + "".join(f"; {n}" for n in self.notes)] + [
+            f"  - {problem}" for problem in self.problems
+        ]
 
     def to_json(self) -> dict[str, Any]:
         return {"kill": self.kill, "ok": not self.problems, "problems": self.problems,
@@ -152,22 +159,24 @@ class Crashtest:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
 
-    def run(self, name: str, *kill: str) -> Ran:
+    def run(self, name: str, *kill: str, again: bool = False) -> Ran:
         """One run in a fresh copy of the workspace, to its end: started again after the kill
-        at `kill` and after every park the child answered."""
+        at `kill` (`again`: and after a second, once its recovery journaled a step) and after
+        every park the child answered."""
         home = self.scratch / name
-        workspace, db, events = home / "workspace", home / "runs.db", home / "events"
+        workspace, db, path = home / "workspace", home / "runs.db", home / "events"
         shutil.copytree(self.template, workspace, symlinks=True)
-        flag, exhausted = list(kill), True
+        flag, kills, exhausted = list(kill), 0, True
         for _ in range(MAX_STARTS):
-            done = self._process(self._command(db, workspace, events, *flag), home)
-            if flag and Events.read(events).killed:
-                flag = []
+            done = self._process(self._command(db, workspace, path, *flag), home)
+            events = Events.read(path)
+            if flag and events.kills > kills:
+                kills = events.kills
+                flag = ["--kill-after-step"] if again and kills == 1 else []
             elif done.returncode != PARKED_EXIT or not self.answers or _waiting(db):
                 exhausted = False
                 break
-        killed = bool(kill) and not flag
-        return Ran(killed, done, Events.read(events), outcome_of(db, workspace), exhausted)
+        return Ran(kills, done, Events.read(path), outcome_of(db, workspace), exhausted)
 
     def reference(self) -> Ran:
         ran = self.run("clean-1")
@@ -193,9 +202,9 @@ class Crashtest:
 
     def trial(self, number: int, kill: Kill, ref: Ran) -> Trial:
         trial = Trial(kill.label)
-        ran = self.run(f"kill-{number}", *kill.flag)
+        ran = self.run(f"kill-{number}", *kill.flag, again=kill.again)
         events, outcome = ran.events, ran.outcome
-        if not ran.killed:
+        if not ran.kills:
             trial.problems.append(
                 f"the run never got there (exit {ran.last.returncode}, {events.commits} commits; "
                 f"the clean run made {ref.events.commits}): it does not take the clean run's "
@@ -219,7 +228,7 @@ class Crashtest:
                                   "was journaled (paid twice)")  # fmt: skip
         once = ref.events.unique_calls()
         cut = sorted({call for _, call in events.cut})
-        lost = [call for call in cut if call in once and events.journaled(call)]
+        lost = sorted({call for _, call in events.lost if call in once})
         if lost:
             trial.problems.append(f"reported as interrupted though their results were journaled "
                                   f"before the kill (lost): {lost}")  # fmt: skip
@@ -228,7 +237,7 @@ class Crashtest:
             name, replay = events.tools[(run, call)]
             if count > 1 and replay == "unsafe":
                 trial.problems.append(f"{name} [{call}] (replay: unsafe) ran {count} times")
-            elif count > 1 and call in once and events.journaled(call):
+            elif call in once and (run, call) in events.ran_after_result:
                 trial.problems.append(f"{name} [{call}] ran again though its result was "
                                       "journaled before the kill")  # fmt: skip
             elif count > 1:
@@ -236,6 +245,8 @@ class Crashtest:
         wrong = unanswered(outcome.transcript)
         if wrong != unanswered(ref.outcome.transcript):  # a parked run waits on its last
             trial.problems.append(f"tool calls not answered exactly once: {wrong}")
+        if kill.again and ran.kills < 2:
+            trial.notes.append("its recovery journaled no step: killed once")
         if cut:
             trial.notes.append(f"reported to the model as interrupted: {cut}")
         if reran:
@@ -259,9 +270,10 @@ class Crashtest:
             trial.problems.append(f"files unlike the clean run's: {files}{why}")
         return trial
 
-    def kills(self, ref: Ran, most_commits: int | None) -> list[Kill]:
+    def kills(self, ref: Ran, most_commits: int | None, twice: bool) -> list[Kill]:
         """After each commit (at most `most_commits` of them, spread evenly), and inside each
-        tool call."""
+        tool call; `twice`: each of them also with a second kill, after the first step its
+        recovery journals."""
         events = ref.events
         commits = list(range(1, events.commits + 1))
         if most_commits is not None and len(commits) > most_commits:
@@ -277,6 +289,9 @@ class Crashtest:
             of = f" of run {run[:8]}" if ids[call] > 1 else ""
             flag = ["--kill-in-call", f"{run}/{call}"]
             found.append(Kill(f"inside {name} [{call}]{of}", flag, (run, call)))
+        if twice:
+            then = ", then after its recovery's first step"
+            found += [dataclasses.replace(k, label=k.label + then, again=True) for k in found]
         return found
 
 
@@ -285,6 +300,7 @@ class Kill:
     label: str
     flag: list[str]
     call: tuple[str, str] | None = None  # the (run, call) killed inside
+    again: bool = False  # killed a second time, after the recovery's first step
 
 
 def _waiting(db: Path) -> bool:
@@ -310,17 +326,18 @@ class CrashReport:
     def failed(self) -> list[Trial]:
         return [trial for trial in self.trials if trial.problems]
 
-    def describe(self) -> str:
+    def describe(self, trials: bool = True) -> str:
+        """The clean run, each trial (`trials`; else the failed ones' names) and the count."""
         lines = [
             f"the clean run: {self.status}, {self.model_calls} model calls, {self.tool_calls} "
             f"tool calls, {self.commits} commits"
         ]
-        for trial in self.trials:
-            mark = "FAILED" if trial.problems else "ok"
-            lines.append(f"  {trial.kill}: {mark}" + "".join(f"; {n}" for n in trial.notes))
-            lines += [f"    - {problem}" for problem in trial.problems]
+        for trial in self.trials if trials else []:
+            lines += [f"  {line}" for line in trial.describe()]
         failed = len(self.failed)
         lines.append(f"{len(self.trials)} kills: {len(self.trials) - failed} ok, {failed} failed")
+        if failed and not trials:
+            lines += [f"  FAILED: {trial.kill}" for trial in self.failed]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -358,16 +375,19 @@ def crash_test(
     approve: bool = False,
     human_answer: Any = None,
     max_kills: int | None = None,
+    twice: bool = False,
     jobs: int | None = None,
     keep: str | Path | None = None,
     env: Mapping[str, str] | None = None,
     say: Callable[[str], None] = lambda line: None,
 ) -> CrashReport:
     """Kill the run of the agent of `spec` after each commit (at most `max_kills` of them,
-    spread evenly) and inside each tool call, `jobs` runs at once in copies of `workspace`, and
-    report each (see the module). `approve` approves every call that waits for approval,
-    `human_answer` (any JSON value) answers every `ask_human` call; without them a parked run
-    ends there, compared parked. Raises `CrashtestError` when the agent cannot be compared so."""
+    spread evenly) and inside each tool call (`twice`: each also with a second kill, after the
+    first step its recovery journals), `jobs` runs at once in copies of `workspace`, and report
+    each (see the module); `say` is told of each trial as it ends. `approve` approves every
+    call that waits for approval, `human_answer` (any JSON value) answers every `ask_human`
+    call; without them a parked run ends there, compared parked. Raises `CrashtestError` when
+    the agent cannot be compared so."""
     if max_kills is not None and max_kills < 0:
         raise CrashtestError(f"max_kills is a number of kill points, not {max_kills}")
     answers = ["--approve"] if approve else []
@@ -386,14 +406,24 @@ def crash_test(
         )
         say(f"crashtest {spec}: two runs without a crash ...")
         ref = test.reference()
-        kills = test.kills(ref, max_kills)
+        kills = test.kills(ref, max_kills, twice)
         jobs = jobs or os.cpu_count() or 1
         say(f"  both {ref.outcome.status}; killing it at {len(kills)} points, {jobs} at a time ...")
+        ended = iter(range(1, len(kills) + 1))
+        saying = threading.Lock()  # the trials end in the pool's threads
+
+        def trial(number: int, kill: Kill) -> Trial:
+            done = test.trial(number, kill, ref)
+            first, *problems = done.describe()
+            with saying:
+                say(f"  [{next(ended)}/{len(kills)}] {first}")
+                for line in problems:
+                    say(f"  {line}")
+            return done
+
         pool = concurrent.futures.ThreadPoolExecutor(jobs)
         try:
-            trials = list(
-                pool.map(lambda n, kill: test.trial(n, kill, ref), range(len(kills)), kills)
-            )
+            trials = list(pool.map(trial, range(len(kills)), kills))
         except BaseException:  # Ctrl-C: no trial after this one, none left running
             pool.shutdown(wait=False, cancel_futures=True)
             test.stop()
@@ -425,9 +455,11 @@ def crashtest_command(args: argparse.Namespace) -> int:
         approve=args.approve,
         human_answer=human,
         max_kills=args.max_kills,
+        twice=args.twice,
         jobs=args.jobs,
         keep=args.keep,
         say=(lambda line: None) if args.json else (lambda line: print(line, flush=True)),
     )
-    print(json.dumps(report.to_json()) if args.json else report.describe(), flush=True)
+    # Each trial was said as it ended.
+    print(json.dumps(report.to_json()) if args.json else report.describe(False), flush=True)
     return 1 if report.failed else 0

@@ -21,21 +21,30 @@ class Events:
     tools: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # name, replay
     after_commit: dict[int, str] = field(default_factory=dict)  # the first event after each
     cut: set[tuple[str, str]] = field(default_factory=set)  # reported as interrupted
-    killed: bool = False
-    journaled_before_kill: set[str] = field(default_factory=set)  # step names
+    kills: int = 0
+    # Calls whose result a process found journaled when it started, yet ran again or reported
+    # as interrupted (step names carry no run: ask only of ids that no other run has).
+    ran_after_result: set[tuple[str, str]] = field(default_factory=set)
+    lost: set[tuple[str, str]] = field(default_factory=set)
+
+    @property
+    def killed(self) -> bool:
+        return self.kills > 0
 
     @classmethod
     def read(cls, path: Path) -> Events:
         events = cls()
         lines = path.read_text().splitlines() if path.exists() else []
+        journaled: set[str] = set()
+        durable: set[str] = set()  # what was journaled before the last kill
         for line in lines:
             kind, *words = line.split(" ")
             if kind == "kill":
-                events.killed = True
+                events.kills += 1
+                durable = set(journaled)
             elif kind == "commit":
                 events.commits = int(words[0])
-                if not events.killed:
-                    events.journaled_before_kill.update(words[1:])
+                journaled.update(words[1:])
             elif kind == "model":
                 events.models[(words[0], words[1])] += 1
                 events.calls.update((words[0], call) for call in words[2:])
@@ -45,18 +54,21 @@ class Events:
                 events.bodies[(run, call)] += 1
                 events.tools[(run, call)] = (name, replay)
                 events.after_commit.setdefault(events.commits, f"{name} [{call}]")
+                if _result_in(call, durable):
+                    events.ran_after_result.add((run, call))
             elif kind == "cut":
                 events.cut.add((words[0], words[1]))
+                if _result_in(words[1], durable):
+                    events.lost.add((words[0], words[1]))
             elif kind == "answer":
                 answer = f"the answer to {words[0]} [{words[1]}]"
                 events.after_commit.setdefault(events.commits, answer)
         return events
 
-    def journaled(self, call: str) -> bool:
-        """Whether the result of a call `call` was journaled before the kill (step names carry
-        no run: with ids that repeat in sub-agents, ask only of ids that do not)."""
-        return bool({f"tool:{call}", f"approved:{call}"} & self.journaled_before_kill)
-
     def unique_calls(self) -> set[str]:
         """The ids of calls that no other run of the tree has."""
         return {call for call, n in Counter(c for _, c in self.calls).items() if n == 1}
+
+
+def _result_in(call: str, steps: set[str]) -> bool:
+    return bool({f"tool:{call}", f"approved:{call}"} & steps)

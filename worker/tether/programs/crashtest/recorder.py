@@ -48,9 +48,16 @@ class Recorder:
     at the trial's kill point. Commits are counted across the run's processes (a run resumed
     after a park goes on counting), so a kill point names one moment of the run."""
 
-    def __init__(self, path: Path, kill_after_commit: int | None, kill_in_call: str | None):
+    def __init__(
+        self,
+        path: Path,
+        kill_after_commit: int | None,
+        kill_in_call: str | None,
+        kill_after_step: bool = False,
+    ):
         self.path = path
         self.kill_after_commit = kill_after_commit
+        self.kill_after_step = kill_after_step  # after this process's first commit of a step
         self.kill_in_call = kill_in_call  # RUN/CALL
         self.commits = Events.read(path).commits
         self._lock = threading.Lock()  # commits come from the threads that make them
@@ -85,7 +92,7 @@ class Recorder:
         with self._lock:
             self.commits += 1
             self.note("commit", self.commits, *steps)
-            if self.commits == self.kill_after_commit:
+            if self.commits == self.kill_after_commit or (steps and self.kill_after_step):
                 self.kill()
 
     def wrap(self, tool: ToolDef) -> ToolDef:
@@ -154,11 +161,12 @@ def child_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=Path, required=True)
     parser.add_argument("--kill-after-commit", type=int)
     parser.add_argument("--kill-in-call", metavar="RUN/CALL")
+    parser.add_argument("--kill-after-step", action="store_true")
     parser.add_argument("--approve", action="store_true")
     parser.add_argument("--human-answer", metavar="JSON")
     own, rest = parser.parse_known_args(argv)
     args = build_parser().parse_args(["run", *rest])
-    recorder = Recorder(own.events, own.kill_after_commit, own.kill_in_call)
+    recorder = Recorder(own.events, own.kill_after_commit, own.kill_in_call, own.kill_after_step)
     Database.committed = recorder.committed
     try:
         code = run_command(args, dict(os.environ), hooks=recorder.hooks(), wrap_tool=recorder.wrap)
