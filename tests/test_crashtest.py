@@ -219,9 +219,8 @@ def test_what_cannot_work_is_refused_before_any_run(tmp_path: Path) -> None:
     ]
 
 
-def test_kills_around_a_persons_answers_pass(tmp_path: Path) -> None:
-    """A run that asks a person, then waits for approval of an unsafe call: killed before and
-    after each answer is recorded and inside the approved call's body."""
+def asking_agent(tmp_path: Path) -> Path:
+    """Asks a person, then waits for approval of an unsafe call."""
     script = [
         {"tool_calls": [{"name": "ask", "input": {"question": "How much?"}}]},
         {"text": "Paying.", "tool_calls": [{"name": "charge", "input": {"amount": 5}}]},
@@ -231,6 +230,12 @@ def test_kills_around_a_persons_answers_pass(tmp_path: Path) -> None:
     document = yaml.safe_load(spec.read_text())
     document["spec"]["tools"].append({"name": "ask", "builtin": "ask_human"})
     spec.write_text(yaml.safe_dump(document))
+    return spec
+
+
+def test_kills_around_a_persons_answers_pass(tmp_path: Path) -> None:
+    """Killed before and after each answer is recorded and inside the approved call's body."""
+    spec = asking_agent(tmp_path)
     parked = crashtest(spec, "--json", "--max-kills", "4")
     assert parked.returncode == 0, parked.stdout + parked.stderr
     assert json.loads(parked.stdout.splitlines()[-1])["status"] == "parked"
@@ -274,7 +279,7 @@ def test_a_sub_agents_calls_are_killed_in_too(tmp_path: Path) -> None:
     assert report.model_calls == 4
 
 
-AGAIN = ", then after its recovery's first step"
+AGAIN = ", then after the next step"
 
 
 def test_a_second_kill_finds_a_recovery_that_one_kill_does_not(tmp_path: Path) -> None:
@@ -313,16 +318,23 @@ def test_a_second_kill_finds_a_recovery_that_one_kill_does_not(tmp_path: Path) -
 
 
 def test_a_correct_agent_survives_a_second_kill(tmp_path: Path) -> None:
+    """Its approved call too, which a recovery journals as interrupted before it says so."""
     report = crash_test(
-        agent(tmp_path), "buy a", workspace=tmp_path / "workspace", max_kills=5, twice=True
+        asking_agent(tmp_path),
+        "buy a",
+        workspace=tmp_path / "workspace",
+        approve=True,
+        human_answer="5",
+        max_kills=6,
+        twice=True,
     )
     assert not report.failed, report.describe()
     found = {trial.kill: trial for trial in report.trials}
-    assert len(found) == 2 * (5 + 3)
+    assert len(found) == 2 * (6 + 1)
     # Killed inside `charge`, then after its recovery journaled the call as interrupted.
     assert found[f"inside charge [call_1_0]{AGAIN}"].notes == [
         "reported to the model as interrupted: ['call_1_0']"
     ]
-    # After the answer the recovery has nothing to journal.
+    # After the answer nothing is left to journal.
     last = f"after commit {report.commits}{AGAIN}"
-    assert found[last].notes == ["its recovery journaled no step: killed once"]
+    assert found[last].notes == ["no step journaled after the kill: killed once"]

@@ -101,8 +101,8 @@ def _crashtest_parser(commands: Any) -> None:
     crashtest.add_argument(
         "--twice",
         action="store_true",
-        help="also try each kill point with a second kill, after the first step its recovery "
-        "journals (twice the runs)",
+        help="also try each kill point with a second kill, after the next step journaled "
+        "after it (twice the runs)",
     )
     crashtest.add_argument("--jobs", type=int, help="runs at once (default: the CPUs)")
     crashtest.add_argument("--keep", metavar="DIR", help="keep every run's files in DIR")

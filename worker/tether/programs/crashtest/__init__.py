@@ -12,7 +12,7 @@ of its own:
   the process and all it started are SIGKILLed from inside, right after the commit;
 - inside each tool call, after its body returned and before its result is journaled: the
   moment a crash makes the outcome unknown;
-- with `twice`, each of those again with a second kill once the recovery has journaled a step.
+- with `twice`, each of those again with a second kill after the next step journaled after it.
 
 The same command then starts the run again until it ends (a park the child answered, with
 `approve` or `human_answer`, is started again too; one it did not ends the run, parked).

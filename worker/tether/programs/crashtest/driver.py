@@ -31,7 +31,7 @@ from .outcome import Outcome, changed_files, cut_calls, first_difference, outcom
 CHILD_TIMEOUT_S = 300.0
 
 MAX_STARTS = 100
-"""Of one run: its kill, then its parks answered (each a start)."""
+"""Of one run: its kills, then its parks answered (each a start)."""
 
 
 class CrashtestError(ConfigError):
@@ -41,10 +41,9 @@ class CrashtestError(ConfigError):
 
 @dataclass
 class Ran:
-    """What became of one run: how many of its kills came, its last start, the outcome, and
+    """What became of one run: its last start, what its processes did, the outcome, and
     whether it was stopped at `MAX_STARTS`."""
 
-    kills: int
     last: subprocess.CompletedProcess[str]
     events: Events
     outcome: Outcome
@@ -161,8 +160,8 @@ class Crashtest:
 
     def run(self, name: str, *kill: str, again: bool = False) -> Ran:
         """One run in a fresh copy of the workspace, to its end: started again after the kill
-        at `kill` (`again`: and after a second, once its recovery journaled a step) and after
-        every park the child answered."""
+        at `kill` (`again`: and after a second, after the next step journaled after it) and
+        after every park the child answered."""
         home = self.scratch / name
         workspace, db, path = home / "workspace", home / "runs.db", home / "events"
         shutil.copytree(self.template, workspace, symlinks=True)
@@ -176,7 +175,7 @@ class Crashtest:
             elif done.returncode != PARKED_EXIT or not self.answers or _waiting(db):
                 exhausted = False
                 break
-        return Ran(kills, done, Events.read(path), outcome_of(db, workspace), exhausted)
+        return Ran(done, events, outcome_of(db, workspace), exhausted)
 
     def reference(self) -> Ran:
         ran = self.run("clean-1")
@@ -204,7 +203,7 @@ class Crashtest:
         trial = Trial(kill.label)
         ran = self.run(f"kill-{number}", *kill.flag, again=kill.again)
         events, outcome = ran.events, ran.outcome
-        if not ran.kills:
+        if not events.kills:
             trial.problems.append(
                 f"the run never got there (exit {ran.last.returncode}, {events.commits} commits; "
                 f"the clean run made {ref.events.commits}): it does not take the clean run's "
@@ -245,8 +244,8 @@ class Crashtest:
         wrong = unanswered(outcome.transcript)
         if wrong != unanswered(ref.outcome.transcript):  # a parked run waits on its last
             trial.problems.append(f"tool calls not answered exactly once: {wrong}")
-        if kill.again and ran.kills < 2:
-            trial.notes.append("its recovery journaled no step: killed once")
+        if kill.again and events.kills < 2:
+            trial.notes.append("no step journaled after the kill: killed once")
         if cut:
             trial.notes.append(f"reported to the model as interrupted: {cut}")
         if reran:
@@ -272,8 +271,8 @@ class Crashtest:
 
     def kills(self, ref: Ran, most_commits: int | None, twice: bool) -> list[Kill]:
         """After each commit (at most `most_commits` of them, spread evenly), and inside each
-        tool call; `twice`: each of them also with a second kill, after the first step its
-        recovery journals."""
+        tool call; `twice`: each of them also with a second kill, after the next step journaled
+        after it (by the recovery, or after a park it answered)."""
         events = ref.events
         commits = list(range(1, events.commits + 1))
         if most_commits is not None and len(commits) > most_commits:
@@ -290,7 +289,7 @@ class Crashtest:
             flag = ["--kill-in-call", f"{run}/{call}"]
             found.append(Kill(f"inside {name} [{call}]{of}", flag, (run, call)))
         if twice:
-            then = ", then after its recovery's first step"
+            then = ", then after the next step"
             found += [dataclasses.replace(k, label=k.label + then, again=True) for k in found]
         return found
 
@@ -300,7 +299,7 @@ class Kill:
     label: str
     flag: list[str]
     call: tuple[str, str] | None = None  # the (run, call) killed inside
-    again: bool = False  # killed a second time, after the recovery's first step
+    again: bool = False  # killed a second time, after the next step journaled
 
 
 def _waiting(db: Path) -> bool:
@@ -383,7 +382,7 @@ def crash_test(
 ) -> CrashReport:
     """Kill the run of the agent of `spec` after each commit (at most `max_kills` of them,
     spread evenly) and inside each tool call (`twice`: each also with a second kill, after the
-    first step its recovery journals), `jobs` runs at once in copies of `workspace`, and report
+    next step journaled after it), `jobs` runs at once in copies of `workspace`, and report
     each (see the module); `say` is told of each trial as it ends. `approve` approves every
     call that waits for approval, `human_answer` (any JSON value) answers every `ask_human`
     call; without them a parked run ends there, compared parked. Raises `CrashtestError` when

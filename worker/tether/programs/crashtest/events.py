@@ -27,21 +27,18 @@ class Events:
     ran_after_result: set[tuple[str, str]] = field(default_factory=set)
     lost: set[tuple[str, str]] = field(default_factory=set)
 
-    @property
-    def killed(self) -> bool:
-        return self.kills > 0
-
     @classmethod
     def read(cls, path: Path) -> Events:
         events = cls()
         lines = path.read_text().splitlines() if path.exists() else []
         journaled: set[str] = set()
-        durable: set[str] = set()  # what was journaled before the last kill
+        durable: set[str] = set()  # what was journaled when the latest process started
         for line in lines:
             kind, *words = line.split(" ")
-            if kind == "kill":
-                events.kills += 1
+            if kind == "start":
                 durable = set(journaled)
+            elif kind == "kill":
+                events.kills += 1
             elif kind == "commit":
                 events.commits = int(words[0])
                 journaled.update(words[1:])

@@ -61,6 +61,7 @@ class Recorder:
         self.kill_in_call = kill_in_call  # RUN/CALL
         self.commits = Events.read(path).commits
         self._lock = threading.Lock()  # commits come from the threads that make them
+        self.note("start")
 
     def note(self, *words: object) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -88,7 +89,12 @@ class Recorder:
             self.kill()
 
     def committed(self, writes: Sequence[tuple[str, Params]]) -> None:
-        steps = [p[4] for sql, p in writes if sql.startswith("INSERT INTO tether_steps")]
+        # A result that says the call was interrupted is not one a later cut could lose: marked.
+        steps = [
+            p[4] + ("!" if INTERRUPTED_RESULT in str(p[5]) else "")
+            for sql, p in writes
+            if sql.startswith("INSERT INTO tether_steps")
+        ]
         with self._lock:
             self.commits += 1
             self.note("commit", self.commits, *steps)
