@@ -204,34 +204,6 @@ def test_a_call_holds_its_worst_case_and_one_that_does_not_fit_is_refused() -> N
     }
 
 
-def test_the_calls_a_cap_that_waits_refused_wait_until_its_period_ends() -> None:
-    """Counted per cap window (the model's apart), kept as Restate keeps them, gone at the end
-    of the period; a cap that stops holds no run back."""
-    day_cap = SpendCap("day", Limits(tokens=1_000), on_reached="wait")
-    hour_cap = SpendCap("hour", Limits(tokens=1_000), on_reached="wait", model="x/big")
-    windows = SpendWindows()
-
-    def waits(cap: SpendCap, hold: str, tokens: int, t: float, model: str = "") -> bool | None:
-        """Whether the call waits; None: it was granted."""
-        refusal = windows.reserve([cap], hold, Spend(0, tokens), t, model)
-        return None if refusal is None else refusal.waits
-
-    assert waits(day_cap, "a", 900, NOON) is None
-    assert [waits(day_cap, hold, 200, NOON + 1) for hold in "bcc"] == [True] * 3  # c twice
-    assert waits(hour_cap, "d", 2_000, NOON + 2, "x/big") is False  # past the cap on its own
-    assert waits(hour_cap, "e", 900, NOON + 2, "x/big") is None
-    assert waits(hour_cap, "f", 900, NOON + 3, "x/big") is True
-    assert waits(SpendCap("day", Limits(tokens=1_000)), "g", 200, NOON + 4) is False  # stops
-    restored = SpendWindows.of(windows.to_json())
-    day, hour = "day:2026-12-06", "hour:2026-12-06T12 x/big"
-    assert (restored.waiting_in(day, NOON + 5), restored.waiting_in(hour, NOON + 5)) == (2, 1)
-    assert restored.windows(NOON + 5)[1]["waiting"] == 2
-    assert restored.waiting_in(hour, NOON + 3600) == 0  # the hour ended: its run asks again
-    assert restored.waiting_in(day, NOON + 3600) == 2
-    restored.reserve([day_cap], "h", Spend(0, 10), NOON + 12 * 3600)  # the next day
-    assert restored.waiting == {} and "waiting" not in restored.to_json()
-
-
 def test_a_settle_or_reserve_sent_again_counts_once() -> None:
     windows = SpendWindows()
     windows.reserve([DAY], "a", Spend(0, 600), NOON)

@@ -2,7 +2,7 @@
 operator wants for it, for an HPA (through a metrics adapter) or KEDA (its Prometheus scaler) to
 scale a version on while its runs are active; per schedule, its next and last runs' times (as
 Restate keeps them), for an alert on a schedule whose next run never came; per spend cap, the
-share of it spent, for an alert before runs are refused, and the runs it holds back.
+share of it spent, for an alert before runs are refused.
 
 Served at `/metrics` on `TETHER_METRICS_PORT` (default 8000; 0: not served) from a registry of
 the operator's own. The counts are Restate's (the one cached `sys_invocation` query of the
@@ -61,22 +61,14 @@ LAST_RUN = Gauge(
     registry=REGISTRY,
 )
 SCHEDULE_GAUGES = (NEXT_RUN, LAST_RUN)
-SPEND_LABELS = ("namespace", "agent", "period", "model")  # model: "" for the agent's calls
 SPEND_USED = Gauge(
     "tether_spend_cap_used_ratio",
     "The larger share of a spend cap's limits that the agent's runs spent in its current period "
     "(1: reached, and calls are refused before it).",
-    SPEND_LABELS,
+    ("namespace", "agent", "period", "model"),  # model: "" for a cap on all of the agent's calls
     registry=REGISTRY,
 )
-SPEND_WAITING = Gauge(
-    "tether_spend_cap_waiting_runs",
-    "Runs a spend cap with onReached: wait holds back until its current period ends (each "
-    "refused call; its run asks again after the reset).",
-    SPEND_LABELS,
-    registry=REGISTRY,
-)
-SPEND_GAUGES = (SPEND_USED, SPEND_WAITING)
+SPEND_GAUGES = (SPEND_USED,)
 
 
 def serve(port: int) -> None:
@@ -123,10 +115,9 @@ def report_spend(
 ) -> None:
     """Set the gauge of each of the agent's spend caps and drop those of caps that are gone;
     `shown` (the periods and models reported before) is updated."""
-    caps: dict[tuple[str, str], SpendStatus] = {(c.per, c.model or ""): c for c in spend}
-    for (per, model), cap in caps.items():
-        SPEND_USED.labels(namespace, agent, per, model).set(cap.used)
-        SPEND_WAITING.labels(namespace, agent, per, model).set(cap.waiting)
+    caps: dict[tuple[str, str], float] = {(cap.per, cap.model or ""): cap.used for cap in spend}
+    for (per, model), used in caps.items():
+        SPEND_USED.labels(namespace, agent, per, model).set(used)
     _shown_now(namespace, agent, shown, set(caps), SPEND_GAUGES)
 
 

@@ -1,8 +1,7 @@
 """What the agent's runs spent in the current period of each of its spend caps
 (`limits.spendCaps`), as the index's `<agent>-spend/all` counts it
 (`tether.programs.worker.spend`): shown in the status and as a gauge, for an alert before runs
-are refused, and how many runs a cap that waits holds back. Read with one cached query for all
-agents, as the schedules are."""
+are refused. Read with one cached query for all agents, as the schedules are."""
 
 from __future__ import annotations
 
@@ -27,23 +26,18 @@ async def observed(op: Operator, agent: DurableAgent, kept: list[SpendStatus]) -
         counted = await op.observer.spend(restate_services(agent.metadata.name).spend)
     except RestateError:
         return kept
+    spent = counted.get("spent") or {}
     now = time.time()
     return [
-        status_of(cap, agent.spec.model.label_of(cap.model) if cap.model else None, now, counted)
+        _status(cap, agent.spec.model.label_of(cap.model) if cap.model else None, now, spent)
         for cap in caps
     ]
 
 
-def status_of(
-    cap: SpendCapSpec, model: str | None, now: float, counted: dict[str, Any]
-) -> SpendStatus:
-    """The cap's current period as `counted` (the spend object's state, `SpendWindows`'s JSON:
-    the operator reads it without the runtime) has it."""
+def _status(cap: SpendCapSpec, model: str | None, now: float, spent: dict[str, Any]) -> SpendStatus:
     window = Window.of(cap.per, now, cap.time_zone)
-    key = window.key(model)
-    amount = (counted.get("spent") or {}).get(key) or {}
+    amount = spent.get(window.key(model)) or {}
     cost, tokens = float(amount.get("cost_usd") or 0.0), int(amount.get("tokens") or 0)
-    waiting = (counted.get("waiting") or {}).values()  # [the window's key, its end] per call
     shares = [
         cost / cap.max_cost_usd if cap.max_cost_usd else 0.0,
         tokens / cap.max_tokens if cap.max_tokens else 0.0,
@@ -56,5 +50,4 @@ def status_of(
         cost_usd=round(cost, 6),
         tokens=tokens,
         used=max(shares),
-        waiting=sum(1 for of, end in waiting if of == key and now < end),
     )

@@ -146,7 +146,6 @@ def test_the_panels_on_call_people_look_at() -> None:
     assert "tether_version_parked_runs" in versions and "tether_version_replicas" in versions
     assert "tether_schedule_next_run_timestamp_seconds" in exprs("Schedules: next and last runs")
     assert "tether_spend_cap_used_ratio" in exprs("Spend caps used")
-    assert "tether_spend_cap_waiting_runs" in exprs("Runs waiting on spend caps")
 
 
 def test_the_dashboard_shows_every_tether_metric_and_no_other() -> None:

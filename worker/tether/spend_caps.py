@@ -13,8 +13,6 @@ alone (`SpendCap.model`) is held to: a model's cap refuses only its calls.
 A hold that is never settled (its worker died mid-call, after the provider may have charged
 it) counts as spent, at its worst case, after `HOLD_SECONDS`; a settle of a hold that is not
 held counts nothing, and a settled hold is remembered while its reserve could be sent again.
-A call a cap that waits refused is counted as waiting until the cap's period ends (its run
-asks again after it, with a new hold): how many runs the cap holds back now.
 
 Kept where an agent's calls meet: the index's `<agent>-spend` on Restate
 (`tether.programs.worker.spend`), or a process's memory (`tether.providers.spend`).
@@ -194,9 +192,6 @@ class SpendWindows:
     held: dict[str, _Hold] = field(default_factory=dict)
     settled: dict[str, int] = field(default_factory=dict)
     """Settled holds, until when their reserve might be sent again."""
-    waiting: dict[str, tuple[str, float]] = field(default_factory=dict)
-    """Calls refused by a cap that waits: the key of the cap's window (`Window.key`) and its
-    end, when their runs ask again."""
 
     def reserve(
         self, caps: Iterable[SpendCap], hold: str, ask: Spend, now: float, model: str = ""
@@ -224,11 +219,7 @@ class SpendWindows:
         if refusals:
             refusals = [r for r in refusals if r.cap.model is None] or refusals
             stops = [r for r in refusals if not r.waits]
-            refusal = max(stops or refusals, key=lambda r: r.window.end)
-            if refusal.waits:
-                window = refusal.window
-                self.waiting[hold] = (window.key(refusal.cap.model), window.end)
-            return refusal
+            return max(stops or refusals, key=lambda r: r.window.end)
         # Its caps' zones, and every zone counted in already: versions of other zones, or of
         # none, keep each zone's count whole from when a version first named it.
         zones = {cap.zone for cap in caps if cap.in_a_zone} | self._named_zones()
@@ -257,9 +248,8 @@ class SpendWindows:
                     self.spent[key] = self.spent.get(key, Spend()) + spent
 
     def windows(self, now: float) -> list[dict[str, Any]]:
-        """Each current window, in UTC and in each time zone counted in: what was spent in it,
-        what calls in flight hold, what each model's calls spent, and how many calls wait for
-        it to end."""
+        """Each current window, in UTC and in each time zone counted in: what was spent in it
+        and what calls in flight hold, and what each model's calls spent."""
         self._prune(now)
         keys = {key: Window.split_key(key) for key in self.spent}
         shown = []
@@ -269,24 +259,15 @@ class SpendWindows:
                 for key, (of, model) in keys.items()
                 if of == window.id and model is not None
             }
-            waiting = sum(
-                1 for of, _ in self.waiting.values() if Window.split_key(of)[0] == window.id
-            )
             shown.append(
                 {
                     "window": window.id,
                     "spent": self.spent.get(window.id, Spend()).to_json(),
                     "held": self._held_in(window).to_json(),
                     **({"models": models} if models else {}),
-                    **({"waiting": waiting} if waiting else {}),
                 }
             )
         return shown
-
-    def waiting_in(self, key: str, now: float) -> int:
-        """How many calls a cap that waits refused in the window of `key` (`Window.key`) and
-        whose runs wait for it to end."""
-        return sum(1 for of, until in self.waiting.values() if of == key and now < until)
 
     def _held_in(self, window: Window, model: str | None = None) -> Spend:
         """What the calls in flight that started in `window` hold: all of them, or `model`'s."""
@@ -305,7 +286,6 @@ class SpendWindows:
             made = self.held.pop(hold)
             self._count(made, made.ask)
         self.settled = {k: until for k, until in self.settled.items() if now < until}
-        self.waiting = {k: w for k, w in self.waiting.items() if now < w[1]}
         zones = self._zones()
         current = {Window.of(per, now, zone).id for zone in zones for per in PERIODS}
         current |= {
@@ -339,7 +319,6 @@ class SpendWindows:
                 for k, h in self.held.items()
             },
             "settled": self.settled,
-            **({"waiting": {k: list(w) for k, w in self.waiting.items()}} if self.waiting else {}),
         }
 
     @classmethod
@@ -357,5 +336,4 @@ class SpendWindows:
                 for k, v in (data.get("held") or {}).items()
             },
             settled={k: int(t) for k, t in (data.get("settled") or {}).items()},
-            waiting={k: (str(w), float(t)) for k, (w, t) in (data.get("waiting") or {}).items()},
         )

@@ -1522,12 +1522,6 @@ class SpendStatus(_Model):
         ge=0,
         description="The larger share of the cap's limits spent (1: the cap is reached).",
     )
-    waiting: int = Field(
-        default=0,
-        ge=0,
-        description="Calls the cap refused with onReached: wait whose runs wait for the period "
-        "to end.",
-    )
 
 
 class DurableAgentStatus(_Model):
