@@ -184,6 +184,14 @@ def test_a_cap_in_another_name_of_utc_counts_with_utcs(zone: str) -> None:
     windows.settle("a", Spend(0, 600))
     assert list(windows.spent) == ["hour:2026-12-06T12", "day:2026-12-06", "month:2026-12"]
     assert windows.reserve([DAY], "b", Spend(0, 600), NOON + 60) is not None
+    # Where the operator looks for the cap's count (it has the spec's name, not the cap's).
+    assert Window.of("day", NOON, zone) == Window.of("day", NOON)
+    # A hold an earlier version made in that name's windows too counts once when settled.
+    before = windows.to_json()
+    before["held"]["c"] = {"cost_usd": 0, "tokens": 100, "at": NOON, "zones": [zone]}
+    restored = SpendWindows.of(before)
+    restored.settle("c", Spend(0, 100))
+    assert restored.spent["day:2026-12-06"] == Spend(0, 700)
 
 
 def test_a_call_holds_its_worst_case_and_one_that_does_not_fit_is_refused() -> None:

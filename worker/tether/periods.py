@@ -51,7 +51,8 @@ class Window:
     @classmethod
     def of(cls, per: Per, t: float, zone: str | None = None) -> Window:
         """The `per` that holds `t` in `zone` (None: UTC)."""
-        zone = None if zone == "UTC" else zone  # UTC's windows keep their ids of before zones
+        # UTC's windows, by any of its names, keep their ids of before zones.
+        zone = None if zone in UTC_NAMES else zone
         at = datetime.fromtimestamp(t, UTC if zone is None else ZoneInfo(zone))
         if per == "hour":
             start_ts, end_ts = _hour(at, t)

@@ -241,11 +241,12 @@ class SpendWindows:
     def _count(self, made: _Hold, spent: Spend) -> None:
         """What the call of the hold `made` spent, in the windows it started in: the agent's,
         and its model's."""
-        for zone in (None, *made.zones):
-            for per in PERIODS:
-                window = Window.of(per, made.at, zone)
-                for key in (window.id, window.key(made.model)) if made.model else (window.id,):
-                    self.spent[key] = self.spent.get(key, Spend()) + spent
+        # Each once: a hold of a version before UTC's other names were UTC's may name Etc/UTC.
+        zones = (None, *made.zones)
+        windows = dict.fromkeys(Window.of(per, made.at, zone) for zone in zones for per in PERIODS)
+        for window in windows:
+            for key in (window.id, window.key(made.model)) if made.model else (window.id,):
+                self.spent[key] = self.spent.get(key, Spend()) + spent
 
     def windows(self, now: float) -> list[dict[str, Any]]:
         """Each current window, in UTC and in each time zone counted in: what was spent in it
