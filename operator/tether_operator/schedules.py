@@ -33,6 +33,7 @@ from .context import AgentMemory, Operator
 from .kube import KubeError
 from .names import RUN_NOW_ANNOTATION, content_hash
 from .restate_admin import RestateError
+from .state_values import number_in, text_in
 
 
 async def keep(
@@ -123,16 +124,19 @@ def _hash(schedule: ScheduleSpec) -> str:
 def _as_kept(status: ScheduleStatus, kept: dict[str, Any]) -> ScheduleStatus:
     return status.model_copy(
         update={
-            "next_run": _rfc3339(kept.get("next")),
-            "last_run": _rfc3339(kept.get("last")),
-            "last_session": kept.get("session"),
-            "late_ticks": int(kept.get("late") or 0),
+            "next_run": _rfc3339(number_in(kept, "next")),
+            "last_run": _rfc3339(number_in(kept, "last")),
+            "last_session": text_in(kept, "session"),
+            "late_ticks": max(0, int(number_in(kept, "late") or 0)),
         }
     )
 
 
-def _rfc3339(t: Any) -> str | None:
-    return rfc3339(t) if isinstance(t, int | float) else None
+def _rfc3339(t: float | None) -> str | None:
+    try:
+        return None if t is None else rfc3339(t)
+    except (OverflowError, ValueError, OSError):  # past year 9999
+        return None
 
 
 async def _webhook_key(

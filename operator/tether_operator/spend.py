@@ -14,6 +14,7 @@ from tether.spec import DurableAgent, SpendCapSpec, SpendStatus, restate_service
 from .conditions import rfc3339
 from .context import Operator
 from .restate_admin import RestateError
+from .state_values import number_in
 
 
 async def observed(op: Operator, agent: DurableAgent, kept: list[SpendStatus]) -> list[SpendStatus]:
@@ -26,7 +27,7 @@ async def observed(op: Operator, agent: DurableAgent, kept: list[SpendStatus]) -
         counted = await op.observer.spend(restate_services(agent.metadata.name).spend)
     except RestateError:
         return kept
-    spent = counted.get("spent") or {}
+    spent = counted.get("spent")
     now = time.time()
     return [
         _status(cap, agent.spec.model.label_of(cap.model) if cap.model else None, now, spent)
@@ -34,10 +35,14 @@ async def observed(op: Operator, agent: DurableAgent, kept: list[SpendStatus]) -
     ]
 
 
-def _status(cap: SpendCapSpec, model: str | None, now: float, spent: dict[str, Any]) -> SpendStatus:
+def _amount(found: Any, key: str) -> float:
+    return max(0.0, number_in(found, key) or 0.0)
+
+
+def _status(cap: SpendCapSpec, model: str | None, now: float, spent: Any) -> SpendStatus:
     window = Window.of(cap.per, now, cap.time_zone)
-    amount = spent.get(window.key(model)) or {}
-    cost, tokens = float(amount.get("cost_usd") or 0.0), int(amount.get("tokens") or 0)
+    amount = spent.get(window.key(model)) if isinstance(spent, dict) else None
+    cost, tokens = _amount(amount, "cost_usd"), int(_amount(amount, "tokens"))
     shares = [
         cost / cap.max_cost_usd if cap.max_cost_usd else 0.0,
         tokens / cap.max_tokens if cap.max_tokens else 0.0,
