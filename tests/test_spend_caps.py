@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -451,7 +452,12 @@ async def test_a_run_under_a_cap_that_waits_sleeps_until_the_next_period_then_go
     assert 0.9 < waited < 5
     [waiting] = [e for e in events if e["type"] == "spend_cap_waiting"]
     assert waiting["until"] - waiting["at"] == pytest.approx(1000, abs=100)
-    assert "the run waits until it resets" in waiting["reason"]
+    assert "the run waits until it resets" in waiting["reason"] and waiting["cap"] == "hour"
+    if runtime == "sqlite":  # the sleep is named for the cap it waits for
+        sleeps = sqlite3.connect(tmp_path / "runs.db").execute(
+            "SELECT name FROM tether_steps WHERE kind = 'sleep' ORDER BY at"
+        )
+        assert [name for (name,) in sleeps] == ["spend-cap:0:0:hour", "backoff:0:1"]
 
 
 # A model's own caps -----------------------------------------------------------------------

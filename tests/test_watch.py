@@ -219,9 +219,12 @@ def test_a_run_waiting_for_the_spend_cap_says_how_long_and_until_when() -> None:
     out = Terminal(tty=False)
     printer = Printer(out, clock=lambda: T0)
     until = (T0 + 3 * 3600 + 5) * 1000
-    printer.show({"type": "spend_cap_waiting", "at": T0 * 1000, "until": until, "reason": "r"})
+    waiting = {"type": "spend_cap_waiting", "at": T0 * 1000, "until": until, "reason": "r"}
+    printer.show(waiting)  # journaled by an earlier version: no cap named
+    printer.show({**waiting, "cap": "hour:anthropic/claude-opus"})
     printer.close()
     day = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until / 1000))
     assert out.getvalue().splitlines() == [
-        f"  waits 3h00m05s for the agent's spend cap, until {day}"
+        f"  waits 3h00m05s for the agent's spend cap, until {day}",
+        f"  waits 3h00m05s for the spend cap hour:anthropic/claude-opus, until {day}",
     ]

@@ -5,6 +5,7 @@ worker's signed, fresh request takes a hold or settles one, and once."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -124,6 +125,9 @@ def test_a_run_under_a_cap_that_waits_sleeps_in_restate_until_the_next_period(
                 break
             completed += 1
         assert status == "suspended" and 2 <= completed <= CAP // 250
+        # Its sleep names the cap: the README's query counts it, and not the runs that slept
+        # for it before and completed (nor would it a run since asleep for another reason).
+        assert restate_server.query(readme_query(agent)) == [{"cap": "day", "runs": 1}]
         events = http("POST", f"{url}/{agent}/s{completed}/events", None).json()
         [waiting] = [e for e in events if e["type"] == "spend_cap_waiting"]
         tomorrow = (time.time() // 86400 + 1) * 86400 * 1000
@@ -131,6 +135,14 @@ def test_a_run_under_a_cap_that_waits_sleeps_in_restate_until_the_next_period(
         assert "the run waits until it resets at" in waiting["reason"]
         assert day_spent(restate_server, agent)["spent"]["tokens"] == completed * 250
     http("PATCH", f"{restate_server.admin_url}/invocations/{invocation}/kill", None)
+
+
+def readme_query(agent: str) -> str:
+    """The README's query of the runs each cap holds back, for `agent`."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    found = re.search(r'restate sql "(SELECT [^"]*spend-cap:[^"]*)"', readme)
+    assert found, "the README's query of the runs a spend cap holds back"
+    return found[1].replace("'triage'", f"'{agent}'")
 
 
 def ended_or_sleeping(server: RestateServer, invocation: str) -> str | None:

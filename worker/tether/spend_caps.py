@@ -58,6 +58,12 @@ class SpendCap:
         if self.time_zone in UTC_NAMES:  # Etc/UTC's day is UTC's: one count, not two
             object.__setattr__(self, "time_zone", None)
 
+    @property
+    def label(self) -> str:
+        """`day`, or `day:anthropic/claude-opus-4-1` for one model's: one cap per period and
+        model. Names the sleep of a run waiting for it (`spend-cap:<turn>:<attempt>:<label>`)."""
+        return self.per if self.model is None else f"{self.per}:{self.model}"
+
     def applies_to(self, model: str) -> bool:
         return self.model is None or self.model == model
 

@@ -429,8 +429,10 @@ class AgentRun:
             if "error" not in result or not result["retry"]:
                 return result
             waits = bool(result.get("capped"))  # for the spend cap's next period: not a retry
+            sleep = f"backoff:{turn}:{attempt}"
             if waits:
                 until = result["at"] + round(result["retry_after"] * 1000)
+                cap = result.get("cap")
                 await self._publish(
                     event(
                         "spend_cap_waiting",
@@ -438,11 +440,12 @@ class AgentRun:
                         result["at"],
                         until=until,
                         reason=result["error"],
+                        **({"cap": cap} if cap else {}),
                     )
                 )
-            await self.durable.sleep(
-                backoff_ms(retries, result.get("retry_after")), f"backoff:{turn}:{attempt}"
-            )
+                if cap:  # what Restate shows it waits for (`restate invocations describe`)
+                    sleep = f"spend-cap:{turn}:{attempt}:{cap}"
+            await self.durable.sleep(backoff_ms(retries, result.get("retry_after")), sleep)
             attempt += 1
             retries += 0 if waits else 1
             model = 0
@@ -536,6 +539,8 @@ class AgentRun:
                     failed |= {"fallback": fallback, **self._which(provider)}
                 if capped:  # not made: not the model's fault (also when it falls back)
                     failed["capped"] = True
+                    if failed["retry"] and isinstance(error, SpendCapReached):  # names its wait
+                        failed["cap"] = error.refusal.cap.label
                 if error.may_have_charged:  # the run's budget counts its worst case
                     failed["charged"] = True
                 await hooks.call(

@@ -234,7 +234,8 @@ class Printer:
         elif kind == "spend_cap_waiting":  # up to a month: the day too
             until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["until"] / 1000))
             left = duration(event["until"] / 1000 - event["at"] / 1000)
-            self._line(f"  waits {left} for the agent's spend cap, until {until}")
+            cap = f"spend cap {event['cap']}" if event.get("cap") else "agent's spend cap"
+            self._line(f"  waits {left} for the {cap}, until {until}")
         elif kind == "run_ended":
             self._line(
                 f"run {event['run']} {event['status']}: {event.get('turns')} turns, "
