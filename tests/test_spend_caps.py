@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import time
 from datetime import UTC, datetime
@@ -458,6 +459,48 @@ async def test_a_run_under_a_cap_that_waits_sleeps_until_the_next_period_then_go
             "SELECT name FROM tether_steps WHERE kind = 'sleep' ORDER BY at"
         )
         assert [name for (name,) in sleeps] == ["spend-cap:0:0:hour", "backoff:0:1"]
+
+
+async def test_a_wait_journaled_before_waits_named_their_cap_replays_as_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal of the version before: the refusal without `cap`, its wait named `backoff`."""
+    monkeypatch.setattr(spend, "WAKE_SPREAD_SECONDS", 0.0)
+    hour_ends_in_a_second = 3600 - time.time() % 3600 - 1.0
+    gate = LocalSpendGate([HOUR_WAITS], clock=lambda: time.time() + hour_ends_in_a_second)
+    gate.windows.reserve(gate.caps, "earlier", Spend(0, 900), gate._clock())
+    db = tmp_path / "runs.db"
+
+    async def run(model: FlakyProvider) -> str:
+        with sqlite_runtime(db, "r1") as durable:
+            agent = create_agent(
+                provider=Limited(model, spend=gate),
+                durable=durable,
+                behavior={"max_output_tokens": 100},
+            )
+            return (await agent.run("go")).status
+
+    never = ProviderError("not asked on a replay", provider="p")
+    reply = [{"text": "done", "usage": {"input": 10, "output": 10}}]
+    assert await run(FlakyProvider(reply, 0, never)) == "completed"
+    with sqlite3.connect(db) as conn:  # as the version before journaled it
+        for scope, seq, value in conn.execute(
+            "SELECT scope, seq, value FROM tether_steps WHERE kind = 'model'"
+        ).fetchall():
+            older = json.loads(value)
+            if older.pop("cap", None) is not None:
+                conn.execute(
+                    "UPDATE tether_steps SET value = ? WHERE scope = ? AND seq = ?",
+                    (json.dumps(older).encode(), scope, seq),
+                )
+        renamed = conn.execute(
+            "UPDATE tether_steps SET name = 'backoff:0:0' WHERE name = 'spend-cap:0:0:hour'"
+        ).rowcount
+    assert renamed == 1
+    replayed = FlakyProvider(reply, 1, never)
+    assert await run(replayed) == "completed" and replayed.attempts == 0
+    sleeps = sqlite3.connect(db).execute("SELECT name FROM tether_steps WHERE kind = 'sleep'")
+    assert [name for (name,) in sleeps] == ["backoff:0:0"]
 
 
 # A model's own caps -----------------------------------------------------------------------

@@ -226,5 +226,5 @@ def test_a_run_waiting_for_the_spend_cap_says_how_long_and_until_when() -> None:
     day = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(until / 1000))
     assert out.getvalue().splitlines() == [
         f"  waits 3h00m05s for the agent's spend cap, until {day}",
-        f"  waits 3h00m05s for the spend cap hour:anthropic/claude-opus, until {day}",
+        f"  waits 3h00m05s for the hour:anthropic/claude-opus spend cap, until {day}",
     ]

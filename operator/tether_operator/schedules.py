@@ -132,11 +132,12 @@ def _as_kept(status: ScheduleStatus, kept: dict[str, Any]) -> ScheduleStatus:
     )
 
 
+YEAR_10000 = 253_402_300_800
+"""RFC 3339 has four digits for the year (and the metrics parse it back)."""
+
+
 def _rfc3339(t: float | None) -> str | None:
-    try:
-        return None if t is None else rfc3339(t)
-    except (OverflowError, ValueError, OSError):  # past year 9999
-        return None
+    return rfc3339(t) if t is not None and 0 <= t < YEAR_10000 else None
 
 
 async def _webhook_key(

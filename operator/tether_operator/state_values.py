@@ -8,13 +8,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
+LARGEST = 2.0**53
+"""Past this no count or time of ours goes (and the status's integers are int64)."""
+
 
 def number_in(found: Any, key: str) -> float | None:
-    """`found[key]` where `found` is an object and that is a finite number (not a bool)."""
+    """`found[key]` where `found` is an object and that is a number (not a bool) within
+    `LARGEST` either side of 0."""
     value = found.get(key) if isinstance(found, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of 309 digits or more
+        return None
+    return number if math.isfinite(number) and abs(number) <= LARGEST else None
 
 
 def text_in(found: Any, key: str) -> str | None:

@@ -234,7 +234,7 @@ class Printer:
         elif kind == "spend_cap_waiting":  # up to a month: the day too
             until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["until"] / 1000))
             left = duration(event["until"] / 1000 - event["at"] / 1000)
-            cap = f"spend cap {event['cap']}" if event.get("cap") else "agent's spend cap"
+            cap = f"{event['cap']} spend cap" if event.get("cap") else "agent's spend cap"
             self._line(f"  waits {left} for the {cap}, until {until}")
         elif kind == "run_ended":
             self._line(
