@@ -345,6 +345,17 @@ async def test_the_route_refuses_what_it_cannot_take(caplog: pytest.LogCaptureFi
             400,
         ),
         "no user": (*click_form(a_click(user={})), 400),
+        # int() of 4,301 digits raises: refused as any malformed stamp, not a 500
+        "a stamp of 5,000 digits": (
+            body,
+            {**headers, "x-slack-request-timestamp": "9" * 5000},
+            401,
+        ),
+        "a stamp in other digits": (
+            body,
+            {**headers, "x-slack-request-timestamp": ("²" * 10).encode("latin-1")},
+            401,
+        ),
     }
     for what, (sent, sent_headers, status) in cases.items():
         answer = await send(settings, sent, sent_headers)

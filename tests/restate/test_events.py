@@ -289,6 +289,8 @@ def test_reading_needs_a_token_for_this_session_that_has_not_expired(
         "another session": f"{base}?token={events_token(secret, agent.agent, 's2')}",
         "expired": f"{base}?token={events_token(secret, agent.agent, 's1', expires=1)}",
         "another secret": f"{base}?token={events_token(b'x' * 32, agent.agent, 's1')}",
+        "an expiry of 5,000 digits": f"{base}?token={'9' * 5000}.ab",  # int() of it raises
+        "an expiry in other digits": f"{base}?token=%C2%B2%C2%B2.ab",  # "²".isdigit()
     }
     for case, url in cases.items():
         response = httpx2.get(url, timeout=10)

@@ -499,6 +499,18 @@ def test_a_standard_webhooks_delivery_resolves_once(stack: Stack) -> None:
     assert stack.answers() == answers  # no answer forwarded
     assert stack.parked("standard-two") is not None  # the other call still waits
 
+    # A new delivery for the call answered before is refused, and taken all the same: sent to
+    # the other call (its signature does not say which call it is for), it is a replay.
+    late, late_headers = standard_webhook(key, {"approved": True}, "msg_late")
+    refused_late = httpx2.post(one + path, content=late, headers=late_headers, timeout=60)
+    assert refused_late.status_code in (404, 409), refused_late.text
+    assert refused_late.json()["outcome"] != "replayed", refused_late.text
+    elsewhere = f"{other}/v1/awakeables/{next_id}/resolve"
+    replayed = httpx2.post(elsewhere, content=late, headers=late_headers, timeout=60)
+    assert (replayed.status_code, replayed.json()["outcome"]) == (409, "replayed"), replayed.text
+    assert stack.answers() == answers
+    assert stack.parked("standard-two") is not None
+
     # A bad signature, a stale one: 401, nothing forwarded.
     next_path = f"/v1/awakeables/{next_id}/resolve"
     wrong = standard_webhooks_secret(b"not-the-webhook-secret")

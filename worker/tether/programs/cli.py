@@ -421,7 +421,10 @@ def resolve_command(args: argparse.Namespace) -> int:
     while response.status_code == 503 and time.monotonic() < deadline:
         print(f"503 {response.text}: sending again", file=sys.stderr)
         after = response.headers.get("retry-after", "")
-        wait = min(float(after) if after.isdigit() else 1.0, deadline - time.monotonic())
+        wait = min(
+            float(after) if after.isascii() and after.isdigit() else 1.0,
+            deadline - time.monotonic(),
+        )
         # Into the next second at least: a signature is of its second, and one seen is a replay.
         time.sleep(max(wait, 1.001 - time.time() % 1))
         response = _signed_call(args, "POST", path, body)

@@ -150,4 +150,4 @@ def retry_delay(status: int, headers: Mapping[str, str], default: float) -> floa
     if status not in (429, 503):
         return None
     retry_after = next((v for k, v in headers.items() if k.lower() == "retry-after"), "")
-    return float(retry_after) if retry_after.isdigit() else default
+    return float(retry_after) if retry_after.isascii() and retry_after.isdigit() else default

@@ -61,6 +61,12 @@ def signatures_equal(expected: str, given: str) -> bool:
     return given.isascii() and hmac.compare_digest(expected, given)
 
 
+def unix_seconds(text: str) -> int | None:
+    """`text` as a stamp's or an expiry's whole seconds: ASCII digits, at most 12 of them (no
+    time of ours is wider, and `int` raises past 4,300 digits; `"²".isdigit()` too)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+
+
 def hmac_hex(secret: bytes, message: bytes) -> str:
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
@@ -118,10 +124,11 @@ def verify_request(
     stamp, signature = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
     if not stamp or not signature:
         raise SignatureError("missing signature headers")
-    if not (stamp.isascii() and stamp.isdigit()):
+    stamped = unix_seconds(stamp)
+    if stamped is None:
         raise SignatureError("malformed timestamp")
     current = time.time() if now is None else now
-    if abs(current - int(stamp)) > TOLERANCE_SECONDS:
+    if abs(current - stamped) > TOLERANCE_SECONDS:
         raise SignatureError("timestamp outside the accepted window")
     if not signature.startswith("v1="):
         raise SignatureError("unknown signature version")
@@ -185,13 +192,14 @@ def verify_link(
     now: float | None = None,
     recipient: str | None = None,
 ) -> None:
-    if not (expires.isascii() and expires.isdigit()):
+    until = unix_seconds(expires)
+    if until is None:
         raise SignatureError("malformed expiry")
-    if (time.time() if now is None else now) > int(expires):
+    if (time.time() if now is None else now) > until:
         raise SignatureError("link expired")
     if recipient is not None and not valid_recipient(recipient):
         raise SignatureError("malformed recipient")
-    expected = link_signature(secret, action, awakeable_id, int(expires), recipient)
+    expected = link_signature(secret, action, awakeable_id, until, recipient)
     if not signatures_equal(expected, signature):
         raise SignatureError("signature does not match")
 
@@ -251,12 +259,13 @@ def verify_events_token(
     secret: bytes, token: str, agent: str, session: str, now: float | None = None
 ) -> None:
     stamp, _, signature = token.partition(".")
-    if not stamp.isdigit() or not signature:
+    until = unix_seconds(stamp)
+    if until is None or not signature:
         raise SignatureError("malformed events token")
-    if int(stamp) < (time.time() if now is None else now):
+    if until < (time.time() if now is None else now):
         raise SignatureError("the events token has expired")
     if not signatures_equal(
-        events_token(secret, agent, session, int(stamp)).partition(".")[2], signature
+        events_token(secret, agent, session, until).partition(".")[2], signature
     ):
         raise SignatureError("the events token is not for this session")
 

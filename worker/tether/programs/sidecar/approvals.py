@@ -140,7 +140,7 @@ async def deny_form(awakeable_id: str, request: Request, sidecar: SidecarDep) ->
 async def list_parked_calls(request: Request, sidecar: SidecarDep) -> JSONResponse:
     """The agent's parked calls in all sessions, oldest first. Signed like a webhook POST, with
     an empty body (the records show tool inputs)."""
-    authenticate_request(sidecar.settings.secrets, b"", request.headers, request.url.path)
+    authenticate_request(sidecar.settings.secrets, b"", request.headers, request.scope["path"])
     records = await sidecar.parked.all()
     waiting = [r for r in records.values() if r["awakeable_id"] not in sidecar.ledger]
     parked = sorted(waiting, key=lambda r: (r.get("created_at", 0), r["awakeable_id"]))

@@ -67,7 +67,6 @@ class Sidecar:
         answer: dict[str, Any],
         *,
         approver: str | None = None,
-        delivery: str | None = None,
     ) -> None:
         """Answer a parked call once: `answer` is `{"value": ...}` (resolve) or `{"reject":
         "<reason>"}`. Ledger claim (this process); a call the agent's index does not hold is
@@ -75,11 +74,7 @@ class Sidecar:
         answer then, and it acts if the call is parked when the worker is back. Then the
         idempotent, proven send to the index's `answer` handler; 409 if any answer reached
         Restate before, through any replica. If the send fails the call stays answerable. The
-        log line names the approver, if known (an audit trail next to the value Restate keeps).
-
-        With `delivery` (the `webhook-id` of a Standard Webhooks request, whose signature does
-        not cover the path), the id is claimed in Restate just before the send
-        (`claim_delivery`): a delivery acts once through every replica, on one call only."""
+        log line names the approver, if known (an audit trail next to the value Restate keeps)."""
         self.ledger.claim(awakeable_id)
         try:
             try:
@@ -88,8 +83,6 @@ class Sidecar:
                 if error.status != 503:
                     raise
                 log.warning("the parked calls cannot be read; answering %s anyway", awakeable_id)
-            if delivery is not None:
-                await self.claim_delivery(delivery)
             proof = answer_proof(self.settings.secret, awakeable_id, answer)
             payload = orjson.dumps({"awakeable_id": awakeable_id, **answer, "proof": proof})
             sent = await self.restate.send_answer(
@@ -111,7 +104,8 @@ class Sidecar:
     async def claim_delivery(self, delivery: str) -> None:
         """Take a delivery id once through every replica and restart: a send to the index's
         `claim` under `delivery_key(delivery)`; 409 `replayed` if any replica took it before.
-        Once taken it stays taken (a day), whatever became of the answer."""
+        Taken as soon as its signature verifies, it stays taken (a day), whatever became of the
+        request: refused or failed, it is sent again under a new id."""
         sent = await self.restate.send_claim(self.settings.agent, delivery_key(delivery))
         if sent.get("status") != ACCEPTED:
             raise Rejection(409, "replayed", "this webhook-id was already received")

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from starlette.types import Receive
 
-from ..webhooks import LinkAction
+from ..webhooks import LinkAction, unix_seconds
 from .body import read_limited_body
 from .rejection import Rejection
 
@@ -72,9 +72,9 @@ def check_form_token(
         raise Rejection(403, "bad_token", "refused: open the link and use the page's buttons")
     issued_text, _, rest = token.partition(".")
     nonce, _, mac = rest.partition(".")
-    if not (issued_text.isascii() and issued_text.isdigit() and nonce and mac.isascii()):
+    issued = unix_seconds(issued_text)
+    if issued is None or not nonce or not mac.isascii():
         raise Rejection(403, "bad_token", "refused: the page's token is malformed")
-    issued = int(issued_text)
     current = time.time() if now is None else now
     made = (_mac(secret, action, awakeable_id, signature, issued, nonce) for secret in secrets)
     if not any(hmac.compare_digest(expected, mac) for expected in made):

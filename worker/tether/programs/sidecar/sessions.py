@@ -65,7 +65,7 @@ async def _signed_text_field(
     body, value, signature, timestamp = await read_signed_json(
         request.receive,
         request.headers,
-        request.url.path,
+        request.scope["path"],  # what routed it (never the Host header's)
         settings.secrets,
         settings.max_body_bytes,
         idempotency_key,

@@ -82,12 +82,14 @@ class SignedPosts:
         sidecar = self.sidecar
         settings = sidecar.settings
         headers = Headers(scope=scope)
-        delivery: str | None = None
         if signed_with_standard_webhooks(headers):
             value, delivery, timestamp = await read_standard_webhook(
                 receive, headers, settings.secrets, settings.max_body_bytes
             )
             signature = f"webhook-id:{delivery}"  # what the replay guard knows it by
+            # Its signature covers neither the path nor the call: the id binds it, so it is
+            # taken before anything can refuse it (refused, it could answer another call).
+            await sidecar.claim_delivery(delivery)
         else:
             _, value, signature, timestamp = await read_signed_json(
                 receive, headers, path, settings.secrets, settings.max_body_bytes
@@ -107,9 +109,7 @@ class SignedPosts:
             answer_of = {"reject": reason}
 
         async def answer() -> None:
-            await sidecar.answer(
-                awakeable_id, f"{verb}d by webhook", answer_of, approver=approver, delivery=delivery
-            )
+            await sidecar.answer(awakeable_id, f"{verb}d by webhook", answer_of, approver=approver)
 
         await sidecar.once(signature, timestamp, answer)
         count("resolved" if verb == "resolve" else "rejected")

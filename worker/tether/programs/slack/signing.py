@@ -28,7 +28,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..webhooks import TOLERANCE_SECONDS, LinkAction, SignatureError, hmac_hex, signatures_equal
+from ..webhooks import (
+    TOLERANCE_SECONDS,
+    LinkAction,
+    SignatureError,
+    hmac_hex,
+    signatures_equal,
+    unix_seconds,
+)
 
 SIGNATURE_HEADER = "x-slack-signature"
 TIMESTAMP_HEADER = "x-slack-request-timestamp"
@@ -54,17 +61,18 @@ def verify_slack_request(
     stamp, signature = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
     if not stamp or not signature:
         raise SignatureError("missing X-Slack-Signature or X-Slack-Request-Timestamp")
-    if not (stamp.isascii() and stamp.isdigit()):
+    stamped = unix_seconds(stamp)
+    if stamped is None:
         raise SignatureError("malformed X-Slack-Request-Timestamp")
     current = time.time() if now is None else now
-    if abs(current - int(stamp)) > TOLERANCE_SECONDS:
+    if abs(current - stamped) > TOLERANCE_SECONDS:
         raise SignatureError("X-Slack-Request-Timestamp is outside the accepted window")
     if not signature.startswith("v0="):
         raise SignatureError("unknown X-Slack-Signature version")
     expected = hmac_hex(signing_secret, f"v0:{stamp}:".encode() + body)
     if not signatures_equal(expected, signature.removeprefix("v0=")):
         raise SignatureError("X-Slack-Signature does not match")
-    return signature, int(stamp)
+    return signature, stamped
 
 
 @dataclass(frozen=True)

@@ -338,6 +338,6 @@ def _cut_note(response: httpx2.Response, shown: int) -> str:
     """What the result says of the body it does not show."""
     length = response.headers.get("content-length", "")
     identity = response.headers.get("content-encoding", "identity").strip().lower() == "identity"
-    if identity and length.isdigit():
+    if identity and length.isascii() and length.isdigit() and len(length) <= 18:
         return f"\n[... {int(length) - shown} more bytes not shown ...]"
     return f"\n[... the body was cut after {shown} bytes; the rest was not read ...]"
