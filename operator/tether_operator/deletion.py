@@ -76,6 +76,18 @@ async def _unregister(op: Operator, body: kopf.Body, deployment_id: str, left: f
         _retry_or_give_up(body, error, left, f"deployment {deployment_id}")
 
 
+async def _kill_pinned(op: Operator, body: kopf.Body, deployment_id: str) -> int:
+    try:
+        return await op.restate.kill_pinned(deployment_id)
+    except RestateError as error:  # the deletion goes on: drain.timeout has passed
+        kopf.warn(
+            body,
+            reason="UnregistrationFailed",
+            message=f"{error}; kill the runs pinned to {deployment_id} with the Restate CLI",
+        )
+        return 0
+
+
 async def _unregister_sidecar(op: Operator, body: kopf.Body, left: float) -> None:
     """Unregister the sidecar's index, once the versions whose runs answer through it are gone
     (found by its metadata: the status may have lost its id)."""
@@ -129,10 +141,14 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
             kopf.info(body, reason="WaitingForRuns", message=message)
         raise kopf.TemporaryError(message, delay=min(POLL, max(left, 0.5)))
     if waiting:
+        killed = 0
+        for deployment_id in ids.values():  # none would hold its session for an agent made anew
+            killed += await _kill_pinned(op, body, deployment_id)
         kopf.warn(
             body,
             reason="DrainTimeout",
-            message=f"drain.timeout passed with {waiting} runs in flight; they are cut off",
+            message=f"drain.timeout passed with {waiting} runs in flight; killed the {killed} "
+            "pinned to a version",
         )
     for digest, deployment_id in ids.items():
         await _unregister(op, body, deployment_id, left)

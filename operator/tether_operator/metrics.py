@@ -27,8 +27,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 LABELS = ("namespace", "agent", "version")
 ACTIVE_RUNS = Gauge(
     "tether_version_active_runs",
-    "Runs pinned to the version that are running, ready, backing off or pending: they need a "
-    "worker now.",
+    "Runs of the version that are running, ready or backing off: they need a worker now.",
     LABELS,
     registry=REGISTRY,
 )

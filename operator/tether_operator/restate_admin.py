@@ -40,6 +40,9 @@ IN_FLIGHT_SQL = (
 any, e.g. inboxed or scheduled), its service and its status: the drain, the scaler and the
 gauges of every agent read this one query."""
 PAUSED_SQL = "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id = '{}'"
+PINNED_SQL = (
+    "SELECT id FROM sys_invocation WHERE status != 'completed' AND pinned_deployment_id = '{}'"
+)
 SCHEDULED_SQL = (
     "SELECT id FROM sys_invocation WHERE status = 'scheduled' AND target_service_name = '{}'"
 )
@@ -48,9 +51,10 @@ UNPINNED_PAUSED_SQL = (
     "AND target_service_name IN ({})"
 )
 SERVICE_NAME = re.compile(r"^[a-z0-9][-a-z0-9]*$")
-NOT_STARTED_YET = frozenset({"scheduled", "inboxed"})
+NOT_STARTED_YET = frozenset({"scheduled", "pending", "inboxed"})
 """Statuses of an unpinned invocation that needs no worker yet: due later, or queued behind
-another invocation of its key (which is pinned, and counted there)."""
+another invocation of its key (which is pinned, and counted there; `sys_invocation` calls it
+`pending`, `sys_invocation_status` `inboxed`)."""
 DEPLOYMENT_ID = re.compile(r"^dp_[A-Za-z0-9]+$")
 WAITING_STATUSES = frozenset({"suspended", "paused"})
 """Statuses of an invocation that waits without a worker: for a person, a timer or another call
@@ -172,6 +176,14 @@ class RestateAdmin(RestateApi):
             rows += await self.query(UNPINNED_PAUSED_SQL.format(names))
         return await self._each(rows, admin.resume)
 
+    async def kill_pinned(self, deployment_id: str) -> int:
+        """Kill the invocations pinned to `deployment_id`; how many. Before it is removed with
+        runs still pinned (drain.timeout): no other deployment can take them over, and one left
+        would hold its session's lock for good, every later run of the session queued behind."""
+        if not DEPLOYMENT_ID.match(deployment_id):
+            raise RestateError("QueryFailed", f"not a Restate deployment id: {deployment_id!r}")
+        return await self._each(await self.query(PINNED_SQL.format(deployment_id)), admin.kill)
+
     async def kill_scheduled(self, service: str) -> int:
         """Kill the invocations of `service` that wait for their time (delayed sends); how
         many."""
@@ -200,9 +212,9 @@ class Runs:
     """The unfinished invocations pinned to one deployment, by what they wait for."""
 
     active: int = 0
-    """Running, ready, backing off, pending or scheduled: they need a worker now (or as soon as
-    one answers). An unknown status counts here too, so nothing is taken for idle that Restate
-    did not say waits."""
+    """Running, ready or backing off: they need a worker now (or as soon as one answers). An
+    unknown status counts here too, so nothing is taken for idle that Restate did not say
+    waits."""
     suspended: int = 0
     paused: int = 0
 

@@ -4,7 +4,7 @@ none while its runs only wait, and they come back as soon as one of them has wor
 Every supervision pass reads Restate's one cached count of unfinished invocations by deployment
 and status (`RestateObserver.in_flight`), and for each version:
 
-- records its active runs (running, ready, backing off, pending) and parked ones (suspended,
+- records its active runs (running, ready, backing off) and parked ones (suspended,
   paused) in the status (and so in the gauges, `metrics`). The active version's also count the
   invocations of the agent's object that no deployment has yet: Restate sends a new run (or a
   read of a session) to its latest deployment, and pins it there only once a worker answers
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -278,9 +279,10 @@ async def scale(
         needed = digest == desired and version.state != "Active"
         # The spec's version, woken by a rollback, gets the spec's replicas (as its apply does).
         before = None if needed else deployment.replicas_before_zero
-        decision = decide(
+
+        decided = functools.partial(
+            decide,
             version,
-            runs,
             needed=needed,
             idle_after=seconds,
             deployment=deployment,
@@ -288,6 +290,16 @@ async def scale(
             now=now,
             hold=digest in mem.resume_due,
         )
+        decision = decided(runs)
+        if decision.replicas == 0:
+            # The counts may be seconds old: a run started since would lose its pod mid-call.
+            try:
+                in_flight = await op.observer.in_flight(max_age=0.0)
+            except RestateError as error:
+                log.warning("counting the runs of %s again failed: %s", digest, error)
+                continue
+            runs = runs_of(agent.metadata.name, version, in_flight)
+            decision = decided(runs)
         if autoscaled and decision.replicas is None and not needed and deployment.replicas:
             decision = autoscale(
                 decision.version,

@@ -352,6 +352,13 @@ async def drain_old(
                 continue
         if age >= timeout:
             why = f"drain.timeout ({agent.spec.drain.timeout}) passed with {pinned} runs pinned"
+            if version.restate_deployment_id:
+                try:
+                    killed = await op.restate.kill_pinned(version.restate_deployment_id)
+                except RestateError as error:  # removed only once none is left behind
+                    mem.restate_problem = Verdict(DRAINING, True, error.reason, str(error))
+                    continue
+                why += f"; killed {killed} (their sessions take new runs again)"
             await retire(op, body, version, why, warning=True)
             del versions[version.hash]
     for digest, version in list(versions.items()):

@@ -7,6 +7,7 @@ from typing import Any
 
 from tests.operator.op_harness import Cluster, OperatorFactory, Restate, wait_for
 from tests.operator.test_children import AGENT, manifest, registered, with_secrets
+from tests.operator.test_scale_to_zero import invocation_status
 
 
 def active(cluster: Cluster) -> str | None:
@@ -167,7 +168,7 @@ def test_drain_timeout_bounds_the_wait(
     run_operator()
     cluster.apply_agent(manifest(system="v1", drain={"delay": "0s", "timeout": "3s"}))
     old = wait_for(lambda: active(cluster), timeout=60, what="v1 active")
-    restate.send(AGENT, "stuck", "park: nobody answers")
+    stuck = restate.send(AGENT, "stuck", "park: nobody answers")
     restate.parked_awakeable(AGENT, "stuck")
     cluster.apply_agent(manifest(system="v2", drain={"delay": "0s", "timeout": "3s"}))
     wait_for(
@@ -176,4 +177,11 @@ def test_drain_timeout_bounds_the_wait(
         what="the old version removed after drain.timeout",
     )
     warnings = [e for e in cluster.events(AGENT) if e["type"] == "Warning"]
-    assert any(e["reason"] == "DrainTimeout" and "1 runs pinned" in e["message"] for e in warnings)
+    assert any(
+        e["reason"] == "DrainTimeout" and "1 runs pinned; killed 1" in e["message"]
+        for e in warnings
+    )
+    # Killed, not left pinned to a deployment Restate no longer has: it would hold its
+    # session's lock for good, and the session's next run would wait behind it forever.
+    assert invocation_status(restate, stuck) in ("completed", "")  # "": completed and gone
+    assert restate.call(AGENT, "stuck", "hello", timeout=30)["version"] != old

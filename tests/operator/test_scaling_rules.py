@@ -3,12 +3,14 @@ tests/operator/test_scale_to_zero.py runs it against the real components."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from tests.operator.test_settings import agent
 from tether.spec import ScalingSpec, SpecError, VersionStatus
+from tether_operator import scaling as scaler
 from tether_operator.children import WorkerDeployment, observed
 from tether_operator.conditions import parse_rfc3339
 from tether_operator.context import AgentMemory
@@ -137,7 +139,8 @@ def test_the_active_version_counts_the_runs_no_deployment_has_yet() -> None:
         unpinned={},
         statuses={"dp_1": {"suspended": 1}},
         unpinned_statuses={
-            "triage": {"backing-off": 1, "scheduled": 4, "inboxed": 8, "paused": 1},
+            # queued behind the suspended run of its session (Restate's `pending`): it waits too
+            "triage": {"backing-off": 1, "scheduled": 4, "pending": 8, "paused": 1},
             "triage-inbox": {"pending": 2},  # the sidecar's, as the next two
             "triage-parked": {"backing-off": 16},
             "other": {"backing-off": 32},
@@ -294,3 +297,36 @@ def test_the_window_keeps_only_the_needs_that_can_still_be_the_most() -> None:
     # 4 (35 runs) at 0 s; of the later needs only the last 2 (12 runs, at 5 s): each earlier
     # one is matched or exceeded by a later one, so it can no longer be the window's most
     assert window == [(NOW, 4), (NOW + 5, 2)]
+
+
+async def test_a_version_goes_to_zero_only_on_counts_read_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass's counts may be seconds old: a run that started since would lose its pod."""
+    idle = draining(idle_since="2026-12-01T11:00:00.000Z")  # idle for long
+    stale = InFlight(pinned={"dp_1": 1}, unpinned={}, statuses={"dp_1": {"suspended": 1}})
+    now = InFlight(
+        pinned={"dp_1": 2}, unpinned={}, statuses={"dp_1": {"suspended": 1, "running": 1}}
+    )
+    applied: list[int] = []
+
+    async def apply(kube: Any, namespace: str, name: str, replicas: int, **_: Any) -> None:
+        applied.append(replicas)
+
+    counted: list[InFlight] = []
+
+    async def in_flight(max_age: float | None = None) -> InFlight:
+        assert max_age == 0.0
+        return counted[-1]
+
+    monkeypatch.setattr(scaler, "apply_replicas", apply)
+    monkeypatch.setattr(scaler.kopf, "info", lambda *args, **kwargs: None)
+    op: Any = SimpleNamespace(observer=SimpleNamespace(in_flight=in_flight), kube=None)
+    body = {"metadata": {"namespace": "ns", "name": "triage"}}
+    spec = agent(scaling={"idleAfter": "2s"})
+    for current, replicas in ((now, []), (stale, [0])):
+        counted.append(current)
+        versions = {"abc": idle}
+        await scaler.scale(op, body, spec, AgentMemory(), versions, "new", [DEPLOYMENT], stale)
+        assert applied == replicas
+        assert (versions["abc"].scaled_to_zero_at is None) == (not replicas)

@@ -1021,7 +1021,9 @@ class DrainSpec(_Model):
 
     delay: Duration = Field(default="5m", description="Wait at least this long before removal.")
     timeout: Duration = Field(
-        default="24h", description="Remove the version after this long even with runs pinned."
+        default="24h",
+        description="Remove the version after this long even with runs pinned: they are killed "
+        "first (no other version can take them over, and each would hold its session).",
     )
 
 
@@ -1033,7 +1035,7 @@ class ScalingSpec(_Model):
     idle_after: PositiveDuration | None = Field(
         default=None,
         description="Scale a version's Deployment to zero replicas once Restate has shown no "
-        "run of it running, ready, backing off or pending for this long (suspended and paused "
+        "run of it running, ready or backing off for this long (suspended and paused "
         "runs wait without pods), the active version's too (the agent's sidecar Deployment "
         "takes the webhooks meanwhile); it keeps its Restate registration and is scaled back to "
         "its replicas as soon as one of its runs has work again (an approval answered, for the "
