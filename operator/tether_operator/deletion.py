@@ -15,7 +15,7 @@ from .context import AgentMemory, Operator
 from .kube import KubeError
 from .names import RESTATE_AGENT_KEY, RESTATE_ROLE_KEY, restate_agent
 from .restate_admin import InFlight, RestateError
-from .supervisor import base_status, parse, write_status
+from .supervisor import base_status, parse, registered_versions, write_status
 
 POLL = 2.0
 
@@ -119,6 +119,9 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
     try:
         # No schedule starts a run while the others drain, or after.
         await schedules.stop_all(op, name)
+        # and the versions Restate has that the status lost: their runs drain too
+        found = await registered_versions(op, namespace, name)
+        ids |= {digest: d["id"] for digest, d in found.items() if d.get("id")}
         in_flight = await op.observer.in_flight(max_age=0.0)
         pinned = {h: in_flight.pinned.get(i, 0) for h, i in ids.items()}
         waiting = sum(pinned.values()) + in_flight.unpinned.get(name, 0)

@@ -112,19 +112,25 @@ async def write_status(
 # Reconciling the version list with what exists
 
 
+async def registered_versions(op: Operator, namespace: str, name: str) -> dict[str, Any]:
+    """The agent's versions' Restate deployments by hash, found by their metadata: the status
+    may have lost one (a crash, or a status write that failed after a registration)."""
+    owner = restate_agent(namespace, name)
+    return {
+        d["metadata"].get(RESTATE_VERSION_KEY, ""): d
+        for d in await op.restate.deployments()
+        if (d.get("metadata") or {}).get(RESTATE_AGENT_KEY) == owner
+        and not d["metadata"].get(RESTATE_ROLE_KEY)  # the sidecar is no version
+    }
+
+
 async def sync_once(
     op: Operator, body: kopf.Body, mem: AgentMemory, versions: Versions, desired: str
 ) -> None:
     """After a (re)start: adopt Restate deployments and children that the status lost."""
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    owner = restate_agent(namespace, name)
-    registered = {
-        d["metadata"].get(RESTATE_VERSION_KEY, ""): d
-        for d in await op.restate.deployments()
-        if (d.get("metadata") or {}).get(RESTATE_AGENT_KEY) == owner
-        and not d["metadata"].get(RESTATE_ROLE_KEY)  # the sidecar is no version
-    }
+    registered = await registered_versions(op, namespace, name)
     now = now_rfc3339()
     for digest, found in registered.items():
         version = versions.get(digest)

@@ -8,6 +8,7 @@ from typing import Any
 from tests.operator.op_harness import Cluster, OperatorFactory, Restate, wait_for
 from tests.operator.test_children import AGENT, manifest, registered, with_secrets
 from tests.operator.test_scale_to_zero import invocation_status
+from tether.spec.crd import GROUP, PLURAL, VERSION
 
 
 def active(cluster: Cluster) -> str | None:
@@ -159,6 +160,40 @@ def test_deleting_waits_for_the_run_in_flight(
             "configmaps": set(),
             "poddisruptionbudgets": set(),
         }
+
+
+def test_deleting_waits_for_the_runs_of_a_version_the_status_lost(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    """Its Restate id written nowhere (a status write that failed after its registration, then
+    a crash): the finalizer finds the version by its metadata, waits and unregisters it."""
+    with_secrets(cluster)
+    operator = run_operator()
+    digest = roll_to(cluster, "v1", None)
+    parked_run = restate.send(AGENT, "parked", "park: last run")
+    awakeable = restate.parked_awakeable(AGENT, "parked")
+    operator.process.kill()
+    lost = [
+        {k: v for k, v in version.items() if k != "restateDeploymentId"}
+        for version in cluster.versions(AGENT)
+    ]
+    cluster.objects.patch_namespaced_custom_object_status(
+        GROUP, VERSION, cluster.namespace, PLURAL, AGENT, {"status": {"versions": lost}}
+    )
+    assert all("restateDeploymentId" not in v for v in cluster.versions(AGENT))
+
+    cluster.delete_agent(AGENT)
+    run_operator()
+    waiting = wait_for(
+        lambda: (c := cluster.condition(AGENT, "Draining")).get("reason") == "WaitingForRuns" and c,
+        timeout=30,
+        what="the finalizer to say it waits",
+    )
+    assert f"{digest}: 1" in waiting["message"]
+    restate.resolve(awakeable, "done")
+    assert restate.output(parked_run)["answer"] == "done"
+    wait_for(lambda: cluster.agent(AGENT) is None, timeout=30, what="the agent to be deleted")
+    assert restate.deployments_of(cluster.namespace, AGENT) == set()
 
 
 def test_drain_timeout_bounds_the_wait(
