@@ -340,11 +340,19 @@ async def drain_old(
     mem.restate_problem = None
     delay = parse_duration(agent.spec.drain.delay)
     timeout = parse_duration(agent.spec.drain.timeout)
+    meta = body["metadata"]
     for version in draining:
         if version.restate_deployment_id is None and mem.synced:
-            await retire(op, body, version, "never registered")
-            del versions[version.hash]
-            continue
+            # A status write that failed after its registration lost its id: Restate knows.
+            found = (await registered_versions(op, meta["namespace"], meta["name"])).get(
+                version.hash
+            )
+            if found is None:
+                await retire(op, body, version, "never registered")
+                del versions[version.hash]
+                continue
+            version = version.model_copy(update={"restate_deployment_id": found["id"]})
+            versions[version.hash] = version
         pinned = in_flight.pinned.get(version.restate_deployment_id or "", 0)
         age = time.time() - parse_rfc3339(version.draining_since or now_rfc3339())
         if pinned == 0 and age >= delay:

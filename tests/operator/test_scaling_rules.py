@@ -1,5 +1,6 @@
-"""The scaler's idle rule and its bookkeeping, without a cluster (`tether_operator.scaling`);
-tests/operator/test_scale_to_zero.py runs it against the real components."""
+"""The scaler's idle rule and its bookkeeping, and a drain's, without a cluster
+(`tether_operator.scaling`, `supervisor.drain_old`); tests/operator/test_scale_to_zero.py runs
+them against the real components."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import pytest
 from tests.operator.test_settings import agent
 from tether.spec import ScalingSpec, SpecError, VersionStatus
 from tether_operator import scaling as scaler
+from tether_operator import supervisor
 from tether_operator.children import WorkerDeployment, observed
 from tether_operator.conditions import parse_rfc3339
 from tether_operator.context import AgentMemory
+from tether_operator.names import restate_metadata
 from tether_operator.restate_admin import InFlight, Runs
 from tether_operator.scaling import (
     Decision,
@@ -330,3 +333,40 @@ async def test_a_version_goes_to_zero_only_on_counts_read_then(
         await scaler.scale(op, body, spec, AgentMemory(), versions, "new", [DEPLOYMENT], stale)
         assert applied == replicas
         assert (versions["abc"].scaled_to_zero_at is None) == (not replicas)
+
+
+async def test_a_draining_version_whose_id_the_status_lost_is_found_not_retired(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Registered, then the status write failed and the spec changed: Restate has it, and its
+    runs are pinned to it, so it drains instead of being retired as never registered."""
+    retired: list[str] = []
+
+    async def retire(op: Any, body: Any, version: VersionStatus, why: str, **_: Any) -> None:
+        retired.append(f"{version.hash}: {why}")
+
+    async def deployments() -> list[dict[str, Any]]:
+        ours = restate_metadata("ns", "triage", "abc")
+        others = restate_metadata("ns", "other", "xyz")
+        return [{"id": "dp_lost", "metadata": ours}, {"id": "dp_other", "metadata": others}]
+
+    async def in_flight(max_age: float | None = None) -> InFlight:
+        return InFlight(pinned={"dp_lost": 1}, unpinned={})
+
+    monkeypatch.setattr(supervisor, "retire", retire)
+    op: Any = SimpleNamespace(
+        observer=SimpleNamespace(in_flight=in_flight),
+        restate=SimpleNamespace(deployments=deployments),
+    )
+    body = {"metadata": {"namespace": "ns", "name": "triage"}}
+    mem = AgentMemory()
+    mem.synced = True
+    since = "2026-12-07T00:00:00Z"
+    lost = VersionStatus(hash="abc", state="Draining", draining_since=since)
+    never = VersionStatus(hash="def", state="Draining", draining_since=since)
+    versions = {"abc": lost, "def": never}
+    spec = agent(drain={"delay": "0s", "timeout": "100000h"})
+    await supervisor.drain_old(op, body, spec, mem, versions, "new")
+    assert retired == ["def: never registered"]
+    assert versions["abc"].restate_deployment_id == "dp_lost"
+    assert versions["abc"].in_flight == 1
