@@ -65,6 +65,9 @@ class AgentMemory:
     mcp_checked_at: float = 0.0
     resume_due: set[str] = field(default_factory=set)
     """Versions woken from zero whose paused runs are resumed once they have pods."""
+    cancelled_at: dict[str, float] = field(default_factory=dict)
+    """When the runs still pinned to each version were cancelled at its drain.timeout (monotonic
+    seconds): those left after `CANCEL_GRACE` are killed."""
     recommended: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     """Per version, the replicas its active runs needed at each pass within scaleDownAfter
     (`scaling.autoscale`): it loses pods only down to the most of them."""

@@ -14,10 +14,12 @@ from .conditions import DRAINING, READY, Verdict, merge, parse_rfc3339
 from .context import AgentMemory, Operator
 from .kube import KubeError
 from .names import RESTATE_AGENT_KEY, RESTATE_ROLE_KEY, restate_agent
-from .restate_admin import InFlight, RestateError
+from .restate_admin import CANCEL_GRACE, InFlight, RestateError
 from .supervisor import base_status, parse, registered_versions, write_status
 
 POLL = 2.0
+DELETING = ":deleting"
+"""`AgentMemory.cancelled_at`'s key for the runs cancelled at the deletion's drain.timeout."""
 
 
 def _agent(body: kopf.Body) -> DurableAgent | None:
@@ -76,16 +78,29 @@ async def _unregister(op: Operator, body: kopf.Body, deployment_id: str, left: f
         _retry_or_give_up(body, error, left, f"deployment {deployment_id}")
 
 
-async def _kill_pinned(op: Operator, body: kopf.Body, deployment_id: str) -> int:
+async def _end_runs(op: Operator, body: kopf.Body, mem: AgentMemory, name: str) -> None:
+    """Once drain.timeout passed: cancel the agent's runs still in flight, pinned or queued
+    behind one (retrying meanwhile), and kill those left after `CANCEL_GRACE`. None may stay
+    holding its session, which an agent made again under the name would find locked."""
+    first = mem.cancelled_at.setdefault(DELETING, time.monotonic())
+    kill = time.monotonic() - first >= CANCEL_GRACE
     try:
-        return await op.restate.kill_pinned(deployment_id)
+        ended = await op.restate.end_runs(name, kill=kill)
     except RestateError as error:  # the deletion goes on: drain.timeout has passed
         kopf.warn(
             body,
             reason="UnregistrationFailed",
-            message=f"{error}; kill the runs pinned to {deployment_id} with the Restate CLI",
+            message=f"{error}; end the agent's runs with the Restate CLI",
         )
-        return 0
+        return
+    how = "killed" if kill else f"cancelled (killed after {CANCEL_GRACE:.0f}s if still there)"
+    kopf.warn(
+        body,
+        reason="DrainTimeout",
+        message=f"drain.timeout passed with {ended} runs in flight: {how}",
+    )
+    if not kill:
+        raise kopf.TemporaryError(f"cancelled {ended} runs", delay=POLL)
 
 
 async def _unregister_sidecar(op: Operator, body: kopf.Body, left: float) -> None:
@@ -144,15 +159,7 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
             kopf.info(body, reason="WaitingForRuns", message=message)
         raise kopf.TemporaryError(message, delay=min(POLL, max(left, 0.5)))
     if waiting:
-        killed = 0
-        for deployment_id in ids.values():  # none would hold its session for an agent made anew
-            killed += await _kill_pinned(op, body, deployment_id)
-        kopf.warn(
-            body,
-            reason="DrainTimeout",
-            message=f"drain.timeout passed with {waiting} runs in flight; killed the {killed} "
-            "pinned to a version",
-        )
+        await _end_runs(op, body, mem, name)
     for digest, deployment_id in ids.items():
         await _unregister(op, body, deployment_id, left)
         kopf.info(body, reason="Unregistered", message=f"version {digest} ({deployment_id})")

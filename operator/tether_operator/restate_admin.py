@@ -40,6 +40,9 @@ IN_FLIGHT_SQL = (
 any, e.g. inboxed or scheduled), its service and its status: the drain, the scaler and the
 gauges of every agent read this one query."""
 PAUSED_SQL = "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id = '{}'"
+UNFINISHED_SQL = (
+    "SELECT id FROM sys_invocation WHERE status != 'completed' AND target_service_name = '{}'"
+)
 PINNED_SQL = (
     "SELECT id FROM sys_invocation WHERE status != 'completed' AND pinned_deployment_id = '{}'"
 )
@@ -56,6 +59,8 @@ NOT_STARTED_YET = frozenset({"scheduled", "pending", "inboxed"})
 another invocation of its key (which is pinned, and counted there; `sys_invocation` calls it
 `pending`, `sys_invocation_status` `inboxed`)."""
 DEPLOYMENT_ID = re.compile(r"^dp_[A-Za-z0-9]+$")
+CANCEL_GRACE = 60.0
+"""Seconds a run cancelled at drain.timeout has to clean up and end before it is killed."""
 WAITING_STATUSES = frozenset({"suspended", "paused"})
 """Statuses of an invocation that waits without a worker: for a person, a timer or another call
 (suspended), or for someone to resume it (paused)."""
@@ -176,13 +181,24 @@ class RestateAdmin(RestateApi):
             rows += await self.query(UNPINNED_PAUSED_SQL.format(names))
         return await self._each(rows, admin.resume)
 
-    async def kill_pinned(self, deployment_id: str) -> int:
-        """Kill the invocations pinned to `deployment_id`; how many. Before it is removed with
-        runs still pinned (drain.timeout): no other deployment can take them over, and one left
-        would hold its session's lock for good, every later run of the session queued behind."""
+    async def end_pinned(self, deployment_id: str, *, kill: bool = False) -> int:
+        """Cancel (or kill) the invocations pinned to `deployment_id`; how many. Before it is
+        removed with runs still pinned (drain.timeout): no other deployment can take them over,
+        and one left would hold its session's lock for good, every later run of the session
+        queued behind it. A cancelled run cleans up (its parked calls leave the indexes); one
+        that does not end after `CANCEL_GRACE` is killed."""
         if not DEPLOYMENT_ID.match(deployment_id):
             raise RestateError("QueryFailed", f"not a Restate deployment id: {deployment_id!r}")
-        return await self._each(await self.query(PINNED_SQL.format(deployment_id)), admin.kill)
+        rows = await self.query(PINNED_SQL.format(deployment_id))
+        return await self._each(rows, admin.kill if kill else admin.cancel)
+
+    async def end_runs(self, service: str, *, kill: bool = False) -> int:
+        """Cancel (or kill) every unfinished invocation of `service`, pinned or queued; how
+        many (a deleted agent's, once drain.timeout passed: see `end_pinned`)."""
+        if not SERVICE_NAME.match(service):
+            raise RestateError("QueryFailed", f"not a Restate service name: {service!r}")
+        rows = await self.query(UNFINISHED_SQL.format(service))
+        return await self._each(rows, admin.kill if kill else admin.cancel)
 
     async def kill_scheduled(self, service: str) -> int:
         """Kill the invocations of `service` that wait for their time (delayed sends); how

@@ -63,7 +63,7 @@ from .names import (
     sidecar_metadata,
 )
 from .ownership import other_owner
-from .restate_admin import InFlight, RestateError
+from .restate_admin import CANCEL_GRACE, InFlight, RestateError
 
 log = logging.getLogger("tether_operator")
 
@@ -367,12 +367,28 @@ async def drain_old(
         if age >= timeout:
             why = f"drain.timeout ({agent.spec.drain.timeout}) passed with {pinned} runs pinned"
             if version.restate_deployment_id:
-                try:
-                    killed = await op.restate.kill_pinned(version.restate_deployment_id)
-                except RestateError as error:  # removed only once none is left behind
-                    mem.restate_problem = Verdict(DRAINING, True, error.reason, str(error))
+                # Cancelled first, to clean up (then retired above once none is pinned); killed
+                # if any is left after the grace: none may stay holding its session.
+                cancelled = mem.cancelled_at.get(version.hash)
+                kill = cancelled is not None and time.monotonic() - cancelled >= CANCEL_GRACE
+                if cancelled is None or kill:
+                    try:
+                        ended = await op.restate.end_pinned(
+                            version.restate_deployment_id, kill=kill
+                        )
+                    except RestateError as error:  # removed only once none is left behind
+                        mem.restate_problem = Verdict(DRAINING, True, error.reason, str(error))
+                        continue
+                if not kill:
+                    if cancelled is None:
+                        mem.cancelled_at[version.hash] = time.monotonic()
+                        kopf.warn(
+                            body,
+                            reason="DrainTimeout",
+                            message=f"{why}: cancelling them (killed after {CANCEL_GRACE:.0f}s)",
+                        )
                     continue
-                why += f"; killed {killed} (their sessions take new runs again)"
+                why += f"; killed the {ended} left after cancelling them"
             await retire(op, body, version, why, warning=True)
             del versions[version.hash]
     for digest, version in list(versions.items()):

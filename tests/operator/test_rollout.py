@@ -196,6 +196,31 @@ def test_deleting_waits_for_the_runs_of_a_version_the_status_lost(
     assert restate.deployments_of(cluster.namespace, AGENT) == set()
 
 
+def test_deleting_past_drain_timeout_ends_the_runs_it_cuts_off(
+    cluster: Cluster, restate: Restate, run_operator: OperatorFactory
+) -> None:
+    """The run in flight and the one queued behind it in its session: cancelled, none left to
+    hold the session for an agent made again under the name."""
+    with_secrets(cluster)
+    run_operator()
+    cluster.apply_agent(manifest(system="v1", drain={"delay": "0s", "timeout": "3s"}))
+    wait_for(lambda: active(cluster), timeout=60, what="v1 active")
+    stuck = restate.send(AGENT, "stuck", "park: nobody answers")
+    restate.parked_awakeable(AGENT, "stuck")
+    queued = restate.send(AGENT, "stuck", "hello")
+
+    cluster.delete_agent(AGENT)
+    wait_for(lambda: cluster.agent(AGENT) is None, timeout=60, what="the agent to be deleted")
+    for invocation in (stuck, queued):
+        assert invocation_status(restate, invocation) in ("completed", ""), invocation
+    warnings = [e for e in cluster.events(AGENT) if e["type"] == "Warning"]
+    assert any(
+        e["reason"] == "DrainTimeout" and "2 runs in flight: cancelled" in e["message"]
+        for e in warnings
+    ), warnings
+    assert restate.deployments_of(cluster.namespace, AGENT) == set()
+
+
 def test_drain_timeout_bounds_the_wait(
     cluster: Cluster, restate: Restate, run_operator: OperatorFactory
 ) -> None:
@@ -213,10 +238,10 @@ def test_drain_timeout_bounds_the_wait(
     )
     warnings = [e for e in cluster.events(AGENT) if e["type"] == "Warning"]
     assert any(
-        e["reason"] == "DrainTimeout" and "1 runs pinned; killed 1" in e["message"]
+        e["reason"] == "DrainTimeout" and "1 runs pinned: cancelling them" in e["message"]
         for e in warnings
     )
-    # Killed, not left pinned to a deployment Restate no longer has: it would hold its
+    # Cancelled, not left pinned to a deployment Restate no longer has: it would hold its
     # session's lock for good, and the session's next run would wait behind it forever.
     assert invocation_status(restate, stuck) in ("completed", "")  # "": completed and gone
     assert restate.call(AGENT, "stuck", "hello", timeout=30)["version"] != old

@@ -61,12 +61,15 @@ DEADLINE = 120.0  # generous: other suites share the two cores
 
 
 class CountingProxy:
-    """Forwards every request to `target` and records the paths (and bodies) it forwarded."""
+    """Forwards every request to `target` and records the paths (and bodies) it forwarded;
+    `unavailable[suffix] = n` answers the next `n` requests to a path ending so with a 503
+    instead (Restate down for them), forwarding and recording nothing."""
 
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.paths: list[str] = []
         self.bodies: list[bytes] = []
+        self.unavailable: dict[str, int] = {}
         self._lock = threading.Lock()
         proxy = self
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -79,8 +82,20 @@ class CountingProxy:
                 length = int(self.headers.get("content-length") or 0)
                 body = self.rfile.read(length) if length else None
                 with proxy._lock:
-                    proxy.paths.append(self.path)
-                    proxy.bodies.append(body or b"")
+                    refused = next(
+                        (s for s, n in proxy.unavailable.items() if n and self.path.endswith(s)),
+                        None,
+                    )
+                    if refused is not None:
+                        proxy.unavailable[refused] -= 1
+                    else:
+                        proxy.paths.append(self.path)
+                        proxy.bodies.append(body or b"")
+                if refused is not None:
+                    self.send_response(503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 forwarded = ("content-type", "accept", "idempotency-key")
                 headers = {k: v for k, v in self.headers.items() if k.lower() in forwarded}
                 request = urllib.request.Request(

@@ -524,6 +524,18 @@ def test_a_standard_webhooks_delivery_resolves_once(stack: Stack) -> None:
     assert stack.answers() == answers
     assert stack.parked("standard-two") is not None
 
+    # A delivery whose answer Restate did not take (503) is sent again under its id, as senders
+    # retry: to the other replica, for the same call, it acts.
+    _, third_id, _ = stack.park("standard-three")
+    third = f"/v1/awakeables/{third_id}/resolve"
+    body, headers = standard_webhook(key, {"approved": True}, "msg_retried")
+    stack.proxy.unavailable["/answer/send"] = 1
+    failed = httpx2.post(one + third, content=body, headers=headers, timeout=60)
+    assert failed.status_code >= 500 and stack.proxy.completions(third_id) == [], failed.text
+    retried = httpx2.post(other + third, content=body, headers=headers, timeout=60)
+    assert retried.status_code == 202, retried.text
+    assert stack.proxy.completions(third_id) == ["resolve"]
+
     # A new delivery (a new id) for the other call acts.
     body, headers = standard_webhook(key, {"approved": False}, "msg_two")
     assert httpx2.post(other + next_path, content=body, headers=headers).status_code == 202

@@ -372,6 +372,41 @@ def test_an_approved_call_runs_and_the_record_goes(
     assert len(Notifications.received) == 1
 
 
+def test_a_parked_run_cancelled_takes_its_call_out_of_the_indexes_a_killed_one_does_not(
+    restate_server: RestateServer, agent_worker: Any, notify_url: str
+) -> None:
+    """Why the operator cancels the runs still pinned at drain.timeout, and kills only those
+    that do not end: a kill runs no handler, so the parked call stays listed for good."""
+    agent = name()
+    agent_worker(manifest(agent, WRITE_APPROVED, approvals={"notify": {"url": notify_url}}))
+
+    def indexed() -> set[str]:
+        rows = restate_server.query(
+            f"SELECT key FROM state WHERE service_name = '{agent}-parked' AND service_key = 'all'"
+        )
+        return {row["key"] for row in rows}
+
+    ended = {}
+    for session, how in (("s1", "cancel"), ("s2", "kill")):
+        invocation = send_run(restate_server, agent, session, "write it")
+        [call] = wait_until(lambda s=session: parked(restate_server, agent, s), what="parked")
+        wait_until(lambda c=call: c["awakeable_id"] in indexed(), what="the index's record")
+        answer = http("PATCH", f"{restate_server.admin_url}/invocations/{invocation}/{how}")
+        assert answer.status in (200, 202), answer.text
+        wait_until(
+            lambda i=invocation: (
+                restate_server.query(f"SELECT status FROM sys_invocation WHERE id = '{i}'")[0][
+                    "status"
+                ]
+                == "completed"
+            ),
+            what=f"the {how}",
+        )
+        ended[how] = call["awakeable_id"]
+    assert parked(restate_server, agent, "s1") == [] and ended["cancel"] not in indexed()
+    assert parked(restate_server, agent, "s2") != [] and ended["kill"] in indexed()
+
+
 def test_nothing_without_the_secret_lists_or_answers_a_parked_call(
     restate_server: RestateServer, agent_worker: Any, tmp_path: Path
 ) -> None:

@@ -111,6 +111,21 @@ def resume(invocation_id: str) -> AdminCall[None]:
     )
 
 
+def cancel(invocation_id: str) -> AdminCall[None]:
+    """`PATCH /invocations/{id}/cancel`: the invocation's handler gets a cancellation where it
+    waits, and cleans up (a parked call leaves the indexes) before it ends. One already done
+    (409) or gone (404) is fine."""
+    return AdminCall(
+        "PATCH",
+        f"/invocations/{invocation_id}/cancel",
+        None,
+        f"cancelling invocation {invocation_id}",
+        "CancelFailed",
+        lambda _: None,
+        frozenset({200, 202, 404, 409}),
+    )
+
+
 def kill(invocation_id: str) -> AdminCall[None]:
     """`PATCH /invocations/{id}/kill`: the invocation ends at once, without running its handler
     further. One already done (409) or gone (404) is fine."""

@@ -62,9 +62,10 @@ def signatures_equal(expected: str, given: str) -> bool:
 
 
 def unix_seconds(text: str) -> int | None:
-    """`text` as a stamp's or an expiry's whole seconds: ASCII digits, at most 12 of them (no
-    time of ours is wider, and `int` raises past 4,300 digits; `"²".isdigit()` too)."""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
+    """`text` as a stamp's or an expiry's whole seconds: ASCII digits, at most 16 of them (a
+    link's expiry with any `approvals.timeout` a year holds fits; `int` raises past 4,300
+    digits, and on `"²"`, though `"²".isdigit()`)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 16 else None
 
 
 def hmac_hex(secret: bytes, message: bytes) -> str:

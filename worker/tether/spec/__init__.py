@@ -1022,8 +1022,9 @@ class DrainSpec(_Model):
     delay: Duration = Field(default="5m", description="Wait at least this long before removal.")
     timeout: Duration = Field(
         default="24h",
-        description="Remove the version after this long even with runs pinned: they are killed "
-        "first (no other version can take them over, and each would hold its session).",
+        description="Remove the version after this long even with runs pinned: they are "
+        "cancelled first, and killed a minute later if still there (no other version can take "
+        "them over, and each would hold its session).",
     )
 
 

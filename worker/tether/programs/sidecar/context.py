@@ -101,13 +101,17 @@ class Sidecar:
         else:
             log.info("awakeable %s %s (approver %r)", awakeable_id, how, approver)
 
-    async def claim_delivery(self, delivery: str) -> None:
-        """Take a delivery id once through every replica and restart: a send to the index's
-        `claim` under `delivery_key(delivery)`; 409 `replayed` if any replica took it before.
-        Taken as soon as its signature verifies, it stays taken (a day), whatever became of the
-        request: refused or failed, it is sent again under a new id."""
-        sent = await self.restate.send_claim(self.settings.agent, delivery_key(delivery))
-        if sent.get("status") != ACCEPTED:
+    async def claim_delivery(self, delivery: str, call: dict[str, str]) -> None:
+        """Take a delivery id for `call` (the parked call and what to do) through every replica
+        and restart: a send to the index's `claim` under `delivery_key(delivery)`, kept a day.
+        Taken as soon as its signature verifies, before anything can refuse it: sent again, as
+        a sender retries it, it goes on only for the call it was first taken for (whose answer
+        acts once under the call's own key), and is 409 `replayed` for any other."""
+        sent = await self.restate.send_claim(self.settings.agent, delivery_key(delivery), call)
+        if sent.get("status") == ACCEPTED:
+            return
+        first = await self.restate.output(str(sent.get("invocationId")))
+        if first != call:  # another call's, or a claim of a version that kept no call
             raise Rejection(409, "replayed", "this webhook-id was already received")
 
     async def once(self, signature: str, timestamp: int, act: Callable[[], Awaitable[T]]) -> T:

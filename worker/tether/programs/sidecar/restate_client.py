@@ -166,11 +166,12 @@ class RestateClient:
         target = f"{restate_services(agent).parked}/{INDEX_KEY}/answer"
         return await self._send(target, answer_json, idempotency_key, "answer")
 
-    async def send_claim(self, agent: str, idempotency_key: str) -> dict[str, Any]:
-        """Claim a delivery id at the agent's index (`{agent}-parked/all/claim`): Restate
-        answers `Accepted` to the first send of `idempotency_key` only."""
+    async def send_claim(self, agent: str, idempotency_key: str, claim: Any) -> dict[str, Any]:
+        """Claim a delivery id at the agent's index (`{agent}-parked/all/claim`) with `claim`,
+        its output: Restate answers `Accepted` to the first send of `idempotency_key` only, and
+        `PreviouslyAccepted` with the first one's invocation id after."""
         target = f"{restate_services(agent).parked}/{INDEX_KEY}/claim"
-        body = json.dumps(idempotency_key).encode()
+        body = json.dumps(claim).encode()
         return await self._send(target, body, idempotency_key, "claim of a delivery id")
 
     async def output(

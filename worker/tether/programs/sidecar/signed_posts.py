@@ -4,8 +4,8 @@
     POST /v1/awakeables/{id}/reject     {"reason": "..."}; the waiting call fails with it
 
 Each is signed with Tether's `X-Tether-Signature` (`tether.programs.webhooks`), or with the
-Standard Webhooks scheme (`standard_webhooks`), whose `webhook-id` is claimed in Restate with the
-answer, so it acts once through every replica.
+Standard Webhooks scheme (`standard_webhooks`), whose `webhook-id` is claimed in Restate for the
+call as soon as its signature verifies: it acts on that call only, through every replica.
 
 A resolution that names its `approver` (a JSON object with `"approver": "<1-256 printable
 characters>"`) gets `decided_at` (epoch ms, when the sidecar accepted it) unless it has one, so
@@ -13,12 +13,12 @@ the value Restate keeps says who decided and when; any other value is passed on 
 
 Every answer to a parked call passes here, and FastAPI's per-request machinery (Request objects,
 dependency solving, routing, responses) cost about as much CPU as all the work below; so this
-reads the ASGI scope directly. A request reaches Restate only after every check passed: the id
+reads the ASGI scope directly. An answer reaches Restate only after every check passed: the id
 is well formed, the body is JSON within the size limit, the signature is valid, fresh and not
 seen before by this process, this process has not answered the id yet, and the id is parked by
-this agent. Then it goes to the agent's index (`<agent>-parked/all/answer`) under the call's
-idempotency key (`Sidecar.answer`): a call answered before, through any replica or before a
-restart, is 409.
+this agent (a Standard Webhooks delivery's id is claimed before these). Then it goes to the
+agent's index (`<agent>-parked/all/answer`) under the call's idempotency key (`Sidecar.answer`):
+a call answered before, through any replica or before a restart, is 409.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ class SignedPosts:
                 receive, headers, settings.secrets, settings.max_body_bytes
             )
             signature = f"webhook-id:{delivery}"  # what the replay guard knows it by
-            # Its signature covers neither the path nor the call: the id binds it, so it is
-            # taken before anything can refuse it (refused, it could answer another call).
-            await sidecar.claim_delivery(delivery)
+            # Its signature covers neither the path nor the call: the id binds it to this call,
+            # before anything can refuse it (refused, it could otherwise answer another).
+            await sidecar.claim_delivery(delivery, {"call": awakeable_id, "verb": verb})
         else:
             _, value, signature, timestamp = await read_signed_json(
                 receive, headers, path, settings.secrets, settings.max_body_bytes

@@ -14,8 +14,9 @@ the space-separated `v1,` ones) compared in constant time.
 
 The signature covers neither the path nor the call: what keeps a captured delivery from
 answering another call is its `webhook-id`, which acts once, through every replica and restart
-(`Sidecar.claim_delivery` claims it in Restate as soon as its signature verifies, before
-anything can refuse it; the replay guard refuses it first in the process that saw it).
+(`Sidecar.claim_delivery` claims it in Restate for its call as soon as its signature verifies,
+before anything can refuse it: sent again, it goes on for that call only; the replay guard
+refuses it first in the process that saw it).
 """
 
 from __future__ import annotations

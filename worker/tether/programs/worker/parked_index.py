@@ -121,8 +121,10 @@ class ParkedIndex:
             idempotency_retention=DELIVERY_IDEMPOTENCY_RETENTION,
             enable_lazy_state=True,
         )
-        async def claim(ctx: restate.ObjectSharedContext, delivery: Any) -> None:
-            """A delivery id taken by a sidecar: the send's idempotency key is the record."""
+        async def claim(ctx: restate.ObjectSharedContext, delivery: Any) -> Any:
+            """A delivery id taken by a sidecar: the send's idempotency key is the record, and
+            its output says for which call (a sender may retry the delivery there only)."""
+            return delivery
 
         self._add, self._remove = add, remove
 
