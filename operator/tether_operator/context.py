@@ -66,8 +66,9 @@ class AgentMemory:
     resume_due: set[str] = field(default_factory=set)
     """Versions woken from zero whose paused runs are resumed once they have pods."""
     cancelled_at: dict[str, float] = field(default_factory=dict)
-    """When the runs still pinned to each version were cancelled at its drain.timeout (monotonic
-    seconds): those left after `CANCEL_GRACE` are killed."""
+    """When the runs still pinned to a draining version were cancelled at its drain.timeout
+    (monotonic seconds), by `<hash>@<draining since>`: those left after `CANCEL_GRACE` are
+    killed."""
     recommended: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     """Per version, the replicas its active runs needed at each pass within scaleDownAfter
     (`scaling.autoscale`): it loses pods only down to the most of them."""

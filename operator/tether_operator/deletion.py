@@ -4,6 +4,7 @@ then unregisters every version from Restate and deletes their objects, then the 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import kopf
 
@@ -78,28 +79,35 @@ async def _unregister(op: Operator, body: kopf.Body, deployment_id: str, left: f
         _retry_or_give_up(body, error, left, f"deployment {deployment_id}")
 
 
-async def _end_runs(op: Operator, body: kopf.Body, mem: AgentMemory, name: str) -> None:
-    """Once drain.timeout passed: cancel the agent's runs still in flight, pinned or queued
-    behind one (retrying meanwhile), and kill those left after `CANCEL_GRACE`. None may stay
-    holding its session, which an agent made again under the name would find locked."""
+async def _end_runs(
+    op: Operator, body: kopf.Body, mem: AgentMemory, ids: Iterable[str], waiting: int
+) -> None:
+    """Once drain.timeout passed: cancel the runs pinned to the agent's versions (`ids`; one
+    queued behind one is pinned in its turn, and cancelled at the next pass), retrying until
+    none is left, and kill those left after `CANCEL_GRACE`. None may stay holding its
+    session, which an agent made again under the name would find locked. Only its own
+    versions' runs: a service name another agent holds is that agent's."""
     first = mem.cancelled_at.setdefault(DELETING, time.monotonic())
     kill = time.monotonic() - first >= CANCEL_GRACE
-    try:
-        ended = await op.restate.end_runs(name, kill=kill)
-    except RestateError as error:  # the deletion goes on: drain.timeout has passed
+    ended = 0
+    for deployment_id in ids:
+        try:
+            ended += await op.restate.end_pinned(deployment_id, kill=kill)
+        except RestateError as error:  # the deletion goes on: drain.timeout has passed
+            kopf.warn(
+                body,
+                reason="UnregistrationFailed",
+                message=f"{error}; end the runs pinned to {deployment_id} with the Restate CLI",
+            )
+    how = "killed" if kill else f"cancelling them (killed after {CANCEL_GRACE:.0f}s)"
+    if kill or DELETING not in mem.warned:
+        mem.warned.add(DELETING)
         kopf.warn(
             body,
-            reason="UnregistrationFailed",
-            message=f"{error}; end the agent's runs with the Restate CLI",
+            reason="DrainTimeout",
+            message=f"drain.timeout passed with {waiting} runs in flight; {ended} pinned: {how}",
         )
-        return
-    how = "killed" if kill else f"cancelled (killed after {CANCEL_GRACE:.0f}s if still there)"
-    kopf.warn(
-        body,
-        reason="DrainTimeout",
-        message=f"drain.timeout passed with {ended} runs in flight: {how}",
-    )
-    if not kill:
+    if ended and not kill:
         raise kopf.TemporaryError(f"cancelled {ended} runs", delay=POLL)
 
 
@@ -159,7 +167,8 @@ async def drain_before_delete(op: Operator, body: kopf.Body, mem: AgentMemory) -
             kopf.info(body, reason="WaitingForRuns", message=message)
         raise kopf.TemporaryError(message, delay=min(POLL, max(left, 0.5)))
     if waiting:
-        await _end_runs(op, body, mem, name)
+        await _wake(op, body, mem, agent, in_flight)  # a cancelled run needs a pod
+        await _end_runs(op, body, mem, ids.values(), waiting)
     for digest, deployment_id in ids.items():
         await _unregister(op, body, deployment_id, left)
         kopf.info(body, reason="Unregistered", message=f"version {digest} ({deployment_id})")

@@ -40,9 +40,6 @@ IN_FLIGHT_SQL = (
 any, e.g. inboxed or scheduled), its service and its status: the drain, the scaler and the
 gauges of every agent read this one query."""
 PAUSED_SQL = "SELECT id FROM sys_invocation WHERE status = 'paused' AND pinned_deployment_id = '{}'"
-UNFINISHED_SQL = (
-    "SELECT id FROM sys_invocation WHERE status != 'completed' AND target_service_name = '{}'"
-)
 PINNED_SQL = (
     "SELECT id FROM sys_invocation WHERE status != 'completed' AND pinned_deployment_id = '{}'"
 )
@@ -59,8 +56,9 @@ NOT_STARTED_YET = frozenset({"scheduled", "pending", "inboxed"})
 another invocation of its key (which is pinned, and counted there; `sys_invocation` calls it
 `pending`, `sys_invocation_status` `inboxed`)."""
 DEPLOYMENT_ID = re.compile(r"^dp_[A-Za-z0-9]+$")
-CANCEL_GRACE = 60.0
-"""Seconds a run cancelled at drain.timeout has to clean up and end before it is killed."""
+CANCEL_GRACE = 300.0
+"""Seconds a run cancelled at drain.timeout has to clean up and end before it is killed (its
+version may be at zero replicas: woken, a pod has to start first)."""
 WAITING_STATUSES = frozenset({"suspended", "paused"})
 """Statuses of an invocation that waits without a worker: for a person, a timer or another call
 (suspended), or for someone to resume it (paused)."""
@@ -190,14 +188,6 @@ class RestateAdmin(RestateApi):
         if not DEPLOYMENT_ID.match(deployment_id):
             raise RestateError("QueryFailed", f"not a Restate deployment id: {deployment_id!r}")
         rows = await self.query(PINNED_SQL.format(deployment_id))
-        return await self._each(rows, admin.kill if kill else admin.cancel)
-
-    async def end_runs(self, service: str, *, kill: bool = False) -> int:
-        """Cancel (or kill) every unfinished invocation of `service`, pinned or queued; how
-        many (a deleted agent's, once drain.timeout passed: see `end_pinned`)."""
-        if not SERVICE_NAME.match(service):
-            raise RestateError("QueryFailed", f"not a Restate service name: {service!r}")
-        rows = await self.query(UNFINISHED_SQL.format(service))
         return await self._each(rows, admin.kill if kill else admin.cancel)
 
     async def kill_scheduled(self, service: str) -> int:

@@ -369,7 +369,8 @@ async def drain_old(
             if version.restate_deployment_id:
                 # Cancelled first, to clean up (then retired above once none is pinned); killed
                 # if any is left after the grace: none may stay holding its session.
-                cancelled = mem.cancelled_at.get(version.hash)
+                drain = f"{version.hash}@{version.draining_since}"  # a rollback drains anew
+                cancelled = mem.cancelled_at.get(drain)
                 kill = cancelled is not None and time.monotonic() - cancelled >= CANCEL_GRACE
                 if cancelled is None or kill:
                     try:
@@ -381,7 +382,7 @@ async def drain_old(
                         continue
                 if not kill:
                     if cancelled is None:
-                        mem.cancelled_at[version.hash] = time.monotonic()
+                        mem.cancelled_at[drain] = time.monotonic()
                         kopf.warn(
                             body,
                             reason="DrainTimeout",

@@ -215,7 +215,7 @@ def test_deleting_past_drain_timeout_ends_the_runs_it_cuts_off(
         assert invocation_status(restate, invocation) in ("completed", ""), invocation
     warnings = [e for e in cluster.events(AGENT) if e["type"] == "Warning"]
     assert any(
-        e["reason"] == "DrainTimeout" and "2 runs in flight: cancelled" in e["message"]
+        e["reason"] == "DrainTimeout" and "2 runs in flight; 1 pinned: cancelling" in e["message"]
         for e in warnings
     ), warnings
     assert restate.deployments_of(cluster.namespace, AGENT) == set()

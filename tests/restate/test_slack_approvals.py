@@ -36,6 +36,7 @@ from standardwebhooks import Webhook
 from tests.restate.support import approval_manifest, wait_until
 from tests.restate.test_sidecar_restate import CountingProxy, SidecarProcess
 from tether.programs.dev import DevStack
+from tether.programs.sidecar.context import delivery_key
 from tether.programs.webhooks import sign_request, standard_webhooks_secret
 from tether.testing import dump_logs_if_failed
 
@@ -498,6 +499,16 @@ def test_a_standard_webhooks_delivery_resolves_once(stack: Stack) -> None:
         assert replayed.json()["outcome"] == "replayed", (what, replayed.text)
     assert stack.answers() == answers  # no answer forwarded
     assert stack.parked("standard-two") is not None  # the other call still waits
+
+    # What the claim keeps names no call to whoever reaches the ingress (a tool does): the
+    # delivery's id is no secret, a call's id is.
+    ingress = stack.dev.server.ingress_url
+    claim = f"{ingress}/{AGENT}-parked/all/claim/send"
+    again = httpx2.post(claim, json={}, headers={"idempotency-key": delivery_key("msg_one")})
+    assert again.json()["status"] == "PreviouslyAccepted", again.text
+    kept = httpx2.get(f"{ingress}/restate/invocation/{again.json()['invocationId']}/attach")
+    assert kept.status_code == 200 and "mac" in kept.json(), kept.text
+    assert awakeable_id not in kept.text and next_id not in kept.text
 
     # A new delivery for the call answered before is refused, and taken all the same: sent to
     # the other call (its signature does not say which call it is for), it is a replay.

@@ -218,6 +218,13 @@ def answer_proof(secret: bytes, awakeable_id: str, answer: Mapping[str, object])
     return hmac_hex(secret, f"tether-answer:v1:{awakeable_id}:{canonical}".encode())
 
 
+def delivery_claim(secret: bytes, awakeable_id: str, verb: str) -> str:
+    """HMAC-SHA256(secret, "tether-claim:v1:<awakeable id>:<verb>"): what a claimed delivery id
+    keeps of the call it answers, which it shows to whoever reaches the ingress (a tool too)
+    without naming the call."""
+    return hmac_hex(secret, f"tether-claim:v1:{awakeable_id}:{verb}".encode())
+
+
 def verify_answer_proof(
     secret: bytes, awakeable_id: str, answer: Mapping[str, object], proof: str
 ) -> None:

@@ -1023,7 +1023,7 @@ class DrainSpec(_Model):
     timeout: Duration = Field(
         default="24h",
         description="Remove the version after this long even with runs pinned: they are "
-        "cancelled first, and killed a minute later if still there (no other version can take "
+        "cancelled first, and killed 5 minutes later if still there (no other version can take "
         "them over, and each would hold its session).",
     )
 

@@ -22,7 +22,7 @@ import orjson
 from fastapi import Depends
 from starlette.requests import Request
 
-from ..webhooks import answer_proof
+from ..webhooks import answer_proof, delivery_claim, signed_by_any
 from .auth import ReplayGuard
 from .ledger import ResolutionLedger
 from .parked_calls import ParkedCalls
@@ -101,17 +101,23 @@ class Sidecar:
         else:
             log.info("awakeable %s %s (approver %r)", awakeable_id, how, approver)
 
-    async def claim_delivery(self, delivery: str, call: dict[str, str]) -> None:
-        """Take a delivery id for `call` (the parked call and what to do) through every replica
-        and restart: a send to the index's `claim` under `delivery_key(delivery)`, kept a day.
-        Taken as soon as its signature verifies, before anything can refuse it: sent again, as
-        a sender retries it, it goes on only for the call it was first taken for (whose answer
-        acts once under the call's own key), and is 409 `replayed` for any other."""
-        sent = await self.restate.send_claim(self.settings.agent, delivery_key(delivery), call)
+    async def claim_delivery(self, delivery: str, awakeable_id: str, verb: str) -> None:
+        """Take a delivery id for one call and verb through every replica and restart: a send
+        to the index's `claim` under `delivery_key(delivery)`, kept a day, whose output is
+        `delivery_claim` of them (an HMAC: the output names no call to whoever reads it). Taken
+        as soon as its signature verifies, before anything can refuse it: sent again, as a
+        sender retries it, it goes on only for what it was first taken for (whose answer acts
+        once under the call's own key), and is 409 `replayed` for anything else."""
+        secret = self.settings.secret
+        claim = {"mac": delivery_claim(secret, awakeable_id, verb)}
+        sent = await self.restate.send_claim(self.settings.agent, delivery_key(delivery), claim)
         if sent.get("status") == ACCEPTED:
             return
         first = await self.restate.output(str(sent.get("invocationId")))
-        if first != call:  # another call's, or a claim of a version that kept no call
+        mac = first.get("mac") if isinstance(first, dict) else None
+        if not signed_by_any(
+            self.settings.secrets, mac, lambda s: delivery_claim(s, awakeable_id, verb)
+        ):  # another call's or verb's, or a claim of a version that kept none
             raise Rejection(409, "replayed", "this webhook-id was already received")
 
     async def once(self, signature: str, timestamp: int, act: Callable[[], Awaitable[T]]) -> T:

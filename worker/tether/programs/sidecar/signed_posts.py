@@ -89,7 +89,7 @@ class SignedPosts:
             signature = f"webhook-id:{delivery}"  # what the replay guard knows it by
             # Its signature covers neither the path nor the call: the id binds it to this call,
             # before anything can refuse it (refused, it could otherwise answer another).
-            await sidecar.claim_delivery(delivery, {"call": awakeable_id, "verb": verb})
+            await sidecar.claim_delivery(delivery, awakeable_id, verb)
         else:
             _, value, signature, timestamp = await read_signed_json(
                 receive, headers, path, settings.secrets, settings.max_body_bytes

@@ -13,11 +13,14 @@ which no tool can read, though the tools reach the ingress from the sidecar's ow
   (`tether.programs.webhooks.answer_proof`). The sidecar sends it with the call's idempotency key
   (`tether-answer:<awakeable id>`), so the first answer through any replica is the only one that
   acts. Restate takes the send even while the worker is down; the answer acts when it is back.
-- `claim` takes a delivery id (a Standard Webhooks `webhook-id`) before its answer is sent. The
-  sidecar sends it under an idempotency key made from the id, so Restate's record of that key
-  is the claim, through every replica and restart, and the handler has nothing to do. (A proof
-  would change nothing: Restate records the key of a send before the handler runs, and a tool
-  that burns a delivery id it somehow knew only makes its sender retry with a new one.)
+- `claim` takes a delivery id (a Standard Webhooks `webhook-id`) as soon as its signature
+  verifies. The sidecar sends it under an idempotency key made from the id, so Restate's record
+  of that key is the claim, through every replica and restart; the handler returns what it was
+  sent, an HMAC of the call and verb (`delivery_claim`), which a sidecar checks when the
+  delivery comes again (a sender's retry goes on for that call only) and which names no call to
+  whoever reads it. (A proof would change nothing: Restate records the key of a send before the
+  handler runs, and a tool that burns a delivery id it somehow knew only makes its sender retry
+  with a new one.)
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ class ParkedIndex:
         )
         async def claim(ctx: restate.ObjectSharedContext, delivery: Any) -> Any:
             """A delivery id taken by a sidecar: the send's idempotency key is the record, and
-            its output says for which call (a sender may retry the delivery there only)."""
+            its output, an HMAC of the call and verb (`delivery_claim`), where a sender may
+            retry the delivery."""
             return delivery
 
         self._add, self._remove = add, remove
