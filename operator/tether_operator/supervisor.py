@@ -341,12 +341,13 @@ async def drain_old(
     delay = parse_duration(agent.spec.drain.delay)
     timeout = parse_duration(agent.spec.drain.timeout)
     meta = body["metadata"]
+    registered: dict[str, Any] | None = None  # asked once, and only for a version without id
     for version in draining:
         if version.restate_deployment_id is None and mem.synced:
             # A status write that failed after its registration lost its id: Restate knows.
-            found = (await registered_versions(op, meta["namespace"], meta["name"])).get(
-                version.hash
-            )
+            if registered is None:
+                registered = await registered_versions(op, meta["namespace"], meta["name"])
+            found = registered.get(version.hash)
             if found is None:
                 await retire(op, body, version, "never registered")
                 del versions[version.hash]
@@ -371,23 +372,21 @@ async def drain_old(
                 # if any is left after the grace: none may stay holding its session.
                 drain = f"{version.hash}@{version.draining_since}"  # a rollback drains anew
                 cancelled = mem.cancelled_at.get(drain)
-                kill = cancelled is not None and time.monotonic() - cancelled >= CANCEL_GRACE
-                if cancelled is None or kill:
-                    try:
-                        ended = await op.restate.end_pinned(
-                            version.restate_deployment_id, kill=kill
-                        )
-                    except RestateError as error:  # removed only once none is left behind
-                        mem.restate_problem = Verdict(DRAINING, True, error.reason, str(error))
-                        continue
+                if cancelled is not None and time.monotonic() - cancelled < CANCEL_GRACE:
+                    continue  # its runs are ending
+                kill = cancelled is not None
+                try:
+                    ended = await op.restate.end_pinned(version.restate_deployment_id, kill=kill)
+                except RestateError as error:  # removed only once none is left behind
+                    mem.restate_problem = Verdict(DRAINING, True, error.reason, str(error))
+                    continue
                 if not kill:
-                    if cancelled is None:
-                        mem.cancelled_at[drain] = time.monotonic()
-                        kopf.warn(
-                            body,
-                            reason="DrainTimeout",
-                            message=f"{why}: cancelling them (killed after {CANCEL_GRACE:.0f}s)",
-                        )
+                    mem.cancelled_at[drain] = time.monotonic()
+                    kopf.warn(
+                        body,
+                        reason="DrainTimeout",
+                        message=f"{why}: cancelling them (killed after {CANCEL_GRACE:.0f}s)",
+                    )
                     continue
                 why += f"; killed the {ended} left after cancelling them"
             await retire(op, body, version, why, warning=True)
